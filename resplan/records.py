@@ -1,0 +1,127 @@
+"""Immutable records: stream records and bucket plans (static, they key captured graphs), steps and flush programs."""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+import numpy as np
+
+from resplan.layout import CELL_BYTES, StreamMode
+
+
+@attrs.frozen
+class ResidentStream:
+    """How one resource is used by a bucket's decode walk: the stream label and whether rows append or only read."""
+
+    label: str
+    mode: StreamMode
+
+
+class Backend(enum.Enum):
+    """How a bucket's attention finds its pages."""
+
+    TORCH = "torch"  # plain-torch paged attention reading the gathered tables (CPU, tests): no host plan
+    FA2 = "fa2"  # FlashInfer's fa2 decode wrapper: plan() on the host every step a page count changes
+    XQA = "xqa"  # FlashInfer XQA (sm_90): reads the gathered block table and lengths in the graph, no plan
+
+
+HOST_PLAN_FREE = frozenset({Backend.TORCH, Backend.XQA})
+
+
+@attrs.frozen
+class BucketPlan:
+    """A captured decode bucket: its size, the stream record of every resource, and whether it needs a host plan."""
+
+    size: int = attrs.field()
+    streams: tuple[tuple[str, ResidentStream], ...] = attrs.field()  # (resource key, record), sorted by key
+    backend: Backend = attrs.field()
+    host_plan_free: bool = attrs.field()
+
+    @size.validator
+    def _check_size(self, _attribute, value: int) -> None:
+        if value <= 0:
+            raise ValueError(f"bucket size must be > 0, got {value}")
+
+    @host_plan_free.validator
+    def _check_free(self, _attribute, value: bool) -> None:
+        if value and self.backend not in HOST_PLAN_FREE:
+            raise ValueError(f"bucket {self.size}: backend {self.backend.value} plans on the host; it cannot be free")
+
+    @classmethod
+    def build(cls, size: int, streams: dict[str, ResidentStream], backend: Backend) -> BucketPlan:
+        """A bucket is host-plan-free exactly when its attention reads the gathered tables itself."""
+        return cls(size, tuple(sorted(streams.items())), backend, backend in HOST_PLAN_FREE)
+
+    def stream(self, key: str) -> ResidentStream:
+        for k, s in self.streams:
+            if k == key:
+                return s
+        raise KeyError(f"bucket {self.size} has no stream for resource {key!r}")
+
+
+def _handles(_inst, _attribute, value: np.ndarray) -> None:
+    if not isinstance(value, np.ndarray) or value.ndim != 1 or value.dtype.kind not in "iu":
+        raise ValueError(f"handles must be a 1-D integer numpy array, got {getattr(value, 'dtype', type(value))}")
+    if value.size and value.min() < 0:
+        raise ValueError(f"handles must be >= 0, got {value.min()}")
+    # distinct handles are checked by the planner where it builds a slot row: an unchanged slot row of distinct
+    # slots implies distinct handles, so a steady step pays nothing for it
+
+
+@attrs.frozen(eq=False, slots=True)
+class Step:
+    """The rows a resident decode step runs (handles in row order), its bucket size, and its plan sequence number."""
+
+    handles: np.ndarray = attrs.field(validator=_handles)  # [n] int, n <= bucket
+    bucket: int = attrs.field()
+    seq: int = attrs.field()
+
+    @bucket.validator
+    def _check_bucket(self, _attribute, value: int) -> None:
+        if self.handles.size > value:
+            raise ValueError(f"a step of {self.handles.size} rows does not fit bucket {value}")
+
+
+_EMPTY = np.zeros(0, np.int32)
+_EMPTY.flags.writeable = False
+
+
+@attrs.frozen(eq=False, slots=True)
+class FlushProgram:
+    """What the executor does before one replay, and nothing else.
+
+    * ``slot_row``: the bucket's slot row, present only when it differs from the last one this bucket uploaded.
+    * runs: whole-row writes, run i = ``run_cells[off_i : off_i + run_len[i]]`` into ``store[run_slot[i],
+      run_col[i] : run_col[i] + run_len[i]]``; one H2D each.
+    * staged cells: ``store.flat[staged_idx[k]] = staged_val[k]``, one H2D into the staging buffer, scattered in-graph.
+    """
+
+    bucket: int
+    seq: int
+    slot_row: np.ndarray | None = None  # [b] int32, 0 = trash row
+    run_slot: np.ndarray = _EMPTY  # [R] int32
+    run_col: np.ndarray = _EMPTY  # [R] int32
+    run_len: np.ndarray = _EMPTY  # [R] int32
+    run_cells: np.ndarray = _EMPTY  # [sum(run_len)] int32
+    staged_idx: np.ndarray = _EMPTY  # [K] int (int32 range), slot * row_width + col
+    staged_val: np.ndarray = _EMPTY  # [K] int32
+    rows_whole: int = 0  # rows written whole (new, displaced earlier, stale)
+    new_rows: int = 0  # rows that took a slot this step
+    crossings: int = 0  # block-table cells staged because a row's token opens a page
+    displaced: np.ndarray = _EMPTY  # [v] handles that lost their slot to this step
+
+    @property
+    def empty(self) -> bool:
+        """True when the step needs no H2D at all."""
+        return self.slot_row is None and self.run_len.size == 0 and self.staged_idx.size == 0
+
+    @property
+    def h2d_copies(self) -> int:
+        return int(self.slot_row is not None) + int(self.run_len.size) + int(self.staged_idx.size > 0)
+
+    @property
+    def h2d_bytes(self) -> int:
+        slot = 0 if self.slot_row is None else self.slot_row.size * CELL_BYTES
+        staged = (2 + 2 * self.staged_idx.size) * CELL_BYTES if self.staged_idx.size else 0
+        return slot + int(self.run_cells.size) * CELL_BYTES + staged
