@@ -1,0 +1,58 @@
+"""Torch references of the resident-row kernels: the same functions, same signatures, in place.
+
+They define the semantics the Triton kernels in this package are tested against, and run anywhere torch runs.
+``gather_rows_ref`` and ``commit_lengths_ref`` are vectorised and sync-free; ``scatter_cells_ref`` reads the staged
+count on the host (it is a reference, not a capture-safe path).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from resplan.buffers import StepBuffers
+from resplan.layout import SAMPLER_CELLS, RowLayout, StreamMode
+
+
+def scatter_cells_ref(store: torch.Tensor, staging: torch.Tensor) -> None:
+    """store.view(-1)[staging[2 + 2i]] = staging[3 + 2i] for i < staging[0]; then staging[0] = 0 (in place)."""
+    n = int(staging[0])
+    entries = staging[2 : 2 + 2 * n].view(n, 2).long()
+    store.view(-1)[entries[:, 0]] = entries[:, 1].to(store.dtype)
+    staging[0] = 0
+
+
+def gather_rows_ref(store: torch.Tensor, slot_row: torch.Tensor, layout: RowLayout, bufs: StepBuffers) -> None:
+    """bufs[r] <- the step view of store[slot_row[r]] (block tables, seq_lens, write_loc, narrow cells), in place."""
+    rows = store[slot_row.long()]  # [b, width]
+    for p in layout.pools:
+        sp = layout.span(p.key)
+        ps, width, append = sp.page_size, sp.width, int(sp.mode is StreamMode.APPEND)
+        L = rows[:, layout.len_col(p.key)]
+        seq = L + append
+        n_used = (seq + ps - 1) // ps
+        span = rows[:, sp.start : sp.start + width]
+        j = torch.arange(width, device=store.device)
+        bufs.block_tables[p.key].copy_(torch.where(j[None, :] < n_used[:, None], span, 0))
+        bufs.seq_lens[p.key].copy_(seq)
+        if append:
+            idx = (L // ps).long()
+            page = span.gather(1, idx.clamp(max=width - 1)[:, None])[:, 0]
+            page = torch.where(idx < width, page, 0)
+            bufs.write_loc[p.key].copy_(page * ps + L % ps)
+    if layout.positions_pool is not None:
+        bufs.positions.copy_(rows[:, layout.len_col(layout.positions_pool)] + rows[:, layout.pos_col])
+    if layout.recurrent:
+        bufs.recurrent_slots.copy_(rows[:, layout.rec_col])
+    if layout.sampler:
+        bufs.sampler.copy_(rows[:, layout.sampler_col : layout.sampler_col + len(SAMPLER_CELLS)])
+
+
+def commit_lengths_ref(store: torch.Tensor, slot_row: torch.Tensor, len_cols: Sequence[int]) -> None:
+    """store[s, c] += 1 for each s = slot_row[r] != 0 and each c in len_cols (in place)."""
+    slots = slot_row.long()
+    live = (slots != 0).to(store.dtype)
+    for c in len_cols:
+        cols = torch.full_like(slots, c)
+        store.index_put_((slots, cols), live, accumulate=True)  # padding rows add 0 to the trash row
