@@ -1,0 +1,42 @@
+"""resplan: resident decode planning. Re-exports only; each name is defined in the module named beside it."""
+
+from resplan.buffers import StepBuffers
+from resplan.capture import (
+    CaptureError,
+    CaptureProblem,
+    Refusal,
+    ResourceInfo,
+    ResourceKind,
+    Segment,
+    capture_streams,
+    resident_refusal,
+)
+from resplan.executor import Executor, Graph, KernelImpl
+from resplan.layout import (
+    SAMPLER_CELLS,
+    SINK_PAGE,
+    SINK_SLOT,
+    TRASH_ROW,
+    Column,
+    ColumnKind,
+    KVPool,
+    RowLayout,
+    Span,
+    StreamMode,
+    bits_float,
+    float_bits,
+)
+from resplan.plan import commit, mark_stale, offload, plan, release
+from resplan.records import Backend, BucketPlan, FlushProgram, ResidentStream, Step
+from resplan.rowcheck import Mismatch, row_check
+from resplan.state import PlanError, PlannerConfig, PlannerState, build_planner
+from resplan.streams import HostStreams, KVStreams
+
+__all__ = [
+    "SAMPLER_CELLS", "SINK_PAGE", "SINK_SLOT", "TRASH_ROW", "Backend", "BucketPlan", "CaptureError", "CaptureProblem",
+    "Column", "ColumnKind", "Executor", "FlushProgram", "Graph", "HostStreams", "KVPool", "KVStreams", "KernelImpl",
+    "Mismatch", "PlanError", "PlannerConfig", "PlannerState", "Refusal", "ResidentStream", "ResourceInfo",
+    "ResourceKind", "RowLayout", "Segment", "Span", "Step", "StepBuffers", "StreamMode", "bits_float",
+    "build_planner", "capture_streams", "commit", "float_bits", "mark_stale", "offload", "plan", "release",
+    "resident_refusal", "row_check",
+]

@@ -1,0 +1,170 @@
+"""The executor: the device store, a pinned stager ring, ``flush(program)``, and the in-graph part of a step.
+
+Host side, before a replay: ``flush`` turns a ``FlushProgram`` into H2D copies on the step's stream, in order: the
+slot row (if changed), one copy per whole-row run, one copy of the staged cells. In the graph: ``scatter`` the staged
+cells into the store, ``gather`` the step's rows by the slot row into the bucket's ``StepBuffers``, the forward,
+``commit`` +1 to every APPEND length of the real rows. A steady step's program is empty: no H2D at all.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from resplan.buffers import StepBuffers
+from resplan.layout import RowLayout
+from resplan.records import FlushProgram
+
+
+class KernelImpl(enum.Enum):
+    """Which implementation runs the in-graph kernels."""
+
+    TRITON = "triton"  # the Triton kernels (GPU, or the CPU under TRITON_INTERPRET=1)
+    REFERENCE = "reference"  # their torch references (any device)
+
+    @classmethod
+    def default(cls, device: torch.device) -> KernelImpl:
+        """Triton where it can run (CUDA, or TRITON_INTERPRET=1), else the references."""
+        if device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+            return cls.TRITON
+        return cls.REFERENCE
+
+
+def _kernels(impl: KernelImpl):
+    import kernels
+
+    if impl is KernelImpl.TRITON:
+        return kernels.scatter_cells, kernels.gather_rows, kernels.commit_lengths
+    return kernels.scatter_cells_ref, kernels.gather_rows_ref, kernels.commit_lengths_ref
+
+
+class Graph:
+    """``torch.cuda.CUDAGraph`` of ``fn`` on CUDA; on the CPU an eager replay of the same callable."""
+
+    def __init__(self, fn: Callable[[], None], device: torch.device, pool=None, warmup: int = 1) -> None:
+        self.fn = fn
+        self.device = device
+        self.graph = None
+        if device.type == "cuda":
+            side = torch.cuda.Stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                for _ in range(warmup):
+                    fn()
+            torch.cuda.current_stream(device).wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph, pool=pool):
+                fn()
+
+    @property
+    def pool(self):
+        return None if self.graph is None else self.graph.pool()
+
+    def replay(self) -> None:
+        if self.graph is None:
+            self.fn()
+        else:
+            self.graph.replay()
+
+
+class Executor:
+    """Owns the store, the staging buffer, each bucket's slot row and StepBuffers, and the pinned stager ring.
+
+    The stager is sized at build for the largest flush any capture can issue (B full rows, a slot row and a full
+    staging buffer) and never grows on the step path.
+    """
+
+    def __init__(
+        self,
+        layout: RowLayout,
+        bucket_sizes: list[int] | tuple[int, ...],
+        device: torch.device | str = "cpu",
+        impl: KernelImpl | None = None,
+        ring: int = 4,
+    ) -> None:
+        self.device = torch.device(device)
+        self.layout = layout
+        self.impl = impl or KernelImpl.default(self.device)
+        self._scatter, self._gather, self._commit = _kernels(self.impl)
+        B = max(bucket_sizes)
+        self.n_slots = 2 * B + 1
+        self.width = layout.width
+        i32 = dict(dtype=torch.int32, device=self.device)
+        self.store = torch.zeros(self.n_slots, layout.width, **i32)  # [S, width], row 0 the trash row
+        self.staging_cap = B * max(1, len(layout.append_pools))
+        self.staging = torch.zeros(2 + 2 * self.staging_cap, **i32)  # [count, _, (flat idx, value) * cap]
+        self.slot_rows = {b: torch.zeros(b, **i32) for b in bucket_sizes}  # [b], 0 = trash row
+        self.buffers = {b: StepBuffers.allocate(layout, b, self.device) for b in bucket_sizes}
+        self.len_cols = tuple(layout.len_col(p.key) for p in layout.append_pools)
+        pinned = self.device.type == "cuda"
+        cells = B * layout.width + B + 2 + 2 * self.staging_cap
+        self._ring = [torch.zeros(cells, dtype=torch.int32, pin_memory=pinned) for _ in range(ring)]
+        self._ring_np = [t.numpy() for t in self._ring]
+        self._events = [torch.cuda.Event() if pinned else None for _ in range(ring)]
+        self._next = 0
+        self.copies = 0  # H2D copies issued, all time
+        self.bytes = 0  # H2D bytes issued, all time
+
+    @property
+    def stager_bytes(self) -> int:
+        return sum(t.numel() * 4 for t in self._ring)
+
+    # -- host side ---------------------------------------------------------------------------------------------
+    def flush(self, program: FlushProgram) -> None:
+        """Issue the program's H2D copies on the current stream, in step order. An empty program issues none."""
+        if program.empty:
+            return
+        i = self._next
+        self._next = (i + 1) % len(self._ring)
+        ev = self._events[i]
+        if ev is not None:
+            ev.synchronize()  # the copies that last read this buffer, ring-1 steps ago, are long done
+        buf, host = self._ring[i], self._ring_np[i]
+        off = 0
+        if program.slot_row is not None:
+            b = program.slot_row.size
+            host[off : off + b] = program.slot_row
+            self.slot_rows[b].copy_(buf[off : off + b], non_blocking=True)
+            off += b
+            self.copies += 1
+        if program.run_len.size:
+            total = program.run_cells.size
+            host[off : off + total] = program.run_cells
+            o = off
+            for slot, col, n in zip(program.run_slot.tolist(), program.run_col.tolist(), program.run_len.tolist(),
+                                    strict=True):
+                self.store[slot, col : col + n].copy_(buf[o : o + n], non_blocking=True)
+                o += n
+            off += total
+            self.copies += program.run_len.size
+        k = program.staged_idx.size
+        if k:
+            if k > self.staging_cap:
+                raise ValueError(f"{k} staged cells exceed the staging buffer's {self.staging_cap}")
+            host[off] = k
+            host[off + 1] = 0
+            host[off + 2 : off + 2 + 2 * k : 2] = program.staged_idx
+            host[off + 3 : off + 3 + 2 * k : 2] = program.staged_val
+            self.staging[: 2 + 2 * k].copy_(buf[off : off + 2 + 2 * k], non_blocking=True)
+            self.copies += 1
+        self.bytes += program.h2d_bytes
+        if ev is not None:
+            ev.record()
+
+    # -- in the graph ------------------------------------------------------------------------------------------
+    def before_forward(self, bucket: int) -> None:
+        """Scatter the staged cells into the store, then gather the bucket's rows into its StepBuffers."""
+        self._scatter(self.store, self.staging)
+        self._gather(self.store, self.slot_rows[bucket], self.layout, self.buffers[bucket])
+
+    def after_forward(self, bucket: int) -> None:
+        """+1 on the stored length of every APPEND pool for the bucket's real rows."""
+        self._commit(self.store, self.slot_rows[bucket], self.len_cols)
+
+    def store_numpy(self) -> np.ndarray:
+        """A host copy of the store (debug: syncs)."""
+        return self.store.cpu().numpy()
