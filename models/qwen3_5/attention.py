@@ -1,0 +1,77 @@
+"""Qwen3.5 gated full attention on a paged KV cache.
+
+q_proj yields, per head, a query and an output gate; q and k get a zero-centred RMSNorm over head_dim, then partial
+RoPE; out = o_proj(attn(q, k, v) * sigmoid(gate)).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from models.layers.norms import ZeroCenteredRMSNorm
+from models.layers.paged import paged_decode_attention, paged_prefill_attention, write_kv
+from models.layers.rope import apply_partial_rope
+from models.qwen3_5.config import Qwen35Config
+
+
+class GatedAttention(nn.Module):
+    """Parameter names match transformers' Qwen3_5Attention."""
+
+    def __init__(self, cfg: Qwen35Config) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.scale = cfg.head_dim**-0.5
+        hidden = cfg.hidden_size
+        self.q_proj = nn.Linear(hidden, self.n_heads * self.head_dim * 2, bias=False)
+        self.k_proj = nn.Linear(hidden, self.n_kv * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(hidden, self.n_kv * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, hidden, bias=False)
+        self.q_norm = ZeroCenteredRMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
+        self.k_norm = ZeroCenteredRMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
+
+    def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """x [n, hidden] -> q [n, hq, d], k, v [n, hk, d], gate [n, hq * d]."""
+        n = x.shape[0]
+        q, gate = self.q_proj(x).view(n, self.n_heads, 2 * self.head_dim).chunk(2, dim=-1)  # [n, hq, d] each
+        q = apply_partial_rope(self.q_norm(q), cos, sin)
+        k = apply_partial_rope(self.k_norm(self.k_proj(x).view(n, self.n_kv, self.head_dim)), cos, sin)
+        v = self.v_proj(x).view(n, self.n_kv, self.head_dim)
+        return q, k, v, gate.reshape(n, -1)
+
+    def _out(self, o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        """o [n, hq, d] -> o_proj(o * sigmoid(gate)) [n, hidden]."""
+        return self.o_proj(o.reshape(o.shape[0], -1) * torch.sigmoid(gate))
+
+    def prefill(
+        self,
+        x: torch.Tensor,  # [T, hidden], tokens start .. start+T-1 of one request
+        kv: torch.Tensor,  # [num_pages, 2, ps, hk, d]
+        pages: torch.Tensor,  # [n] long, the request's pages in order
+        start: int,
+        cos: torch.Tensor,  # [T, rot]
+        sin: torch.Tensor,
+    ) -> torch.Tensor:
+        """Write the chunk's K/V into its pages, attend causally over tokens 0 .. start+T-1: out [T, hidden]."""
+        T, ps = x.shape[0], kv.shape[2]
+        q, k, v, gate = self._qkv(x, cos, sin)
+        t = torch.arange(start, start + T, device=x.device)
+        write_kv(kv, pages[t // ps] * ps + t % ps, k, v)
+        o = paged_prefill_attention(q, kv, pages, start, start + T, self.scale)  # [T, hq, d]
+        return self._out(o, gate)
+
+    def decode(
+        self,
+        x: torch.Tensor,  # [b, hidden]
+        kv: torch.Tensor,  # [num_pages, 2, ps, hk, d]
+        block_table: torch.Tensor,  # [b, W] int32
+        seq_lens: torch.Tensor,  # [b] int32, stored length + 1
+        write_loc: torch.Tensor,  # [b] int32, flat slot of this step's token
+        cos: torch.Tensor,  # [b, rot]
+        sin: torch.Tensor,
+    ) -> torch.Tensor:
+        """One token a row: write its K/V at write_loc, attend over seq_lens tokens. Graph-safe. out [b, hidden]."""
+        q, k, v, gate = self._qkv(x, cos, sin)
+        write_kv(kv, write_loc, k, v)
+        o = paged_decode_attention(q, kv, block_table, seq_lens, self.scale)  # [b, hq, d]
+        return self._out(o, gate)

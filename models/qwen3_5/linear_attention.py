@@ -1,0 +1,101 @@
+"""Qwen3.5 Gated DeltaNet layer on a slotted recurrent pool (conv state + SSM state per slot).
+
+qkv = silu(causal_conv1d(in_proj_qkv(x))); g = -exp(A_log) softplus(in_proj_a(x) + dt_bias);
+beta = sigmoid(in_proj_b(x)); o = gated delta rule(l2norm(q) / sqrt(dk), l2norm(k), v, g, beta);
+out = out_proj(rmsnorm(o) * w * silu(in_proj_z(x))).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from models.layers.gdn import (
+    causal_conv1d_prefill,
+    causal_conv1d_step,
+    gated_delta_chunked,
+    gated_delta_step,
+    gdn_gates,
+    normalize_qk,
+)
+from models.layers.norms import GatedRMSNorm
+from models.qwen3_5.config import Qwen35Config
+
+
+class GatedDeltaNet(nn.Module):
+    """Parameter names match transformers' Qwen3_5GatedDeltaNet."""
+
+    def __init__(self, cfg: Qwen35Config) -> None:
+        super().__init__()
+        self.hk, self.hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+        self.dk, self.dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        self.key_dim, self.value_dim, self.conv_dim = cfg.linear_key_dim, cfg.linear_value_dim, cfg.conv_dim
+        K = cfg.linear_conv_kernel_dim
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, K, groups=self.conv_dim, padding=K - 1, bias=False)
+        self.dt_bias = nn.Parameter(torch.ones(self.hv))
+        self.A_log = nn.Parameter(torch.empty(self.hv).uniform_(0.01, 16).log())
+        self.norm = GatedRMSNorm(self.dv, eps=cfg.rms_norm_eps)
+        self.out_proj = nn.Linear(self.value_dim, cfg.hidden_size, bias=False)
+        self.in_proj_qkv = nn.Linear(cfg.hidden_size, self.conv_dim, bias=False)
+        self.in_proj_z = nn.Linear(cfg.hidden_size, self.value_dim, bias=False)
+        self.in_proj_b = nn.Linear(cfg.hidden_size, self.hv, bias=False)
+        self.in_proj_a = nn.Linear(cfg.hidden_size, self.hv, bias=False)
+
+    @property
+    def conv_weight(self) -> torch.Tensor:
+        """Depthwise kernel [conv_dim, K]."""
+        return self.conv1d.weight[:, 0, :]
+
+    def _project(self, x: torch.Tensor):
+        """x [n, hidden] -> mixed qkv [n, C], z [n, hv, dv], g, beta [n, hv] (float32)."""
+        z = self.in_proj_z(x).view(x.shape[0], self.hv, self.dv)
+        g, beta = gdn_gates(self.in_proj_a(x), self.in_proj_b(x), self.A_log, self.dt_bias)
+        return self.in_proj_qkv(x), z, g, beta
+
+    def _split(self, mixed: torch.Tensor):
+        """Conv output [n, C] -> q, k [n, hv, dk] (repeated, normed, float32), v [n, hv, dv] float32."""
+        n = mixed.shape[0]
+        q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q, k = normalize_qk(q.reshape(n, self.hk, self.dk), k.reshape(n, self.hk, self.dk), self.hv // self.hk)
+        return q, k, v.reshape(n, self.hv, self.dv).float()
+
+    def _out(self, o: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """o [n, hv, dv] float32 -> out_proj(gated_norm(o, z)) [n, hidden]."""
+        y = self.norm(o.to(dtype), z)  # [n, hv, dv]
+        return self.out_proj(y.reshape(y.shape[0], -1))
+
+    def prefill(
+        self,
+        x: torch.Tensor,  # [T, hidden], one request's chunk
+        conv_pool: torch.Tensor,  # [slots, C, K]
+        ssm_pool: torch.Tensor,  # [slots, hv, dk, dv]
+        slot: int,
+        fresh: bool,  # True for the first chunk: start from zero state instead of the slot's
+    ) -> torch.Tensor:
+        """Run the chunk from the slot's state (or zeros), leave the final conv + SSM state in the slot. [T, hidden]."""
+        mixed, z, g, beta = self._project(x)
+        conv0 = torch.zeros_like(conv_pool[slot]) if fresh else conv_pool[slot]  # [C, K]
+        ssm0 = torch.zeros_like(ssm_pool[slot]) if fresh else ssm_pool[slot]  # [hv, dk, dv]
+        mixed, conv1 = causal_conv1d_prefill(mixed, conv0, self.conv_weight)  # [T, C]
+        q, k, v = self._split(mixed)
+        o, ssm1 = gated_delta_chunked(q, k, v, g, beta, ssm0)  # [T, hv, dv]
+        conv_pool[slot] = conv1
+        ssm_pool[slot] = ssm1.to(ssm_pool.dtype)
+        return self._out(o, z, x.dtype)
+
+    def decode(
+        self,
+        x: torch.Tensor,  # [b, hidden]
+        conv_pool: torch.Tensor,  # [slots, C, K]
+        ssm_pool: torch.Tensor,  # [slots, hv, dk, dv]
+        slots: torch.Tensor,  # [b] int32, 0 (sink) for padding rows
+    ) -> torch.Tensor:
+        """One token a row: gather the rows' slots, step conv and delta rule, scatter back. Graph-safe. [b, hidden]."""
+        idx = slots.long()
+        mixed, z, g, beta = self._project(x)
+        mixed, conv1 = causal_conv1d_step(mixed, conv_pool[idx], self.conv_weight)  # [b, C], [b, C, K]
+        q, k, v = self._split(mixed)
+        o, ssm1 = gated_delta_step(ssm_pool[idx].float(), q, k, v, g, beta)  # [b, hv, dv], [b, hv, dk, dv]
+        conv_pool[idx] = conv1
+        ssm_pool[idx] = ssm1.to(ssm_pool.dtype)
+        return self._out(o, z, x.dtype)

@@ -1,0 +1,151 @@
+"""Qwen3.5 text model (transformers' Qwen3_5ForCausalLM) on paged KV pools and slotted recurrent pools.
+
+h = embed(ids); per layer h += mixer(norm1(h)) with mixer = Gated DeltaNet or gated attention, then
+h += mlp(norm2(h)); logits = lm_head(norm(h)). ``state_dict`` keys and shapes equal transformers'.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from models.layers.mlp import SwiGLU
+from models.layers.norms import ZeroCenteredRMSNorm
+from models.layers.paged import allocate_kv
+from models.layers.rope import PartialRotary
+from models.layers.specs import KVPoolSpec, RecurrentSpec
+from models.qwen3_5.attention import GatedAttention
+from models.qwen3_5.config import LINEAR, Qwen35Config
+from models.qwen3_5.linear_attention import GatedDeltaNet
+from models.qwen3_5.state import Qwen35State
+
+KV_POOL = "kv"  # the one KV pool: every full-attention layer pages through it with the same block table
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: h += mixer(input_layernorm(h)); h += mlp(post_attention_layernorm(h))."""
+
+    def __init__(self, cfg: Qwen35Config, layer_type: str) -> None:
+        super().__init__()
+        self.is_linear = layer_type == LINEAR
+        if self.is_linear:
+            self.linear_attn = GatedDeltaNet(cfg)
+        else:
+            self.self_attn = GatedAttention(cfg)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = ZeroCenteredRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.post_attention_layernorm = ZeroCenteredRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+
+    def ffn(self, h: torch.Tensor) -> torch.Tensor:
+        """h + mlp(post_attention_layernorm(h))."""
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Qwen35Backbone(nn.Module):
+    """transformers' Qwen3_5TextModel parameters: embed_tokens, layers, norm."""
+
+    def __init__(self, cfg: Qwen35Config) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, t) for t in cfg.layer_types)
+        self.norm = ZeroCenteredRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+
+
+class Qwen35Model(nn.Module):
+    """Qwen3.5 causal LM with host-planned ``prefill`` (one request's chunk) and graph-safe batched ``decode``."""
+
+    def __init__(self, cfg: Qwen35Config) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.model = Qwen35Backbone(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.rotary = PartialRotary(cfg.head_dim, cfg.rotary_dim, cfg.rope_theta)  # no state_dict entries
+        self._pool_index = {layer: i for i, layer in enumerate(cfg.full_layers)}
+        self._pool_index.update({layer: i for i, layer in enumerate(cfg.linear_layers)})
+
+    # -- pools -------------------------------------------------------------------------------------------------------
+    def kv_pool_specs(self) -> tuple[KVPoolSpec, ...]:
+        """One paged pool, "kv", shared by every full-attention layer."""
+        c = self.cfg
+        return (KVPoolSpec(KV_POOL, len(c.full_layers), c.num_key_value_heads, c.head_dim),)
+
+    def recurrent_specs(self) -> tuple[RecurrentSpec, ...]:
+        """Per GDN layer: conv state (conv_dim, K) and SSM state (hv, dk, dv) float32."""
+        c = self.cfg
+        conv = (c.conv_dim, c.linear_conv_kernel_dim)
+        ssm = (c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim)
+        return tuple(RecurrentSpec(layer, conv, ssm) for layer in c.linear_layers)
+
+    def allocate_state(
+        self, num_pages: int, page_size: int, num_rec_slots: int, device: torch.device | str, dtype: torch.dtype
+    ) -> Qwen35State:
+        """Zeroed pools: KV [num_pages, 2, page_size, hk, d] per attention layer; conv/SSM slots per GDN layer."""
+        if num_pages < 2 or num_rec_slots < 2:
+            raise ValueError("need >= 2 pages and >= 2 recurrent slots (page 0 and slot 0 are sinks)")
+        (kv_spec,) = self.kv_pool_specs()
+        kv = tuple(
+            allocate_kv(num_pages, page_size, kv_spec.n_kv_heads, kv_spec.head_dim, dtype=dtype, device=device)
+            for _ in range(kv_spec.num_layers)
+        )
+        rec = self.recurrent_specs()
+        conv = tuple(torch.zeros(num_rec_slots, *s.conv_shape, dtype=dtype, device=device) for s in rec)
+        ssm = tuple(torch.zeros(num_rec_slots, *s.ssm_shape, dtype=s.ssm_dtype, device=device) for s in rec)
+        return Qwen35State(kv, conv, ssm, page_size=page_size, num_pages=num_pages, num_slots=num_rec_slots)
+
+    # -- forward -----------------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def prefill(
+        self,
+        state: Qwen35State,
+        token_ids: torch.Tensor | Sequence[int],  # [T]
+        pages: torch.Tensor | Sequence[int],  # [n] the request's KV pages in order
+        start: int,  # tokens already stored (0 for the first chunk)
+        rec_slot: int,
+        pos_offset: int = 0,
+    ) -> torch.Tensor:
+        """One request's chunk, eager: logits [T, V]. Writes its K/V and leaves the GDN state in ``rec_slot``."""
+        device = self.lm_head.weight.device
+        ids = torch.as_tensor(token_ids, device=device).long().reshape(-1)  # [T]
+        pages = torch.as_tensor(pages, device=device).long().reshape(-1)  # [n]
+        T = ids.shape[0]
+        if T == 0 or start < 0:
+            raise ValueError(f"prefill needs T >= 1 tokens and start >= 0, got T={T}, start={start}")
+        if pages.shape[0] * state.page_size < start + T:
+            raise ValueError(f"{pages.shape[0]} pages of {state.page_size} cannot hold {start + T} tokens")
+        if not 0 < rec_slot < state.num_slots:
+            raise ValueError(f"rec_slot must be in 1..{state.num_slots - 1} (0 is the sink), got {rec_slot}")
+        h = self.model.embed_tokens(ids)  # [T, hidden]
+        cos, sin = self.rotary(torch.arange(start, start + T, device=device) + pos_offset, h.dtype)  # [T, rot]
+        for i, layer in enumerate(self.model.layers):
+            x = layer.input_layernorm(h)
+            j = self._pool_index[i]
+            if layer.is_linear:
+                h = h + layer.linear_attn.prefill(x, state.conv[j], state.ssm[j], rec_slot, fresh=start == 0)
+            else:
+                h = h + layer.self_attn.prefill(x, state.kv[j], pages, start, cos, sin)
+            h = layer.ffn(h)
+        return self.lm_head(self.model.norm(h))  # [T, V]
+
+    @torch.no_grad()
+    def decode(self, state: Qwen35State, input_ids: torch.Tensor, bufs) -> torch.Tensor:
+        """One token a row from the static StepBuffers (pool "kv", positions, recurrent_slots): logits [b, V].
+
+        CUDA-graph safe: no host sync, no data-dependent shapes; padding rows hit the sink page and sink slot.
+        """
+        block_table, seq_lens = bufs.block_tables[KV_POOL], bufs.seq_lens[KV_POOL]  # [b, W], [b]
+        write_loc, slots = bufs.write_loc[KV_POOL], bufs.recurrent_slots  # [b], [b]
+        h = self.model.embed_tokens(input_ids)  # [b, hidden]
+        cos, sin = self.rotary(bufs.positions, h.dtype)  # [b, rot]
+        for i, layer in enumerate(self.model.layers):
+            x = layer.input_layernorm(h)
+            j = self._pool_index[i]
+            if layer.is_linear:
+                h = h + layer.linear_attn.decode(x, state.conv[j], state.ssm[j], slots)
+            else:
+                h = h + layer.self_attn.decode(x, state.kv[j], block_table, seq_lens, write_loc, cos, sin)
+            h = layer.ffn(h)
+        return self.lm_head(self.model.norm(h))  # [b, V]
