@@ -1,0 +1,17 @@
+"""Whisper (encoder-decoder ASR) with a paged decoder: a "self" APPEND pool and a "cross" READ pool."""
+
+from models.whisper.config import CONFIGS, WhisperConfig, get_config, tiny, whisper_large_v3, whisper_tiny
+from models.whisper.model import WhisperModel
+from models.whisper.pools import KVPoolSpec, PagedState
+
+__all__ = [
+    "CONFIGS",
+    "KVPoolSpec",
+    "PagedState",
+    "WhisperConfig",
+    "WhisperModel",
+    "get_config",
+    "tiny",
+    "whisper_large_v3",
+    "whisper_tiny",
+]
