@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import attrs
 import torch
 
@@ -26,19 +28,36 @@ class StepBuffers:
     recurrent_slots: torch.Tensor | None  # [b] int32
     sampler: torch.Tensor | None  # [b, 4] int32: temperature, top_p (float32 bits), top_k, seed
 
+    flat: torch.Tensor | None = None  # [cells] int32: every buffer above is a view of it (one H2D fills all)
+
     @classmethod
     def allocate(cls, layout: RowLayout, size: int, device: torch.device | str = "cpu") -> StepBuffers:
-        """Zeroed buffers for a bucket of ``size`` rows laid out for ``layout``."""
-        i32 = dict(dtype=torch.int32, device=device)
-        return cls(
-            size=size,
-            block_tables={s.pool: torch.zeros(size, s.width, **i32) for s in layout.spans},
-            seq_lens={p.key: torch.zeros(size, **i32) for p in layout.pools},
-            write_loc={p.key: torch.zeros(size, **i32) for p in layout.pools if p.mode is StreamMode.APPEND},
-            positions=torch.zeros(size, **i32) if layout.positions_pool is not None else None,
-            recurrent_slots=torch.zeros(size, **i32) if layout.recurrent else None,
-            sampler=torch.zeros(size, len(SAMPLER_CELLS), **i32) if layout.sampler else None,
+        """Zeroed buffers for a bucket of ``size`` rows, all views of one flat int32 tensor (``flat``)."""
+        shapes: list[tuple[str, str | None, tuple[int, ...]]] = []
+        shapes += [("block_tables", s.pool, (size, s.width)) for s in layout.spans]
+        shapes += [("seq_lens", p.key, (size,)) for p in layout.pools]
+        shapes += [("write_loc", p.key, (size,)) for p in layout.pools if p.mode is StreamMode.APPEND]
+        if layout.positions_pool is not None:
+            shapes.append(("positions", None, (size,)))
+        if layout.recurrent:
+            shapes.append(("recurrent_slots", None, (size,)))
+        if layout.sampler:
+            shapes.append(("sampler", None, (size, len(SAMPLER_CELLS))))
+        total = sum(math.prod(shape) for _, _, shape in shapes)
+        flat = torch.zeros(total, dtype=torch.int32, device=device)
+        parts: dict[str, dict | torch.Tensor | None] = dict(
+            block_tables={}, seq_lens={}, write_loc={}, positions=None, recurrent_slots=None, sampler=None
         )
+        off = 0
+        for name, key, shape in shapes:
+            n = math.prod(shape)
+            view = flat[off : off + n].view(shape)
+            off += n
+            if key is None:
+                parts[name] = view
+            else:
+                parts[name][key] = view
+        return cls(size=size, flat=flat, **parts)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """Every buffer by a flat name (for comparisons and debugging)."""
