@@ -11,6 +11,7 @@ from resplan import (
     Backend,
     BucketPlan,
     Executor,
+    Graph,
     HostStreams,
     KernelImpl,
     KVPool,
@@ -89,12 +90,19 @@ class SimEngine:
     """Host truth + planner + CPU executor. Each resident step: plan, flush, gather, compare, commit in graph,
     advance the host by the same rule; the planner's commit lags one step behind, as in a pipelined engine."""
 
-    def __init__(self, layout: RowLayout, buckets, capacity: int = 32, impl=KernelImpl.REFERENCE, seed: int = 0):
+    def __init__(self, layout: RowLayout, buckets, capacity: int = 32, impl=KernelImpl.REFERENCE, seed: int = 0,
+                 device: str = "cpu", graphs: bool = False):
         self.layout = layout
         self.buckets = tuple(sorted(buckets))
         self.state = build_planner(layout, bucket_plans(layout, self.buckets), capacity)
         self.streams = HostStreams.zeros(layout, capacity)
-        self.ex = Executor(layout, self.buckets, "cpu", impl=impl)
+        self.ex = Executor(layout, self.buckets, device, impl=impl)
+        self.graphs = None
+        if graphs:  # one captured step per bucket, largest first, one memory pool
+            self.graphs, pool = {}, None
+            for b in sorted(self.buckets, reverse=True):
+                g = Graph(lambda b=b: (self.ex.before_forward(b), self.ex.after_forward(b)), self.ex.device, pool)
+                self.graphs[b], pool = g, g.pool
         self.rng = np.random.default_rng(seed)
         self.free_pages = {p.key: list(range(1, p.num_pages)) for p in layout.pools}
         self.n_pages = {p.key: np.zeros(capacity, np.int64) for p in layout.pools}
@@ -113,7 +121,7 @@ class SimEngine:
     def _ensure_pages(self, key: str, h: int, tokens: int) -> None:
         """Give handle h pages for its first ``tokens`` tokens."""
         p = self.layout.pool(key)
-        need = -(-tokens // p.page_size)
+        need = min(-(-tokens // p.page_size), p.span_width)  # a full stream decodes no further
         s = self.streams.kv[key]
         while self.n_pages[key][h] < need:
             pool = self.free_pages[key]
@@ -211,14 +219,17 @@ class SimEngine:
         self.state, program = plan(self.state, Step(h, b, self.seq), self.streams)
         self.commit_pending()  # the previous step commits while this one is planned
         self.ex.flush(program)
-        self.ex.before_forward(b)
-        if check:
-            want = expected_buffers(self.layout, self.streams, h, b)
-            got = {k: v.numpy() for k, v in self.ex.buffers[b].tensors().items()}
-            for k, v in want.items():
-                if not np.array_equal(got[k], v):
-                    raise AssertionError(f"step {self.seq}: {k} differs\n got  {got[k]}\n want {v}")
-        self.ex.after_forward(b)
+        want = expected_buffers(self.layout, self.streams, h, b) if check else {}
+        if self.graphs is not None:
+            self.graphs[b].replay()  # gather and commit in one replay; the buffers still hold the gathered rows
+        else:
+            self.ex.before_forward(b)
+        got = {k: v.cpu().numpy() for k, v in self.ex.buffers[b].tensors().items()}
+        for k, v in want.items():
+            if not np.array_equal(got[k], v):
+                raise AssertionError(f"step {self.seq}: {k} differs\n got  {got[k]}\n want {v}")
+        if self.graphs is None:
+            self.ex.after_forward(b)
         for hh in handles:  # the host advances by the same rule as the graph
             for p in self.layout.append_pools:
                 s = self.streams.kv[p.key]

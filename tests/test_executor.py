@@ -1,0 +1,88 @@
+"""The executor: H2D counts per step, the stager sized at build, the Triton path, and captured graphs on the GPU."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+from sim import SimEngine, qwen_like, whisper_like
+
+from resplan import KernelImpl
+
+TRITON_RUNS = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def test_a_steady_step_issues_no_h2d_and_a_crossing_step_exactly_one():
+    e = SimEngine(qwen_like(page_size=4), (2,))
+    a, b = e.admit(1), e.admit(2)
+    e.resident_step([a, b])  # lengths 2, 3 after
+    copies = e.ex.copies
+    e.resident_step([a, b])  # 2 -> 3, 3 -> 4: no page opens
+    assert e.ex.copies == copies
+    e.resident_step([a, b])  # b stores 4: its next token opens page 1; a stores 3
+    assert e.ex.copies == copies + 1
+
+
+def test_the_stager_holds_the_largest_flush_without_growing():
+    lay = qwen_like(page_size=4, pages=512, max_seq_len=64)
+    e = SimEngine(lay, (1, 4))
+    ring = [t.data_ptr() for t in e.ex._ring]
+    assert e.ex._ring[0].numel() == 4 * lay.width + 4 + 2 + 2 * e.ex.staging_cap
+    hs = [e.admit(lay.span("kv").width * 4 - 1) for _ in range(4)]  # full rows: every column used
+    _, program = e.resident_step(hs)
+    assert program.run_cells.size == 4 * lay.width
+    assert [t.data_ptr() for t in e.ex._ring] == ring
+
+
+def test_whole_rows_of_a_one_pool_node_are_one_h2d_each():
+    e = SimEngine(qwen_like(), (4,))
+    hs = [e.admit(5 + i) for i in range(3)]
+    copies = e.ex.copies
+    _, program = e.resident_step(hs)
+    assert e.ex.copies - copies == 3 + 1  # three rows, one slot row
+    assert program.h2d_copies == 4
+
+
+@pytest.mark.skipif(not TRITON_RUNS, reason="Triton needs CUDA or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("factory", [qwen_like, whisper_like], ids=["qwen-like", "whisper-like"])
+def test_the_triton_kernels_drive_a_decode_loop_with_displacement(factory):
+    e = SimEngine(factory(page_size=4, pages=128, max_seq_len=32), (1, 2), capacity=8, impl=KernelImpl.TRITON)
+    rng = np.random.default_rng(3)
+    hs = [e.admit(int(rng.integers(1, 12))) for _ in range(6)]
+    for i in range(40):
+        rows = rng.permutation([h for h in hs if e.room(h)])[: 1 + i % 2].tolist()
+        e.resident_step(rows)
+        if i % 9 == 4:
+            e.host_step(rows[:1], tokens=1)
+    assert e.displaced > 0 and e.crossings > 0 and e.mismatches == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("factory", [qwen_like, whisper_like], ids=["qwen-like", "whisper-like"])
+def test_captured_buckets_replay_hundreds_of_steps_of_changing_host_state(factory):
+    """Capture each bucket once; then new rows, crossings, displacement, stale rows, offloads and padding, with
+    every gathered buffer and every row the step read compared with the host each step."""
+    assert torch.cuda.is_available()
+    lay = factory(page_size=4, pages=512, max_seq_len=64)
+    e = SimEngine(lay, (1, 2, 4, 8), capacity=40, impl=KernelImpl.TRITON, device="cuda", graphs=True)
+    rng = np.random.default_rng(0)
+    for _ in range(24):
+        e.admit(int(rng.integers(1, 20)))
+    for i in range(600):
+        live = [h for h in e.live if e.room(h)]
+        for h in [h for h in e.live if not e.room(h)]:
+            e.finish(h)
+        while len(e.live) < 24:
+            e.admit(int(rng.integers(1, 20)))
+        rows = rng.permutation(live)[: int(rng.integers(1, 9))].tolist()
+        if rows:
+            e.resident_step(rows)
+        if i % 17 == 3 and rows:
+            e.host_step(rows[:2], tokens=int(rng.integers(0, 3)), new_context=bool(i % 2))
+        if i % 23 == 5 and e.live:
+            e.offload(e.live[int(rng.integers(len(e.live)))])
+    print(f"\n{factory.__name__}: {e.steps} captured steps, {e.displaced} displaced, {e.whole_rows} rows whole, "
+          f"{e.crossings} crossings, {e.mismatches} row-check mismatches")
+    assert e.steps >= 500 and e.displaced > 0 and e.crossings > 0 and e.mismatches == 0
