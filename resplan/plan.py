@@ -65,12 +65,18 @@ def _plan_steady(state: PlannerState, step: Step, streams: HostStreams, bi: int)
 
 def _slot_row(slots: np.ndarray, step: Step) -> np.ndarray:
     """The bucket's slot row: the rows' slots, then 0 (the trash row) for padding. Rows must be distinct."""
-    if np.unique(slots).size != slots.size:
-        s = np.sort(step.handles)
-        raise PlanError(f"handle {int(s[1:][s[1:] == s[:-1]][0])} appears twice in step {step.seq}")
+    _check_distinct(slots, step)
     row = np.zeros(step.bucket, CELL_DTYPE)
     row[: slots.size] = slots
     return row
+
+
+def _check_distinct(values: np.ndarray, step: Step) -> None:
+    """Raise naming a handle that appears twice in the step (distinct handles hold distinct slots)."""
+    s = np.sort(values)
+    if (s[1:] == s[:-1]).any():
+        h = np.sort(step.handles)
+        raise PlanError(f"handle {int(h[1:][h[1:] == h[:-1]][0])} appears twice in step {step.seq}")
 
 
 def _crossings(
@@ -130,8 +136,7 @@ def _plan_general(
     taken_count = lg.taken_count
     if k:
         hn = h[new_at]
-        if np.unique(hn).size != k:
-            _slot_row(hn, step)  # raises, naming the duplicate
+        _check_distinct(hn, step)
         free = np.flatnonzero((owner == FREE) & (read <= state.committed_seq))
         if free.size >= k:
             take = free[:k]
