@@ -1,0 +1,135 @@
+"""Decode attention backends replayed in a CUDA graph (GPU), and the host time of FA2's plan().
+
+    python -m models.bench.attention [--head-dim 256 --q-heads 8 --kv-heads 2 --page-size 16 --ctx 4096]
+                                     [--layers 8 --iters 200 --batches 1,16,64 --backends torch,fa2,xqa]
+
+Per batch size b: a bf16 cache of 1 + b * ceil(ctx / ps) pages, rows of length uniform in [ctx / 2, ctx] on
+random distinct pages. For each backend a graph of ``--layers`` attention calls (one per layer, distinct caches
+would not change the per-call time, so one cache is reused) is captured once and replayed; the time per call is
+the median replay time (CUDA events) / layers. For fa2 also: plan() host time (median, GPU idle), and one step
+"plan + replay" wall time against XQA's "write tables + replay" (what a decode step pays for attention metadata).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from models.layers.flashinfer_attention import FA2Decode, TorchDecode, XQADecode
+
+
+def _rows(rng, b, ps, W, ctx, num_pages):
+    sl = rng.integers(max(1, ctx // 2), ctx + 1, size=b)
+    npages = -(-sl // ps)
+    bt = np.zeros((b, W), dtype=np.int32)
+    bt[np.arange(W)[None, :] < npages[:, None]] = rng.permutation(np.arange(1, num_pages))[: int(npages.sum())]
+    return bt, sl.astype(np.int32)
+
+
+def _capture(fn):
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g
+
+
+def _replay_us(g, iters: int) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(iters):
+        start.record()
+        g.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--head-dim", type=int, default=256)
+    ap.add_argument("--q-heads", type=int, default=8)
+    ap.add_argument("--kv-heads", type=int, default=2)
+    ap.add_argument("--page-size", type=int, default=16)
+    ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--batches", default="1,16,64")
+    ap.add_argument("--backends", default="torch,fa2,xqa")
+    a = ap.parse_args()
+    assert torch.cuda.is_available(), "GPU benchmark"
+    dev, dt = "cuda", torch.bfloat16
+    d, hq, hk, ps = a.head_dim, a.q_heads, a.kv_heads, a.page_size
+    W = -(-a.ctx // ps)
+    scale = d**-0.5
+    rng = np.random.default_rng(0)
+    print(
+        f"# decode attention, {torch.cuda.get_device_name()}: d={d} hq={hq} hk={hk} ps={ps} ctx<={a.ctx} "
+        f"layers/graph={a.layers}\n"
+    )
+    print("| b | backend | us / call (graph replay) | fa2 plan host us | step us (metadata + replay) |")
+    print("|---|---|---|---|---|")
+    for b in (int(x) for x in a.batches.split(",")):
+        num_pages = 1 + b * W
+        kv = torch.randn(num_pages, 2, ps, hk, d, dtype=dt, device=dev)
+        q = torch.randn(b, hq, d, dtype=dt, device=dev)
+        bt_dev = torch.zeros(b, W, dtype=torch.int32, device=dev)
+        sl_dev = torch.ones(b, dtype=torch.int32, device=dev)
+        sets = [_rows(rng, b, ps, W, a.ctx, num_pages) for _ in range(8)]
+        pinned = [(torch.from_numpy(bt).pin_memory(), torch.from_numpy(sl).pin_memory()) for bt, sl in sets]
+
+        def write(i, pinned=pinned, bt_dev=bt_dev, sl_dev=sl_dev):
+            bt_dev.copy_(pinned[i % len(pinned)][0], non_blocking=True)
+            sl_dev.copy_(pinned[i % len(pinned)][1], non_blocking=True)
+
+        write(0)
+        for name in a.backends.split(","):
+            if name == "torch":
+                attn = TorchDecode()
+            elif name == "xqa":
+                attn = XQADecode(hq, hk, d, ps, max_batch=b, device=dev)
+            elif name == "fa2":
+                attn = FA2Decode(b, W, hq, hk, d, ps, device=dev, sm_scale=scale)
+                attn.plan(*sets[0])
+            else:
+                raise SystemExit(f"unknown backend {name}")
+            attn(q, kv, bt_dev, sl_dev, scale)  # eager: JIT build, caches
+            torch.cuda.synchronize()
+            call = lambda attn=attn, q=q, kv=kv, bt=bt_dev, sl=sl_dev: attn(q, kv, bt, sl, scale)
+            g = _capture(lambda call=call: [call() for _ in range(a.layers)])
+            us = _replay_us(g, a.iters) / a.layers
+            plan_us = "-"
+            step_times = []
+            for i in range(a.iters):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                write(i)
+                if name == "fa2":
+                    attn.plan(*sets[i % len(sets)])
+                g.replay()
+                torch.cuda.synchronize()
+                step_times.append((time.perf_counter() - t0) * 1e6)
+            if name == "fa2":
+                plan_times = []
+                for i in range(a.iters):
+                    torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    attn.plan(*sets[i % len(sets)])
+                    plan_times.append((time.perf_counter() - t0) * 1e6)
+                plan_us = f"{statistics.median(plan_times):.1f}"
+            print(f"| {b} | {name} | {us:.1f} | {plan_us} | {statistics.median(step_times):.1f} |", flush=True)
+            del g, attn
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
