@@ -69,9 +69,13 @@ class GatedAttention(nn.Module):
         write_loc: torch.Tensor,  # [b] int32, flat slot of this step's token
         cos: torch.Tensor,  # [b, rot]
         sin: torch.Tensor,
+        attn=None,  # a bucket's DecodeAttention (models.layers.flashinfer_attention); None = plain torch
     ) -> torch.Tensor:
         """One token a row: write its K/V at write_loc, attend over seq_lens tokens. Graph-safe. out [b, hidden]."""
         q, k, v, gate = self._qkv(x, cos, sin)
         write_kv(kv, write_loc, k, v)
-        o = paged_decode_attention(q, kv, block_table, seq_lens, self.scale)  # [b, hq, d]
+        if attn is None:
+            o = paged_decode_attention(q, kv, block_table, seq_lens, self.scale)  # [b, hq, d]
+        else:
+            o = attn(q, kv, block_table, seq_lens, self.scale)
         return self._out(o, gate)

@@ -131,8 +131,9 @@ class Qwen35Model(nn.Module):
         return self.lm_head(self.model.norm(h))  # [T, V]
 
     @torch.no_grad()
-    def decode(self, state: Qwen35State, input_ids: torch.Tensor, bufs) -> torch.Tensor:
+    def decode(self, state: Qwen35State, input_ids: torch.Tensor, bufs, attn=None) -> torch.Tensor:
         """One token a row from the static StepBuffers (pool "kv", positions, recurrent_slots): logits [b, V].
+        ``attn``: the bucket's decode attention (FlashInfer XQA / fa2 on the GPU); None = plain torch.
 
         CUDA-graph safe: no host sync, no data-dependent shapes; padding rows hit the sink page and sink slot.
         """
@@ -146,6 +147,6 @@ class Qwen35Model(nn.Module):
             if layer.is_linear:
                 h = h + layer.linear_attn.decode(x, state.conv[j], state.ssm[j], slots)
             else:
-                h = h + layer.self_attn.decode(x, state.kv[j], block_table, seq_lens, write_loc, cos, sin)
+                h = h + layer.self_attn.decode(x, state.kv[j], block_table, seq_lens, write_loc, cos, sin, attn)
             h = layer.ffn(h)
         return self.lm_head(self.model.norm(h))  # [b, V]
