@@ -1,0 +1,115 @@
+"""What a client submits (a Request with its SamplingParams), what it gets back (a Result), and the checks a request
+passes at submission. Bad input is refused there, with a message naming the field, and never reaches a step."""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Sequence
+
+import attrs
+import numpy as np
+import torch
+
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+class FinishReason(enum.Enum):
+    STOP = "stop"  # sampled one of its stop tokens
+    LENGTH = "length"  # reached max_tokens, or the context
+
+
+@attrs.frozen
+class SamplingParams:
+    """How a request's tokens are chosen. ``temperature == 0`` is greedy; otherwise temperature, then top-k
+    (0 = off), then top-p over what is left, drawn from a counter-based RNG keyed by (seed, position). A request
+    ends after ``max_tokens`` tokens, at the context, or with the first of its ``stop_token_ids`` it samples (that
+    token is the last of its output; the model's own EOS is not implied)."""
+
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=tuple)
+
+
+@attrs.frozen(eq=False)
+class Request:
+    """A prompt (token ids), how to sample, and for an encoder-decoder model its input features."""
+
+    prompt: tuple[int, ...] = attrs.field(converter=tuple)
+    sampling: SamplingParams = SamplingParams()
+    model: str | None = None  # None: the engine's model; any other name must be the engine's
+    features: torch.Tensor | None = None  # Whisper: log-mel [n_mels, frames]
+    request_id: str | None = None
+
+
+@attrs.frozen
+class Result:
+    request_id: str
+    prompt_len: int
+    tokens: tuple[int, ...]
+    finish_reason: FinishReason
+
+
+class InvalidRequest(ValueError):
+    """A request refused at submission; ``field`` names what is wrong."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"invalid request: {field}: {message}")
+        self.field = field
+
+
+@attrs.frozen
+class Limits:
+    """What the serving engine accepts: its model's name and vocabulary, and its context."""
+
+    model: str
+    vocab_size: int
+    max_seq_len: int
+
+
+def validate(req: Request, limits: Limits) -> None:
+    """Raise InvalidRequest for the first problem found; return None for a request the engine can run."""
+    if not isinstance(req, Request):
+        raise InvalidRequest("request", f"expected a Request, got {type(req).__name__}")
+    if req.model is not None and req.model != limits.model:
+        raise InvalidRequest("model", f"unknown model {req.model!r}; this engine serves {limits.model!r}")
+    _token_ids("prompt", req.prompt, limits.vocab_size)
+    if len(req.prompt) == 0:
+        raise InvalidRequest("prompt", "the prompt is empty; it needs at least one token")
+    if len(req.prompt) > limits.max_seq_len:
+        raise InvalidRequest(
+            "prompt", f"{len(req.prompt)} tokens is longer than the model's context of {limits.max_seq_len}"
+        )
+    sp = req.sampling
+    if not isinstance(sp, SamplingParams):
+        raise InvalidRequest("sampling", f"expected SamplingParams, got {type(sp).__name__}")
+    if not _is_int(sp.max_tokens) or sp.max_tokens <= 0:
+        raise InvalidRequest("max_tokens", f"must be an integer > 0, got {sp.max_tokens!r}")
+    if not _is_real(sp.temperature) or not math.isfinite(sp.temperature) or sp.temperature < 0:
+        raise InvalidRequest("temperature", f"must be a finite number >= 0 (0 is greedy), got {sp.temperature!r}")
+    if not _is_real(sp.top_p) or not 0 < sp.top_p <= 1:
+        raise InvalidRequest("top_p", f"must be in (0, 1], got {sp.top_p!r}")
+    if not _is_int(sp.top_k) or not 0 <= sp.top_k <= INT32_MAX:
+        raise InvalidRequest("top_k", f"must be an integer >= 0 (0 is off), got {sp.top_k!r}")
+    if not _is_int(sp.seed) or not INT32_MIN <= sp.seed <= INT32_MAX:
+        raise InvalidRequest("seed", f"must be an int32, got {sp.seed!r}")
+    _token_ids("stop_token_ids", sp.stop_token_ids, limits.vocab_size)
+
+
+def _token_ids(field: str, ids: Sequence, vocab: int) -> None:
+    for i, t in enumerate(ids):
+        if not _is_int(t):
+            raise InvalidRequest(field, f"token {i} is {t!r}, not an integer")
+        if not 0 <= t < vocab:
+            raise InvalidRequest(field, f"token {i} is {t}, outside the vocabulary [0, {vocab})")
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int | np.integer) and not isinstance(x, bool)
+
+
+def _is_real(x) -> bool:
+    return isinstance(x, int | float | np.integer | np.floating) and not isinstance(x, bool)
