@@ -1,0 +1,197 @@
+"""One adapter per model family: what the engine needs to know about a model, and nothing else.
+
+An adapter declares the model's KV pools (key, APPEND or READ, the model's own limit on a stream), the pool positions
+ride on, whether it keeps recurrent state, allocates the state tensors, runs one request's host-planned prefill chunk
+(and, for an encoder-decoder, the encoder that fills its READ pool first), and the graph-safe decode from a bucket's
+StepBuffers. Models are built with random weights from a seed (no downloads): ``build_adapter(name, seed)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+import torch
+
+from models.engine.requests import InvalidRequest, Request
+from models.qwen3_5 import KV_POOL, Qwen35Model
+from models.qwen3_5 import config as qwen_config
+from models.whisper import WhisperModel
+from models.whisper import config as whisper_config
+from models.whisper.decoder import CROSS, SELF
+from resplan import StepBuffers, StreamMode
+
+
+@attrs.frozen
+class PoolDecl:
+    """A KV pool as the model declares it: its key, how decode uses it, and the longest stream the model allows."""
+
+    key: str
+    mode: StreamMode
+    max_seq_len: int
+
+
+class Adapter:
+    """The engine's view of a model. Subclasses fill in the family-specific parts."""
+
+    name: str
+    model: torch.nn.Module
+    vocab_size: int
+    pools: tuple[PoolDecl, ...]
+    positions_pool: str
+    recurrent: bool
+
+    @property
+    def append_pools(self) -> tuple[PoolDecl, ...]:
+        return tuple(p for p in self.pools if p.mode is StreamMode.APPEND)
+
+    @property
+    def max_context(self) -> int:
+        """Tokens an APPEND stream may hold (the positions the model knows)."""
+        return min(p.max_seq_len for p in self.append_pools)
+
+    def validate(self, req: Request) -> None:
+        """Model-specific checks at submission (raise InvalidRequest)."""
+        if req.features is not None:
+            raise InvalidRequest("features", f"{self.name} takes no input features")
+
+    def read_tokens(self, req: Request) -> dict[str, int]:
+        """Tokens each READ pool will hold for ``req`` (its context), by pool key."""
+        return {}
+
+    def allocate(self, num_pages: dict[str, int], page_size: int, rec_slots: int, device, dtype):
+        raise NotImplementedError
+
+    def kv_caches(self, state, key: str) -> tuple[torch.Tensor, ...]:
+        """One pool's caches, one a layer: [num_pages, 2, page_size, heads, head_dim]."""
+        raise NotImplementedError
+
+    def encode(self, state, req: Request, pages: dict[str, torch.Tensor]) -> None:
+        """Fill the READ pools for ``req`` (its context), before its first prefill chunk."""
+
+    def prefill(
+        self,
+        state,
+        ids: torch.Tensor,  # [T] long
+        pages: dict[str, torch.Tensor],  # pool -> [n] long, the request's pages in order
+        start: int,
+        rec_slot: int,
+        read_lens: dict[str, int],
+        pos_offset: int,
+    ) -> torch.Tensor:
+        """One request's chunk at stream positions start .. start+T-1, eager: logits [T, V]."""
+        raise NotImplementedError
+
+    def decode(self, state, ids: torch.Tensor, bufs: StepBuffers) -> torch.Tensor:
+        """One token a row from the static buffers, graph-safe: ids [b] -> logits [b, V]."""
+        raise NotImplementedError
+
+
+class QwenAdapter(Adapter):
+    """Qwen3.5: one APPEND pool "kv" (positions on it) and a recurrent slot per request."""
+
+    def __init__(self, name: str, model: Qwen35Model) -> None:
+        self.name = name
+        self.model = model
+        cfg = model.cfg
+        self.vocab_size = cfg.vocab_size
+        self.pools = (PoolDecl(KV_POOL, StreamMode.APPEND, cfg.max_position_embeddings),)
+        self.positions_pool = KV_POOL
+        self.recurrent = True
+
+    def allocate(self, num_pages, page_size, rec_slots, device, dtype):
+        return self.model.allocate_state(num_pages[KV_POOL], page_size, rec_slots, device, dtype)
+
+    def kv_caches(self, state, key):
+        return state.kv
+
+    def prefill(self, state, ids, pages, start, rec_slot, read_lens, pos_offset):
+        return self.model.prefill(state, ids, pages[KV_POOL], start, rec_slot, pos_offset)
+
+    def decode(self, state, ids, bufs):
+        return self.model.decode(state, ids, bufs)
+
+
+class WhisperAdapter(Adapter):
+    """Whisper: "self" APPEND (positions on it), "cross" READ, filled by the encoder at a request's first chunk."""
+
+    def __init__(self, name: str, model: WhisperModel) -> None:
+        self.name = name
+        self.model = model
+        cfg = model.cfg
+        self.vocab_size = cfg.vocab_size
+        self.pools = (
+            PoolDecl(SELF, StreamMode.APPEND, cfg.max_target_positions),
+            PoolDecl(CROSS, StreamMode.READ, cfg.max_source_positions),
+        )
+        self.positions_pool = SELF
+        self.recurrent = False
+
+    def validate(self, req):
+        cfg = self.model.cfg
+        f = req.features
+        if not isinstance(f, torch.Tensor) or f.ndim != 2 or f.shape[0] != cfg.num_mel_bins or f.shape[1] < 1:
+            got = tuple(f.shape) if isinstance(f, torch.Tensor) else type(f).__name__
+            raise InvalidRequest(
+                "features", f"{self.name} needs log-mel features [{cfg.num_mel_bins}, frames], got {got}"
+            )
+        if not torch.isfinite(f).all():
+            raise InvalidRequest("features", "features hold a non-finite value")
+        n_ctx = self._n_ctx(req)
+        if n_ctx > cfg.max_source_positions:
+            raise InvalidRequest(
+                "features", f"{f.shape[1]} frames give {n_ctx} encoder tokens > {cfg.max_source_positions}"
+            )
+
+    @staticmethod
+    def _n_ctx(req: Request) -> int:
+        return (req.features.shape[1] - 1) // 2 + 1
+
+    def read_tokens(self, req):
+        return {CROSS: self._n_ctx(req)}
+
+    def allocate(self, num_pages, page_size, rec_slots, device, dtype):
+        return self.model.allocate_state(num_pages, {k: page_size for k in num_pages}, device=device, dtype=dtype)
+
+    def kv_caches(self, state, key):
+        return state[key]
+
+    def encode(self, state, req, pages):
+        self.model.encode(state, req.features, pages[CROSS])
+
+    def prefill(self, state, ids, pages, start, rec_slot, read_lens, pos_offset):
+        return self.model.prefill(state, ids, pages[SELF], start, pages[CROSS], read_lens[CROSS], pos_offset)
+
+    def decode(self, state, ids, bufs):
+        return self.model.decode(state, ids, bufs)
+
+
+def _qwen(cfg) -> Callable[[str], Adapter]:
+    return lambda name: QwenAdapter(name, Qwen35Model(cfg))
+
+
+def _whisper(cfg) -> Callable[[str], Adapter]:
+    return lambda name: WhisperAdapter(name, WhisperModel(cfg))
+
+
+MODELS: dict[str, Callable[[str], Adapter]] = {
+    "qwen3_5-tiny": _qwen(qwen_config.tiny),
+    "qwen3_5-0.8b": _qwen(qwen_config.qwen3_5_0_8b),
+    "qwen3_5-2b": _qwen(qwen_config.qwen3_5_2b),
+    "whisper-test": _whisper(whisper_config.tiny),  # test-sized (2 + 2 layers, 128 tokens)
+    "whisper-tiny": _whisper(whisper_config.whisper_tiny),
+    "whisper-large-v3": _whisper(whisper_config.whisper_large_v3),
+}
+
+
+def build_adapter(
+    name: str, seed: int = 0, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+) -> Adapter:
+    """The named model with random weights drawn from ``seed`` (the global RNG is left as it was)."""
+    if name not in MODELS:
+        raise KeyError(f"unknown model {name!r}; known: {sorted(MODELS)}")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        adapter = MODELS[name](name)
+    adapter.model.to(device=device, dtype=dtype).eval()
+    return adapter

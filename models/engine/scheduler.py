@@ -1,0 +1,218 @@
+"""Which requests a step runs: decode rows in a bucket, prefill chunks under a token budget, and admissions.
+
+A request is waiting (submitted), then admitted (it holds a handle, a recurrent slot and the pages of its whole prompt)
+and PREFILLING in chunks, then DECODING one token a step until it finishes; under KV pressure it may be OFFLOADED
+(its pages copied to the host and given back) and later reloaded. Per-handle state is numpy, so choosing a steady
+step's rows is a few vectorised ops, never a Python loop over rows.
+
+Decode order: ARRIVAL fills the bucket with the oldest decoding requests, which run to completion; TURNS runs the least
+recently run first, so rows take turns and (with fewer slots than requests) displace each other. A step with any
+prefill work is host-planned (prefill chunks, plus the decode rows as a mixed step); a step of decode rows only is a
+decode step in a bucket. ``compose`` only looks: it changes nothing, so a pre-plan can call it early.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+
+import attrs
+import numpy as np
+
+from models.engine.requests import Request
+
+DEFAULT_BUCKETS = (1, 2, 4, 8, *range(16, 129, 8))  # 1, 2, 4, 8, 16, 24, 32, ..., 128
+
+
+def decode_buckets(max_bucket: int) -> tuple[int, ...]:
+    """The default buckets up to ``max_bucket``, which is always the last one."""
+    if max_bucket <= 0:
+        raise ValueError(f"max_bucket must be > 0, got {max_bucket}")
+    return tuple(b for b in DEFAULT_BUCKETS if b < max_bucket) + (max_bucket,)
+
+
+class Order(enum.Enum):
+    ARRIVAL = "arrival"  # the oldest decoding requests fill the bucket and run to completion
+    TURNS = "turns"  # the least recently run go first: rows take turns
+
+
+class Status(enum.IntEnum):
+    FREE = 0
+    PREFILLING = 1
+    DECODING = 2
+    OFFLOADED = 3
+
+
+@attrs.frozen(eq=False)
+class Pending:
+    """A validated request waiting for admission."""
+
+    rid: str
+    request: Request
+    arrival: int
+    pages: tuple[tuple[str, int], ...]  # (pool, pages it takes at admission): its whole prompt, its context
+
+
+@attrs.frozen
+class Chunk:
+    """A prefill chunk: tokens start .. start+n-1 of an admitted request's prompt."""
+
+    handle: int
+    start: int
+    n: int
+    last: bool  # the chunk ends the prompt: its last logits sample the first token
+
+
+@attrs.frozen(eq=False)
+class Batch:
+    """What one step runs."""
+
+    rows: np.ndarray  # [n] int64 handles decoding this step, in arrival order
+    bucket: int  # the captured bucket the rows run in, 0 when there are none
+    chunks: tuple[Chunk, ...]  # prefill chunks of requests admitted in earlier steps
+    admits: tuple[tuple[Pending, int], ...]  # waiting requests admitted this step, with their first chunk's tokens
+
+    @property
+    def host_planned(self) -> bool:
+        """Prefill work makes the step host-planned (mixed when it also has decode rows)."""
+        return bool(self.chunks or self.admits)
+
+    @property
+    def empty(self) -> bool:
+        return self.rows.size == 0 and not self.chunks and not self.admits
+
+
+class Scheduler:
+    def __init__(
+        self,
+        capacity: int,  # requests admitted at once (handles)
+        buckets: tuple[int, ...],
+        order: Order,
+        token_budget: int | None,  # prefill tokens a step, None: whole prompts
+        append_pools: tuple[str, ...],
+    ) -> None:
+        self.capacity = capacity
+        self.buckets = buckets
+        self.max_bucket = buckets[-1]
+        self.order = order
+        self.token_budget = token_budget
+        self.append_pools = append_pools
+        self._bucket_of = np.array([next(b for b in buckets if b >= n) for n in range(1, self.max_bucket + 1)])
+        H = capacity
+        self.status = np.zeros(H, np.int8)  # Status
+        self.resume = np.zeros(H, np.int8)  # Status to resume after a reload
+        self.arrival = np.zeros(H, np.int64)
+        self.last_run = np.full(H, -1, np.int64)  # seq of the last step that ran the request
+        self.prompt_len = np.zeros(H, np.int64)
+        self.prefilled = np.zeros(H, np.int64)
+        self.waiting: deque[Pending] = deque()
+        self.prefilling: list[int] = []  # resident PREFILLING handles, in arrival order
+        self.offloaded: list[int] = []  # OFFLOADED handles, oldest offload first
+        self.admit_quota: int | None = None  # after a refused admit: admissions left until a request finishes
+        self.admitted = 0
+
+    # -- choosing a step ---------------------------------------------------------------------------------------------
+    def decode_rows(self) -> np.ndarray:
+        """[n] handles of the decode rows of the next step, in arrival order."""
+        dec = np.flatnonzero(self.status == Status.DECODING)
+        if dec.size > self.max_bucket:
+            if self.order is Order.ARRIVAL:
+                dec = dec[np.argsort(self.arrival[dec], kind="stable")[: self.max_bucket]]
+            else:
+                dec = dec[np.lexsort((self.arrival[dec], self.last_run[dec]))[: self.max_bucket]]
+        return dec[np.argsort(self.arrival[dec], kind="stable")].astype(np.int64)
+
+    def bucket(self, n: int) -> int:
+        return int(self._bucket_of[n - 1]) if n else 0
+
+    def compose(self, free: dict[str, int]) -> Batch:
+        """The next step, given the free pages of each pool. Pure: nothing changes until the engine admits it."""
+        rows = self.decode_rows()
+        budget = self.token_budget if self.token_budget is not None else 2**62
+        chunks = []
+        for h in self.prefilling:
+            if budget <= 0:
+                break
+            start = int(self.prefilled[h])
+            n = min(int(self.prompt_len[h]) - start, budget)
+            chunks.append(Chunk(h, start, n, start + n == self.prompt_len[h]))
+            budget -= n
+        admits = []
+        if self.admit_quota != 0 and self.waiting:
+            left = dict(free)
+            watermark = int(np.count_nonzero(self.status == Status.DECODING))  # each may open a page next step
+            n_admitted = self.admitted
+            for pend in self.waiting:
+                if n_admitted >= self.capacity or budget <= 0 or len(admits) == self.admit_quota:
+                    break
+                idle = n_admitted == 0  # nothing else holds pages: admit without keeping the watermark
+                reserve = {k: 0 if idle or k not in self.append_pools else watermark for k in left}
+                if any(left[k] < need + reserve[k] for k, need in pend.pages):
+                    break  # first come, first served: no one overtakes the head of the queue
+                n = min(len(pend.request.prompt), budget)
+                admits.append((pend, n))
+                budget -= n
+                n_admitted += 1
+                for k, need in pend.pages:
+                    left[k] -= need
+        return Batch(rows, self.bucket(rows.size), tuple(chunks), tuple(admits))
+
+    def victims(self, exclude: np.ndarray) -> np.ndarray:
+        """Requests whose pages could be offloaded, least recently run first, none of ``exclude``."""
+        cand = np.flatnonzero((self.status == Status.DECODING) | (self.status == Status.PREFILLING))
+        cand = cand[~np.isin(cand, exclude)]
+        return cand[np.lexsort((self.arrival[cand], self.last_run[cand]))]
+
+    # -- transitions (the engine calls these as it carries a step out) -----------------------------------------------
+    def admit(self, h: int, pend: Pending) -> None:
+        self.waiting.remove(pend)
+        self.status[h] = Status.PREFILLING
+        self.arrival[h] = pend.arrival
+        self.last_run[h] = -1
+        self.prompt_len[h] = len(pend.request.prompt)
+        self.prefilled[h] = 0
+        self.prefilling.append(h)
+        self.admitted += 1
+        if self.admit_quota is not None:
+            self.admit_quota -= 1
+
+    def unadmit(self, h: int, pend: Pending) -> None:
+        """Undo ``admit`` (a refused admit is rolled back): the request is the head of the queue again."""
+        self.status[h] = Status.FREE
+        self.prefilling.remove(h)
+        self.waiting.appendleft(pend)
+        self.admitted -= 1
+        if self.admit_quota is not None:
+            self.admit_quota += 1
+
+    def prefilled_chunk(self, chunk: Chunk, seq: int) -> None:
+        h = chunk.handle
+        self.prefilled[h] = chunk.start + chunk.n
+        self.last_run[h] = seq
+        if chunk.last:
+            self.prefilling.remove(h)
+            self.status[h] = Status.DECODING
+
+    def ran(self, rows: np.ndarray, seq: int) -> None:
+        self.last_run[rows] = seq
+
+    def finish(self, h: int) -> None:
+        if self.status[h] == Status.PREFILLING:
+            self.prefilling.remove(h)
+        self.status[h] = Status.FREE
+        self.admitted -= 1
+        self.admit_quota = None  # what a refusal waited for may be free now
+
+    def offload(self, h: int) -> None:
+        self.resume[h] = self.status[h]
+        if self.status[h] == Status.PREFILLING:
+            self.prefilling.remove(h)
+        self.status[h] = Status.OFFLOADED
+        self.offloaded.append(h)
+
+    def reload(self, h: int) -> None:
+        self.offloaded.remove(h)
+        self.status[h] = self.resume[h]
+        if self.status[h] == Status.PREFILLING:
+            self.prefilling.append(h)
+            self.prefilling.sort(key=lambda x: self.arrival[x])
