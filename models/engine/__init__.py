@@ -1,0 +1,17 @@
+"""The serving engine: request validation, pools, scheduler, sampler, model adapters, and the decode loop driver
+with its two planning arms (resident through resplan, and the host-planned baseline)."""
+
+from models.engine.adapters import MODELS, Adapter, PoolDecl, QwenAdapter, WhisperAdapter, build_adapter
+from models.engine.driver import Engine, EngineConfig, EngineStats, Planning
+from models.engine.host_arm import HostFill
+from models.engine.pools import AdmitRefusal, AdmitRefused, AdmitTxn, PagePool, SlotPool, handle_pool, recurrent_pool
+from models.engine.requests import FinishReason, InvalidRequest, Limits, Request, Result, SamplingParams, validate
+from models.engine.sampler import Sampler
+from models.engine.scheduler import DEFAULT_BUCKETS, Batch, Chunk, Order, Scheduler, Status, decode_buckets
+
+__all__ = [
+    "DEFAULT_BUCKETS", "MODELS", "Adapter", "AdmitRefusal", "AdmitRefused", "AdmitTxn", "Batch", "Chunk", "Engine",
+    "EngineConfig", "EngineStats", "FinishReason", "HostFill", "InvalidRequest", "Limits", "Order", "PagePool",
+    "Planning", "PoolDecl", "QwenAdapter", "Request", "Result", "Sampler", "SamplingParams", "Scheduler", "SlotPool",
+    "Status", "WhisperAdapter", "build_adapter", "decode_buckets", "handle_pool", "recurrent_pool", "validate",
+]

@@ -1,0 +1,100 @@
+"""Run the same requests through both planning arms and compare: what the demo and the engine tests share.
+
+``random_requests`` draws prompts, lengths and sampling seeds from one seed (and log-mel frames for an
+encoder-decoder). ``run_arms`` serves them in a fresh engine per arm over the same adapter (same weights, separate
+pools). ``check_pools`` asserts the page bookkeeping an engine keeps: every page held by at most one request, free +
+held = usable, and no stream holding a page past the pages it counts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import attrs
+import numpy as np
+import torch
+
+from models.engine.adapters import Adapter
+from models.engine.driver import Engine, EngineConfig, Planning
+from models.engine.requests import InvalidRequest, Request, Result, SamplingParams
+from resplan import StreamMode
+
+
+def random_requests(
+    adapter: Adapter,
+    n: int,
+    prompt_len: tuple[int, int],  # inclusive range
+    gen_len: tuple[int, int],
+    seed: int = 0,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+) -> list[Request]:
+    """``n`` requests with random prompt tokens; a per-request sampling seed; log-mel frames where the model reads a
+    context pool (its decoder prompt then starts with the decoder start token)."""
+    rng = np.random.default_rng(seed)
+    reads = any(p.mode is StreamMode.READ for p in adapter.pools)
+    out = []
+    for i in range(n):
+        length = int(rng.integers(prompt_len[0], prompt_len[1] + 1))
+        sp = SamplingParams(
+            max_tokens=int(rng.integers(gen_len[0], gen_len[1] + 1)),
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            seed=int(rng.integers(0, 2**31 - 1)),
+        )
+        prompt = rng.integers(0, adapter.vocab_size, length).tolist()
+        features = None
+        if reads:
+            cfg = adapter.model.cfg
+            frames = int(rng.integers(2, 2 * cfg.max_source_positions + 1))
+            features = torch.from_numpy(rng.standard_normal((cfg.num_mel_bins, frames)).astype(np.float32))
+            prompt[0] = cfg.decoder_start_token_id
+        out.append(Request(prompt, sp, features=features, request_id=f"r{i}"))
+    return out
+
+
+@attrs.frozen(eq=False)
+class ArmRun:
+    engine: Engine
+    results: list[Result | InvalidRequest]
+    wall_s: float
+
+    @property
+    def tokens(self) -> list[tuple[int, ...] | None]:
+        return [r.tokens if isinstance(r, Result) else None for r in self.results]
+
+
+def run_arms(
+    adapter: Adapter,
+    config: EngineConfig,
+    requests: Sequence[Request],
+    arms: Sequence[Planning] = (Planning.RESIDENT, Planning.HOST),
+    on_step: Callable[[Engine], None] | None = None,
+    make_on_step: Callable[[Planning, Engine], Callable[[Engine], None] | None] | None = None,
+) -> dict[Planning, ArmRun]:
+    """Serve ``requests`` in one fresh engine per arm (``config`` with its planning set to the arm)."""
+    out = {}
+    for arm in arms:
+        engine = Engine(adapter, attrs.evolve(config, planning=arm))
+        cb = make_on_step(arm, engine) if make_on_step is not None else on_step
+        t0 = time.perf_counter()
+        results = engine.run(requests, on_step=cb)
+        out[arm] = ArmRun(engine, results, time.perf_counter() - t0)
+    return out
+
+
+def check_pools(engine: Engine) -> None:
+    """Assert the engine's page bookkeeping (tests; it walks every handle)."""
+    for key, pool in engine.page_pools.items():
+        s, held = engine.streams.kv[key], engine.n_pages[key]
+        cols = np.arange(s.pages.shape[1])
+        live = s.pages[cols[None, :] < held[:, None]]
+        assert (live > 0).all(), f"pool {key!r}: a held page is the sink"
+        assert np.unique(live).size == live.size, f"pool {key!r}: a page is held twice"
+        assert not s.pages[cols[None, :] >= held[:, None]].any(), f"pool {key!r}: a stream holds an uncounted page"
+        free = pool.free_pages()
+        assert not np.isin(free, live).any(), f"pool {key!r}: a held page is also free"
+        assert free.size + live.size == pool.capacity, f"pool {key!r}: {free.size} free + {live.size} held"

@@ -1,0 +1,678 @@
+"""The engine and its decode loop: pools, scheduler, host streams, and the two planning arms.
+
+``Engine(adapter, EngineConfig(planning=...))``; ``submit(request)`` validates and queues; ``step()`` runs one step;
+``run(requests)`` drives steps until every request has finished.
+
+One step:
+
+1. reload offloaded requests there is room for (oldest offload first);
+2. compose the step (scheduler), offloading the least recently run requests while its decode rows' crossings need more
+   pages than are free, then **admit** it as one transaction: the decode rows' crossing pages (taken early, with the
+   pre-plan, or now), and for each admitted request a handle, its prompt's pages and a recurrent slot. A refusal
+   rolls the whole admit back, including the crossing pages the pre-plan named, and drops that pre-plan (see below);
+   the step is then composed again, admitting only the requests ahead of the refused one until a request finishes;
+3. a step with prefill work is **host-planned**: the decode rows (a mixed step) from a host fill of the bucket's
+   buffers, then each prefill chunk eagerly; the rows it touched are marked stale. A step of decode rows only is a
+   **decode step**: the resident arm plans it (``resplan.plan``), flushes the program and replays the bucket's graph
+   (gather, forward, sample, commit lengths); the host arm fills the same buffers from the streams (one H2D) and
+   replays its graph (forward, sample). The host then advances its APPEND lengths by one, the planner commits, and the
+   optional row check compares every row the step read with the streams;
+4. sampled tokens are read back: outputs, stop tokens and lengths are checked with numpy over the rows;
+5. **pre-plan** the next step, as a pipelined engine does while the device runs: compose it, take its decode rows'
+   crossing pages, and (resident arm, decode step) plan it. The next step reuses that plan when it runs the same rows
+   in the same bucket with no planner transition in between.
+
+The pre-plan's staged crossings name pages. Whatever gives pages back (a refused admit's rollback, an offload, a
+finish) drops the pre-plan if its program names one of them: otherwise a retried step with the same rows would reuse
+it and write its token into a page the row no longer holds (the seed's refused-admit bug).
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import math
+import time
+from collections.abc import Callable, Iterable
+
+import attrs
+import numpy as np
+import torch
+
+from models.engine.adapters import Adapter
+from models.engine.host_arm import HostFill
+from models.engine.pools import AdmitRefused, AdmitTxn, Crossing, PagePool, handle_pool, recurrent_pool
+from models.engine.requests import FinishReason, InvalidRequest, Limits, Request, Result, validate
+from models.engine.sampler import Sampler
+from models.engine.scheduler import Batch, Chunk, Order, Pending, Scheduler, Status, decode_buckets
+from resplan import (
+    Backend,
+    BucketPlan,
+    Executor,
+    FlushProgram,
+    Graph,
+    HostStreams,
+    KVPool,
+    Mismatch,
+    PlannerState,
+    ResidentStream,
+    RowLayout,
+    Step,
+    StreamMode,
+    build_planner,
+    commit,
+    float_bits,
+    mark_stale,
+    offload,
+    plan,
+    release,
+    row_check,
+)
+
+
+class Planning(enum.Enum):
+    RESIDENT = "resident"  # decode steps planned through resplan: rows live in the device store
+    HOST = "host"  # every decode step's buffers rebuilt from the streams on the host
+
+
+def _positive_or_none(_inst, attribute, value) -> None:
+    if value is not None and value <= 0:
+        raise ValueError(f"{attribute.name} must be > 0 (or None), got {value}")
+
+
+def _positive(_inst, attribute, value) -> None:
+    if value <= 0:
+        raise ValueError(f"{attribute.name} must be > 0, got {value}")
+
+
+@attrs.frozen
+class EngineConfig:
+    """How an engine serves: its planning arm, concurrency and buckets, decode order, pools, prefill budget."""
+
+    planning: Planning = Planning.RESIDENT
+    max_running: int = attrs.field(default=8, validator=_positive)  # requests admitted at once (concurrency)
+    max_bucket: int | None = attrs.field(default=None, validator=_positive_or_none)  # widest bucket; None: max_running
+    order: Order = Order.ARRIVAL
+    page_size: int = attrs.field(default=16, validator=_positive)
+    num_pages: int | None = attrs.field(default=None, validator=_positive_or_none)  # per APPEND pool, sink included
+    max_seq_len: int = attrs.field(default=256, validator=_positive)  # the context (capped by the model)
+    token_budget: int | None = attrs.field(default=None, validator=_positive_or_none)  # prefill tokens a step
+    rec_slots: int | None = attrs.field(default=None, validator=_positive_or_none)  # sink included; None: c + 1
+    row_check: bool = False  # compare every row a resident step read with the streams (syncs; debug)
+    preplan: bool = True  # plan the next decode step early, as a pipelined engine does
+    device: str = "cpu"
+
+
+@attrs.define
+class EngineStats:
+    """Counters over an engine's life. "decode steps" are steps of decode rows only (resident in the resident arm)."""
+
+    steps: int = 0
+    decode_steps: int = 0
+    mixed_steps: int = 0  # host-planned: prefill chunks and decode rows
+    prefill_steps: int = 0  # host-planned: prefill chunks only
+    prefill_chunks: int = 0
+    rows_decoded: int = 0  # real decode rows run (every kind of step)
+    padded_rows: int = 0
+    tokens: int = 0  # tokens generated, a prefill's first token included
+    finished: int = 0
+    rows_whole: int = 0  # resident: rows written whole (new, displaced earlier, stale)
+    new_rows: int = 0  # resident: rows that took a slot
+    crossings: int = 0  # resident: block-table cells staged because a row's token opened a page
+    displacements: int = 0  # resident: requests that lost their slot to a step
+    h2d_copies: int = 0  # decode steps: planning H2D (flush program, or the host fill's one copy)
+    h2d_bytes: int = 0
+    empty_flushes: int = 0  # resident decode steps that issued no H2D at all
+    plan_ns: int = 0  # decode steps: plan + flush (resident) or fill + copy (host), wherever it ran
+    preplans: int = 0
+    preplan_hits: int = 0
+    preplan_drops: int = 0  # dropped because pages its program named were given back
+    refused_admits: int = 0
+    offloads: int = 0
+    reloads: int = 0
+    row_checks: int = 0
+    mismatches: int = 0
+    first_mismatches: list[Mismatch] = attrs.Factory(list)
+
+    def per_decode_step(self, value: int) -> float:
+        return value / self.decode_steps if self.decode_steps else 0.0
+
+
+@attrs.define(eq=False)
+class Live:
+    """An admitted request."""
+
+    pend: Pending
+    saved: dict[str, tuple[int, list[torch.Tensor]]] | None = None  # offloaded: pool -> (pages, per-layer copies)
+
+
+@attrs.frozen(eq=False)
+class PrePlan:
+    """The next decode step, planned early. Valid while rows, bucket and planner state are what it was made for."""
+
+    key: bytes  # rows.tobytes()
+    bucket: int
+    base: PlannerState  # the state it was planned from
+    state: PlannerState
+    program: FlushProgram
+    seq: int
+    plan_ns: int
+
+
+class Engine:
+    def __init__(self, adapter: Adapter, config: EngineConfig | None = None) -> None:
+        cfg = config or EngineConfig()
+        self.adapter = adapter
+        self.config = cfg
+        self.resident = cfg.planning is Planning.RESIDENT
+        self.device = torch.device(cfg.device)
+        ps = cfg.page_size
+        self.max_seq_len = min(cfg.max_seq_len, adapter.max_context)
+        H = cfg.max_running
+        # -- pools and layout ----------------------------------------------------------------------------------------
+        kv_pools, self.page_pools = [], {}
+        for d in adapter.pools:
+            append = d.mode is StreamMode.APPEND
+            longest = self.max_seq_len if append else d.max_seq_len
+            width = math.ceil(longest / ps)
+            n = cfg.num_pages if append and cfg.num_pages is not None else H * width + 1
+            if n - 1 < width:
+                raise ValueError(
+                    f"pool {d.key!r}: {n - 1} usable pages cannot hold one request of {longest} tokens "
+                    f"({width} pages of {ps}); raise num_pages or lower max_seq_len"
+                )
+            kv_pools.append(KVPool(d.key, ps, n, longest, d.mode))
+            self.page_pools[d.key] = PagePool(d.key, n, ps)
+        self.layout = RowLayout(tuple(kv_pools), adapter.positions_pool, recurrent=adapter.recurrent, sampler=True)
+        self.append_keys = tuple(p.key for p in self.layout.append_pools)
+        self.read_keys = tuple(p.key for p in self.layout.read_pools)
+        self.streams = HostStreams.zeros(self.layout, H)
+        self.n_pages = {k: np.zeros(H, np.int64) for k in self.page_pools}  # pages each handle holds
+        self.handles = handle_pool(H)
+        rec_slots = cfg.rec_slots if cfg.rec_slots is not None else H + 1
+        self.rec = recurrent_pool(rec_slots) if adapter.recurrent else None
+        w = next(adapter.model.parameters())
+        self.model_state = adapter.allocate(
+            {k: p.num_pages for k, p in self.page_pools.items()}, ps, rec_slots, self.device, w.dtype
+        )
+        # -- buckets, planner, executor, graphs ----------------------------------------------------------------------
+        self.buckets = decode_buckets(min(cfg.max_bucket or H, H))
+        self.scheduler = Scheduler(H, self.buckets, cfg.order, cfg.token_budget, self.append_keys)
+        records = {p.key: ResidentStream("decode", p.mode) for p in self.layout.pools}
+        plans = [BucketPlan.build(b, records, Backend.TORCH) for b in self.buckets]
+        self.state: PlannerState | None = build_planner(self.layout, plans, H) if self.resident else None
+        self.executor = Executor(self.layout, self.buckets, self.device)
+        self.sampler = Sampler(adapter.vocab_size, self.device)
+        i64 = dict(dtype=torch.int64, device=self.device)
+        self.ids = {b: torch.zeros(b, **i64) for b in self.buckets}  # [b] input token ids, filled by the host
+        self.tokens = {b: torch.zeros(b, **i64) for b in self.buckets}  # [b] sampled tokens, written in the graph
+        self._ids_host = torch.zeros(self.buckets[-1], dtype=torch.int64, pin_memory=self.device.type == "cuda")
+        # the engine takes a page exactly when a token opens it, so no stream holds a page past its used columns
+        self.fills = {b: HostFill(self.layout, self.executor.buffers[b], exact_pages=True) for b in self.buckets}
+        self.host_graphs = {b: Graph(self._host_fn(b), self.device) for b in self.buckets}
+        self.graphs = (
+            {b: Graph(self._resident_fn(b), self.device) for b in self.buckets} if self.resident else self.host_graphs
+        )
+        # -- per-handle request state --------------------------------------------------------------------------------
+        self.gen = np.zeros(H, np.int64)  # tokens generated
+        self.max_tokens = np.zeros(H, np.int64)
+        self.prompt_len = np.zeros(H, np.int64)
+        self.last_token = np.zeros(H, np.int64)
+        self.out = np.zeros((H, self.max_seq_len), np.int32)  # generated tokens by handle
+        self.stop = np.full((H, 1), -1, np.int64)  # stop tokens by handle, -1 padded
+        self.live: dict[int, Live] = {}
+        self.results: dict[str, Result] = {}
+        self.limits = Limits(adapter.name, adapter.vocab_size, self.max_seq_len)
+        self.stats = EngineStats()
+        self._arrivals = itertools.count()
+        self._rids: set[str] = set()
+        self._seq = 0
+        self._txn: AdmitTxn | None = None  # crossing pages taken early for the next step
+        self._preplan: PrePlan | None = None
+        self.on_finish: Callable[[Result], None] | None = None
+
+    @classmethod
+    def build(cls, model: str, config: EngineConfig | None = None, seed: int = 0) -> Engine:
+        """An engine serving the named model (random weights from ``seed``)."""
+        from models.engine.adapters import build_adapter
+
+        cfg = config or EngineConfig()
+        return cls(build_adapter(model, seed, cfg.device), cfg)
+
+    # -- graphs --------------------------------------------------------------------------------------------------
+    def _resident_fn(self, b: int) -> Callable[[], None]:
+        ex, bufs, ids, out = self.executor, self.executor.buffers[b], self.ids[b], self.tokens[b]
+
+        def fn() -> None:
+            ex.before_forward(b)
+            logits = self.adapter.decode(self.model_state, ids, bufs)
+            out.copy_(self.sampler(logits, bufs.sampler, bufs.positions))
+            ex.after_forward(b)
+
+        return fn
+
+    def _host_fn(self, b: int) -> Callable[[], None]:
+        bufs, ids, out = self.executor.buffers[b], self.ids[b], self.tokens[b]
+
+        def fn() -> None:
+            logits = self.adapter.decode(self.model_state, ids, bufs)
+            out.copy_(self.sampler(logits, bufs.sampler, bufs.positions))
+
+        return fn
+
+    # -- submission ----------------------------------------------------------------------------------------------
+    def submit(self, request: Request) -> str:
+        """Validate and queue a request; returns its id. Raises InvalidRequest, and nothing else changes."""
+        validate(request, self.limits)
+        self.adapter.validate(request)
+        rid = request.request_id
+        if rid is None:
+            rid = f"req-{len(self._rids)}"
+            while rid in self._rids:
+                rid += "'"
+        elif rid in self._rids:
+            raise InvalidRequest("request_id", f"{rid!r} was already submitted to this engine")
+        self._rids.add(rid)
+        ps = self.config.page_size
+        ctx = self.adapter.read_tokens(request)
+        pages = tuple(
+            (k, -(-(len(request.prompt) if k in self.append_keys else ctx[k]) // ps)) for k in self.page_pools
+        )
+        self.scheduler.waiting.append(Pending(rid, request, next(self._arrivals), pages))
+        return rid
+
+    def has_work(self) -> bool:
+        return bool(self.scheduler.waiting) or self.scheduler.admitted > 0
+
+    def run(self, requests: Iterable[Request], on_step: Callable[[Engine], None] | None = None):
+        """Submit every request and step until all have finished: a Result per request, or the InvalidRequest that
+        refused it (the others run on)."""
+        ids: list[str | InvalidRequest] = []
+        for r in requests:
+            try:
+                ids.append(self.submit(r))
+            except InvalidRequest as e:
+                ids.append(e)
+        while self.has_work():
+            self.step()
+            if on_step is not None:
+                on_step(self)
+        return [self.results[i] if isinstance(i, str) else i for i in ids]
+
+    # -- one step ------------------------------------------------------------------------------------------------
+    def step(self) -> bool:
+        """Run one step; False when there was nothing to run."""
+        if not self.has_work():
+            return False
+        self._reload()
+        batch, chunks = self._admit_step()
+        if batch.host_planned:
+            self._host_step(batch, chunks)
+        else:
+            self._decode_step(batch)
+        self.stats.steps += 1
+        if self.config.preplan:
+            self._preplan_next()
+        return True
+
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def _free(self) -> dict[str, int]:
+        return {k: p.free for k, p in self.page_pools.items()}
+
+    def _admit_step(self) -> tuple[Batch, tuple[Chunk, ...]]:
+        """Compose and admit the step, offloading under KV pressure and rolling back refused admits."""
+        while True:
+            batch = self.scheduler.compose(self._free())
+            if batch.empty:
+                raise RuntimeError(
+                    f"engine stalled: {len(self.scheduler.waiting)} waiting, {self.scheduler.admitted} admitted "
+                    f"({len(self.scheduler.offloaded)} offloaded), free pages {self._free()}"
+                )
+            if self._relieve_pressure(batch):
+                continue
+            txn, self._txn = (self._txn or AdmitTxn()), None
+            admitted = 0
+            try:
+                self._take_crossings(batch.rows, txn)
+                chunks = list(batch.chunks)
+                for pend, n in batch.admits:
+                    h = self._admit(pend, txn)
+                    chunks.append(Chunk(h, 0, n, n == len(pend.request.prompt)))
+                    admitted += 1
+                return batch, tuple(chunks)
+            except AdmitRefused:
+                self._rollback(txn)
+                self.stats.refused_admits += 1
+                # the retry admits only those ahead of the refused one, and no more until a request finishes
+                self.scheduler.admit_quota = admitted
+
+    def _crossing_need(self, rows: np.ndarray) -> dict[str, int]:
+        """Pages the rows' next tokens open, by APPEND pool."""
+        need = {}
+        for k in self.append_keys:
+            col = self.streams.kv[k].lengths[rows] // self.config.page_size
+            need[k] = int(np.count_nonzero(col >= self.n_pages[k][rows]))
+        return need
+
+    def _relieve_pressure(self, batch: Batch) -> bool:
+        """Offload one request if the decode rows' crossings need more pages than are free; True if it did."""
+        need = self._crossing_need(batch.rows)
+        if all(need[k] <= self.page_pools[k].free for k in need):
+            return False
+        in_step = np.concatenate([batch.rows, np.array([c.handle for c in batch.chunks], np.int64)])
+        victims = self.scheduler.victims(in_step)
+        if victims.size == 0:  # only this step's rows hold pages: the least recently run of them goes
+            r = batch.rows
+            victims = r[np.lexsort((self.scheduler.arrival[r], self.scheduler.last_run[r]))]
+        self._offload(int(victims[0]))
+        return True
+
+    def _take_crossings(self, rows: np.ndarray, txn: AdmitTxn) -> None:
+        """A page for each row whose next token opens one (vectorised per pool)."""
+        ps = self.config.page_size
+        for k in self.append_keys:
+            s, held = self.streams.kv[k], self.n_pages[k]
+            col = s.lengths[rows] // ps
+            need = col >= held[rows]
+            if not need.any():
+                continue
+            h, c = rows[need], col[need]
+            pages = self.page_pools[k].take(h.size)
+            s.pages[h, c] = pages
+            held[h] += 1
+            txn.crossings.append(Crossing(k, h, c, pages))
+
+    def _admit(self, pend: Pending, txn: AdmitTxn) -> int:
+        """Handle, prompt (and context) pages, recurrent slot; each may refuse. Returns the handle."""
+        h = self.handles.take()
+        txn.admitted.append(h)
+        self.scheduler.admit(h, pend)
+        self.live[h] = Live(pend)
+        st = self.streams
+        for k, n in pend.pages:
+            pages = self.page_pools[k].take(n)
+            st.kv[k].pages[h, :n] = pages
+            self.n_pages[k][h] = n
+        if self.rec is not None:
+            st.recurrent_slot[h] = self.rec.take()
+        for s in st.kv.values():
+            s.lengths[h] = 0
+            s.epoch[h] += 1
+        st.pos_offset[h] = 0
+        sp = pend.request.sampling
+        st.sampler[h, 0] = float_bits(sp.temperature)
+        st.sampler[h, 1] = float_bits(sp.top_p)
+        st.sampler[h, 2] = sp.top_k
+        st.sampler[h, 3] = sp.seed
+        self.gen[h] = 0
+        self.max_tokens[h] = sp.max_tokens
+        self.prompt_len[h] = len(pend.request.prompt)
+        self.last_token[h] = pend.request.prompt[-1]
+        stops = sp.stop_token_ids
+        if len(stops) > self.stop.shape[1]:
+            self.stop = np.pad(self.stop, ((0, 0), (0, len(stops) - self.stop.shape[1])), constant_values=-1)
+        self.stop[h] = -1
+        self.stop[h, : len(stops)] = stops
+        return h
+
+    def _rollback(self, txn: AdmitTxn) -> None:
+        """Give back everything a refused admit took, newest first, and put its requests back at the queue's head."""
+        for h in reversed(txn.admitted):
+            live = self.live.pop(h)
+            self._free_pages(h)
+            if self.rec is not None and self.streams.recurrent_slot[h]:
+                self.rec.give(int(self.streams.recurrent_slot[h]))
+                self.streams.recurrent_slot[h] = 0
+            self.handles.give(h)
+            self.scheduler.unadmit(h, live.pend)
+        for c in reversed(txn.crossings):
+            s, held = self.streams.kv[c.pool], self.n_pages[c.pool]
+            still = (s.pages[c.handles, c.cols] == c.pages) & (held[c.handles] == c.cols + 1)  # not offloaded since
+            h = c.handles[still]
+            s.pages[h, c.cols[still]] = 0
+            held[h] -= 1
+            self._give_pages(c.pool, c.pages[still])
+
+    def _give_pages(self, key: str, pages: np.ndarray) -> None:
+        self.page_pools[key].give(pages)
+        self._drop_preplan_naming(pages)
+
+    def _drop_preplan_naming(self, pages: np.ndarray) -> None:
+        """Pages went back to a pool: a pre-plan whose program names one of them is stale. (Its cells are crossing
+        pages and whole-row runs; a narrow cell that happens to equal a page id only costs a re-plan.)"""
+        pp = self._preplan
+        if pp is None or pages.size == 0:
+            return
+        named = np.concatenate([pp.program.staged_val, pp.program.run_cells])
+        if np.isin(pages, named).any():
+            self._preplan = None
+            self.stats.preplan_drops += 1
+
+    def _free_pages(self, h: int) -> None:
+        """Every page of handle h goes back to its pool; its streams keep their lengths."""
+        for k, held in self.n_pages.items():
+            s = self.streams.kv[k]
+            self._give_pages(k, s.pages[h, : held[h]].copy())
+            s.pages[h] = 0
+            held[h] = 0
+            s.epoch[h] += 1
+
+    # -- offload and reload --------------------------------------------------------------------------------------
+    def _offload(self, h: int) -> None:
+        """Copy the request's KV pages to the host, give them back, and give its slot up."""
+        saved = {}
+        for k, held in self.n_pages.items():
+            n = int(held[h])
+            idx = torch.from_numpy(self.streams.kv[k].pages[h, :n].astype(np.int64)).to(self.device)
+            saved[k] = (n, [c[idx].to("cpu", copy=True) for c in self.adapter.kv_caches(self.model_state, k)])
+        self._free_pages(h)
+        self.live[h].saved = saved
+        if self.resident:
+            self.state = offload(self.state, h)
+        self.scheduler.offload(h)
+        self.stats.offloads += 1
+
+    def _reload(self) -> None:
+        """Bring offloaded requests back, oldest offload first, while their pages fit beside a watermark."""
+        sch = self.scheduler
+        while sch.offloaded:
+            h = sch.offloaded[0]
+            saved = self.live[h].saved
+            resident = np.count_nonzero((sch.status == Status.DECODING) | (sch.status == Status.PREFILLING))
+            watermark = np.count_nonzero(sch.status == Status.DECODING) if resident else 0
+            if any(
+                saved[k][0] + (watermark if k in self.append_keys else 0) > self.page_pools[k].free for k in saved
+            ):
+                return
+            for k, (n, copies) in saved.items():
+                pages = self.page_pools[k].take(n)
+                self.streams.kv[k].pages[h, :n] = pages
+                self.streams.kv[k].epoch[h] += 1
+                self.n_pages[k][h] = n
+                idx = torch.from_numpy(pages.astype(np.int64)).to(self.device)
+                for c, t in zip(self.adapter.kv_caches(self.model_state, k), copies, strict=True):
+                    c[idx] = t.to(self.device)
+            self.live[h].saved = None
+            sch.reload(h)
+            self.stats.reloads += 1
+
+    # -- running steps -------------------------------------------------------------------------------------------
+    def _replay(self, graph: Graph, b: int, rows: np.ndarray) -> np.ndarray:
+        """Fill the step's input ids, replay, read the sampled tokens back: [n] int64."""
+        n = rows.size
+        ids = self._ids_host[:b]
+        a = ids.numpy()
+        a[:n] = self.last_token[rows]
+        a[n:] = 0
+        self.ids[b].copy_(ids, non_blocking=True)
+        graph.replay()
+        self.stats.rows_decoded += n
+        self.stats.padded_rows += b - n
+        return self.tokens[b][:n].cpu().numpy().copy()
+
+    def _advance(self, rows: np.ndarray) -> None:
+        """The host advances its APPEND lengths by the rule the graph's commit follows."""
+        for k in self.append_keys:
+            self.streams.kv[k].lengths[rows] += 1
+
+    def _decode_step(self, batch: Batch) -> None:
+        rows, b = batch.rows, batch.bucket
+        st = self.stats
+        if self.resident:
+            t0 = time.perf_counter_ns()
+            pp, self._preplan = self._preplan, None
+            if pp is not None and pp.bucket == b and pp.base is self.state and pp.key == rows.tobytes():
+                state, program, seq = pp.state, pp.program, pp.seq
+                t0 -= pp.plan_ns  # planned early; it counts all the same
+                st.preplan_hits += 1
+            else:
+                seq = self._next_seq()
+                state, program = plan(self.state, Step(rows, b, seq), self.streams)
+            self.state = state
+            self.executor.flush(program)
+            st.plan_ns += time.perf_counter_ns() - t0
+            st.rows_whole += program.rows_whole
+            st.new_rows += program.new_rows
+            st.crossings += program.crossings
+            st.displacements += program.displaced.size
+            st.h2d_copies += program.h2d_copies
+            st.h2d_bytes += program.h2d_bytes
+            st.empty_flushes += program.empty
+        else:
+            seq = self._next_seq()
+            t0 = time.perf_counter_ns()
+            self.fills[b].fill(self.streams, rows)
+            st.plan_ns += time.perf_counter_ns() - t0
+            st.h2d_copies += 1
+            st.h2d_bytes += self.fills[b].nbytes
+        tokens = self._replay(self.graphs[b], b, rows)
+        self._advance(rows)
+        if self.resident:
+            self.state = commit(self.state, seq)
+            if self.config.row_check:
+                self._row_check(rows, b)
+        self.scheduler.ran(rows, seq)
+        st.decode_steps += 1
+        self._emit(rows, tokens)
+
+    def _row_check(self, rows: np.ndarray, b: int) -> None:
+        bad = row_check(self.executor.store_numpy(), self.state, rows, self.streams, self.executor.buffers[b])
+        self.stats.row_checks += 1
+        self.stats.mismatches += len(bad)
+        self.stats.first_mismatches.extend(bad[: max(0, 10 - len(self.stats.first_mismatches))])
+
+    def _host_step(self, batch: Batch, chunks: tuple[Chunk, ...]) -> None:
+        """Prefill chunks, and the decode rows host-planned beside them (a mixed step)."""
+        self._preplan = None  # this step commits a new seq: a plan made before it is stale
+        seq = self._next_seq()
+        rows, b = batch.rows, batch.bucket
+        tokens = None
+        if rows.size:
+            self.fills[b].fill(self.streams, rows)
+            tokens = self._replay(self.host_graphs[b], b, rows)
+            self._advance(rows)
+            self.scheduler.ran(rows, seq)
+        firsts = [(c.handle, self._prefill(c, seq)) for c in chunks]
+        if self.resident:
+            touched = np.concatenate([rows, np.array([c.handle for c in chunks], np.int64)])
+            self.state = commit(mark_stale(self.state, touched), seq)
+        if rows.size:
+            self.stats.mixed_steps += 1
+            self._emit(rows, tokens)
+        else:
+            self.stats.prefill_steps += 1
+        for h, tok in firsts:
+            if tok is not None:
+                self._emit(np.array([h], np.int64), np.array([tok], np.int64))
+
+    def _prefill(self, chunk: Chunk, seq: int) -> int | None:
+        """One chunk, eager; the first token (sampled from the last logits) when the chunk ends the prompt."""
+        h, start, n = chunk.handle, chunk.start, chunk.n
+        req = self.live[h].pend.request
+        st = self.streams
+        pages = {
+            k: torch.from_numpy(st.kv[k].pages[h, : self.n_pages[k][h]].astype(np.int64)).to(self.device)
+            for k in self.page_pools
+        }
+        if start == 0 and self.read_keys:
+            self.adapter.encode(self.model_state, req, pages)
+            for k, n_ctx in self.adapter.read_tokens(req).items():
+                st.kv[k].lengths[h] = n_ctx
+                st.kv[k].epoch[h] += 1
+        read_lens = {k: int(st.kv[k].lengths[h]) for k in self.read_keys}
+        ids = torch.tensor(req.prompt[start : start + n], dtype=torch.int64, device=self.device)
+        rec = int(st.recurrent_slot[h]) if st.recurrent_slot is not None else 0
+        pos_offset = int(st.pos_offset[h])
+        logits = self.adapter.prefill(self.model_state, ids, pages, start, rec, read_lens, pos_offset)
+        for k in self.append_keys:
+            st.kv[k].lengths[h] = start + n
+            st.kv[k].epoch[h] += 1
+        self.scheduler.prefilled_chunk(chunk, seq)
+        self.stats.prefill_chunks += 1
+        if not chunk.last:
+            return None
+        cells = torch.from_numpy(st.sampler[h : h + 1].copy()).to(self.device)
+        pos = torch.tensor([pos_offset + start + n - 1], dtype=torch.int64, device=self.device)
+        return int(self.sampler(logits[-1:], cells, pos)[0])
+
+    # -- outputs -------------------------------------------------------------------------------------------------
+    def _emit(self, rows: np.ndarray, tokens: np.ndarray) -> None:
+        """Record each row's token; finish rows that sampled a stop token or ran out of tokens or context."""
+        g = self.gen[rows]
+        self.out[rows, g] = tokens
+        g += 1
+        self.gen[rows] = g
+        self.last_token[rows] = tokens
+        self.stats.tokens += rows.size
+        stop = (self.stop[rows] == tokens[:, None]).any(1)
+        done = stop | (g >= self.max_tokens[rows]) | (self.prompt_len[rows] + g >= self.max_seq_len)
+        if done.any():
+            for i in np.flatnonzero(done).tolist():
+                self._finish(int(rows[i]), FinishReason.STOP if stop[i] else FinishReason.LENGTH)
+
+    def _finish(self, h: int, reason: FinishReason) -> None:
+        live = self.live.pop(h)
+        rid = live.pend.rid
+        result = Result(rid, int(self.prompt_len[h]), tuple(self.out[h, : self.gen[h]].tolist()), reason)
+        self.results[rid] = result
+        if self.resident:
+            self.state = release(self.state, h)
+        self._free_pages(h)
+        for s in self.streams.kv.values():
+            s.lengths[h] = 0
+        if self.rec is not None:
+            self.rec.give(int(self.streams.recurrent_slot[h]))
+            self.streams.recurrent_slot[h] = 0
+        self.handles.give(h)
+        self.scheduler.finish(h)
+        self.stats.finished += 1
+        if self.on_finish is not None:
+            self.on_finish(result)
+
+    # -- pre-plan ------------------------------------------------------------------------------------------------
+    def _preplan_next(self) -> None:
+        """Take the next step's crossing pages now and, for a resident decode step, plan it."""
+        if not self.has_work():
+            return
+        batch = self.scheduler.compose(self._free())
+        rows = batch.rows
+        if rows.size == 0:
+            return
+        need = self._crossing_need(rows)
+        if any(need[k] > self.page_pools[k].free for k in need):
+            return  # the step itself will offload
+        txn = AdmitTxn()
+        self._take_crossings(rows, txn)
+        self._txn = txn
+        if not self.resident or batch.host_planned:
+            return
+        seq = self._next_seq()
+        t0 = time.perf_counter_ns()
+        state, program = plan(self.state, Step(rows, batch.bucket, seq), self.streams)
+        dt = time.perf_counter_ns() - t0
+        self._preplan = PrePlan(rows.tobytes(), batch.bucket, self.state, state, program, seq, dt)
+        self.stats.preplans += 1
+
