@@ -1,0 +1,168 @@
+"""The engine's parts on their own: the in-graph sampler, the page pool, the host arm's fill (checked against the
+planner tests' independent expectation), the bucket list, and the demo's command line."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from sim import expected_buffers
+
+from models.engine import AdmitRefusal, AdmitRefused, PagePool, Sampler, decode_buckets, recurrent_pool
+from models.engine.host_arm import HostFill
+from models.engine.sampler import hash32
+from resplan import SAMPLER_CELLS, HostStreams, KVPool, RowLayout, StepBuffers, StreamMode, float_bits
+
+
+# -- sampler -----------------------------------------------------------------------------------------------------------
+def _cells(b: int, temperature=0.0, top_p=1.0, top_k=0, seed=0) -> torch.Tensor:
+    c = np.zeros((b, len(SAMPLER_CELLS)), np.int32)
+    c[:, 0], c[:, 1], c[:, 2], c[:, 3] = float_bits(temperature), float_bits(top_p), top_k, seed
+    return torch.from_numpy(c)
+
+
+def _hash32_numpy(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.uint32)
+    with np.errstate(over="ignore"):
+        x ^= x >> np.uint32(16)
+        x *= np.uint32(0x7FEB352D)
+        x ^= x >> np.uint32(15)
+        x *= np.uint32(0x846CA68B)
+        x ^= x >> np.uint32(16)
+    return x
+
+
+def test_hash32_is_uint32_arithmetic_in_int64():
+    x = np.random.default_rng(0).integers(0, 2**32, 4096, dtype=np.uint64)
+    x[:3] = [0, 2**32 - 1, 2**31]
+    got = hash32(torch.from_numpy(x.astype(np.int64))).numpy()
+    assert np.array_equal(got.astype(np.uint32), _hash32_numpy(x))
+
+
+def test_greedy_and_top_k_1_are_argmax():
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(0))
+    s = Sampler(50, "cpu")
+    pos = torch.arange(6)
+    assert torch.equal(s(logits, _cells(6), pos), logits.argmax(-1))
+    assert torch.equal(s(logits, _cells(6, temperature=2.0, top_k=1, seed=3), pos), logits.argmax(-1))
+
+
+def test_a_draw_depends_on_seed_and_position_only():
+    V = 40
+    logits = torch.zeros(1, V)  # uniform: the noise alone decides
+    s = Sampler(V, "cpu")
+    one = s(logits, _cells(1, temperature=1.0, seed=7), torch.tensor([5]))
+    batch = s(logits.expand(4, V), _cells(4, temperature=1.0, seed=7), torch.tensor([9, 5, 5, 2]))
+    assert batch[1] == one and batch[2] == one
+    draws = s(logits.expand(64, V), _cells(64, temperature=1.0, seed=7), torch.arange(64))
+    assert draws.unique().numel() > 20
+    other = s(logits.expand(64, V), _cells(64, temperature=1.0, seed=8), torch.arange(64))
+    assert (draws != other).any()
+
+
+def test_draws_follow_the_tempered_distribution():
+    V, n = 6, 6000
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, -3.0]])
+    s = Sampler(V, "cpu")
+    draws = s(logits.expand(n, V), _cells(n, temperature=0.8, seed=11), torch.arange(n))
+    freq = torch.bincount(draws, minlength=V).double() / n
+    want = torch.softmax(logits[0].double() / 0.8, -1)
+    assert torch.allclose(freq, want, atol=0.02), (freq, want)
+
+
+def test_top_p_keeps_the_smallest_head_reaching_p():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    s = Sampler(4, "cpu")
+    n = 500
+    for top_p, allowed in ((0.5, {0}), (0.6, {0, 1}), (0.85, {0, 1, 2})):
+        d = s(logits.expand(n, 4), _cells(n, temperature=1.0, top_p=top_p, seed=1), torch.arange(n))
+        assert set(d.tolist()) == allowed
+
+
+# -- pools -------------------------------------------------------------------------------------------------------------
+def test_page_pool_is_fifo_and_refuses_when_short():
+    p = PagePool("kv", 6, 4)
+    assert p.take(2).tolist() == [1, 2]
+    p.give(np.array([2, 1], np.int32))
+    assert p.free_pages().tolist() == [3, 4, 5, 2, 1]
+    assert p.take(4).tolist() == [3, 4, 5, 2]
+    with pytest.raises(AdmitRefused) as info:
+        p.take(2)
+    assert info.value.reason is AdmitRefusal.NO_PAGES
+    p.give(np.array([4], np.int32))
+    assert p.free == 2 and p.take(2).tolist() == [1, 4]
+
+
+def test_recurrent_pool_keeps_the_sink():
+    r = recurrent_pool(3)
+    assert [r.take(), r.take()] == [1, 2]
+    with pytest.raises(AdmitRefused, match="NO_RECURRENT_SLOT"):
+        r.take()
+
+
+# -- the host arm's fill -----------------------------------------------------------------------------------------------
+def _layout() -> RowLayout:
+    return RowLayout(
+        (KVPool("self", 4, 64, 40), KVPool("cross", 5, 64, 24, StreamMode.READ)), "self", recurrent=True, sampler=True
+    )
+
+
+@pytest.mark.parametrize("exact", [True, False], ids=["exact-pages", "masked"])
+@pytest.mark.parametrize("n,bucket", [(1, 1), (3, 4), (8, 8)], ids=lambda x: str(x))
+def test_host_fill_matches_the_streams(exact, n, bucket):
+    lay = _layout()
+    rng = np.random.default_rng(n * 10 + bucket)
+    H = 12
+    st = HostStreams.zeros(lay, H)
+    for p in lay.pools:
+        s, W = st.kv[p.key], lay.span(p.key).width
+        append = p.mode is StreamMode.APPEND
+        s.lengths[:] = rng.integers(0, W * p.page_size - append, H)
+        used = -(-(s.lengths + append) // p.page_size)
+        s.pages[:] = rng.integers(1, 64, (H, W))
+        if exact:
+            s.pages[np.arange(W)[None, :] >= used[:, None]] = 0
+    st.pos_offset[:] = rng.integers(0, 5, H)
+    st.recurrent_slot[:] = rng.integers(1, 9, H)
+    st.sampler[:] = rng.integers(-(2**31), 2**31 - 1, (H, 4))
+    bufs = StepBuffers.allocate(lay, bucket)
+    fill = HostFill(lay, bufs, exact_pages=exact)
+    h = rng.permutation(H)[:n].astype(np.int64)
+    for _ in range(3):  # every ring buffer, same answer
+        bufs.flat.fill_(-7)
+        fill.fill(st, h)
+        got = {k: v.numpy() for k, v in bufs.tensors().items()}
+        for k, want in expected_buffers(lay, st, h, bucket).items():
+            assert np.array_equal(got[k], want), k
+
+
+# -- buckets and the demo ----------------------------------------------------------------------------------------------
+def test_decode_buckets():
+    assert decode_buckets(1) == (1,)
+    assert decode_buckets(8) == (1, 2, 4, 8)
+    assert decode_buckets(6) == (1, 2, 4, 6)
+    assert decode_buckets(40) == (1, 2, 4, 8, 16, 24, 32, 40)
+    assert decode_buckets(128)[-3:] == (112, 120, 128)
+
+
+def test_demo_help_names_every_option(capsys):
+    from models.demo import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    for opt in ("--model", "--arms", "--concurrency", "--requests", "--prompt-len", "--gen-len", "--page-size",
+                "--num-pages", "--max-seq-len", "--order", "--max-bucket", "--token-budget", "--row-check", "--seed",
+                "--temperature", "--top-p", "--top-k", "--progress"):
+        assert opt in text
+
+
+def test_demo_runs_both_arms(capsys):
+    from models.demo import main
+
+    argv = ["-n", "5", "-c", "3", "--prompt-len", "3:9", "--gen-len", "4:9", "--order", "turns", "--max-bucket", "2",
+            "--no-progress"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "same tokens in resident and host: 5/5 requests" in out
+    assert "row check (steps, mismatches)" in out
