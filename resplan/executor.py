@@ -101,9 +101,18 @@ class Executor:
         self.buffers = {b: StepBuffers.allocate(layout, b, self.device) for b in bucket_sizes}
         self.len_cols = tuple(layout.len_col(p.key) for p in layout.append_pools)
         pinned = self.device.type == "cuda"
-        cells = B * layout.width + B + 2 + 2 * self.staging_cap
-        self._ring = [torch.zeros(cells, dtype=torch.int32, pin_memory=pinned) for _ in range(ring)]
-        self._ring_np = [t.numpy() for t in self._ring]
+        # the stager ring: per entry a slot-row, a whole-rows and a staged-cells host buffer, with the views a flush
+        # copies from made once here (a torch slice costs microseconds of host time)
+        def host(n: int) -> torch.Tensor:
+            return torch.zeros(n, dtype=torch.int32, pin_memory=pinned)
+
+        self._slot_t = [host(B) for _ in range(ring)]  # [B]
+        self._slot_views = [{b: t[:b] for b in bucket_sizes} for t in self._slot_t]
+        self._rows_t = [host(B * layout.width) for _ in range(ring)]  # [B * width]: B full rows
+        self._stage_t = [host(2 + 2 * self.staging_cap) for _ in range(ring)]  # the whole staging buffer
+        self._slot_np = [t.numpy() for t in self._slot_t]
+        self._rows_np = [t.numpy() for t in self._rows_t]
+        self._stage_np = [t.numpy() for t in self._stage_t]
         self._events = [torch.cuda.Event() if pinned else None for _ in range(ring)]
         self._next = 0
         self.copies = 0  # H2D copies issued, all time
@@ -111,7 +120,7 @@ class Executor:
 
     @property
     def stager_bytes(self) -> int:
-        return sum(t.numel() * 4 for t in self._ring)
+        return sum(t.numel() * 4 for ts in (self._slot_t, self._rows_t, self._stage_t) for t in ts)
 
     # -- host side ---------------------------------------------------------------------------------------------
     def flush(self, program: FlushProgram) -> None:
@@ -119,37 +128,33 @@ class Executor:
         if program.empty:
             return
         i = self._next
-        self._next = (i + 1) % len(self._ring)
+        self._next = (i + 1) % len(self._events)
         ev = self._events[i]
         if ev is not None:
-            ev.synchronize()  # the copies that last read this buffer, ring-1 steps ago, are long done
-        buf, host = self._ring[i], self._ring_np[i]
-        off = 0
+            ev.synchronize()  # the copies that last read this entry, ring-1 steps ago, are long done
         if program.slot_row is not None:
             b = program.slot_row.size
-            host[off : off + b] = program.slot_row
-            self.slot_rows[b].copy_(buf[off : off + b], non_blocking=True)
-            off += b
+            self._slot_np[i][:b] = program.slot_row
+            self.slot_rows[b].copy_(self._slot_views[i][b], non_blocking=True)
             self.copies += 1
         if program.run_len.size:
-            total = program.run_cells.size
-            host[off : off + total] = program.run_cells
-            o = off
+            buf = self._rows_t[i]
+            self._rows_np[i][: program.run_cells.size] = program.run_cells
+            o = 0
             for slot, col, n in zip(program.run_slot.tolist(), program.run_col.tolist(), program.run_len.tolist(),
                                     strict=True):
                 self.store[slot, col : col + n].copy_(buf[o : o + n], non_blocking=True)
                 o += n
-            off += total
             self.copies += program.run_len.size
         k = program.staged_idx.size
         if k:
             if k > self.staging_cap:
                 raise ValueError(f"{k} staged cells exceed the staging buffer's {self.staging_cap}")
-            host[off] = k
-            host[off + 1] = 0
-            host[off + 2 : off + 2 + 2 * k : 2] = program.staged_idx
-            host[off + 3 : off + 3 + 2 * k : 2] = program.staged_val
-            self.staging[: 2 + 2 * k].copy_(buf[off : off + 2 + 2 * k], non_blocking=True)
+            host = self._stage_np[i]
+            host[0] = k
+            host[2 : 2 + 2 * k : 2] = program.staged_idx
+            host[3 : 3 + 2 * k : 2] = program.staged_val
+            self.staging.copy_(self._stage_t[i], non_blocking=True)  # fixed size: no slice on the step path
             self.copies += 1
         self.bytes += program.h2d_bytes
         if ev is not None:

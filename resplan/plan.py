@@ -94,7 +94,7 @@ def _crossings(
             raise
         if opens.tobytes().find(1) < 0:
             continue
-        at = np.flatnonzero(opens)
+        at = opens.nonzero()[0]
         col = p.page_col[L[at]]
         idx_parts.append(p.cell_base[slots[at]] + col)
         val_parts.append(s.pages[h[at], col])
@@ -110,7 +110,7 @@ def _check_span(p: PoolConsts, handles: np.ndarray, n_pages: np.ndarray) -> None
     """A stream may not hold more pages than its row's span (the pool bound makes this unreachable)."""
     over = n_pages > p.span_width
     if over.any():
-        i = int(np.flatnonzero(over)[0])
+        i = int(over.nonzero()[0][0])
         raise PlanError(
             f"request {int(handles[i])}: pool {p.key!r} stream needs {int(n_pages[i])} pages, "
             f"its row holds {p.span_width}"
@@ -130,14 +130,14 @@ def _plan_general(
     read = state.slot_read.copy()
     epochs = [e.copy() for e in lg.slot_epoch]
     slots = slot_of[h]
-    new_at = np.flatnonzero(slots == 0)
+    new_at = (slots == 0).nonzero()[0]
     k = new_at.size
     displaced = np.zeros(0, np.int32)
     taken_count = lg.taken_count
     if k:
         hn = h[new_at]
         _check_distinct(hn, step)
-        free = np.flatnonzero((owner == FREE) & (read <= state.committed_seq))
+        free = ((owner == FREE) & (read <= state.committed_seq)).nonzero()[0]
         if free.size >= k:
             take = free[:k]
         else:
@@ -151,8 +151,8 @@ def _plan_general(
         taken[take] = taken_count + np.arange(k)
         taken_count += k
         slots[new_at] = take
-    whole_at = np.flatnonzero(~ok)
-    steady_at = np.flatnonzero(ok)
+    whole_at = (~ok).nonzero()[0]
+    steady_at = ok.nonzero()[0]
     is_new = np.zeros(n, bool)
     is_new[new_at] = True
     runs = _whole_rows(cfg, streams, h[whole_at], slots[whole_at], is_new[whole_at], epochs)
@@ -189,7 +189,7 @@ def _victims(
     outside any uncommitted step."""
     in_step = np.zeros(owner.size, bool)
     in_step[step_slots] = True  # slot 0 (new rows) marks the trash row, which is never held anyway
-    cand = np.flatnonzero((owner >= 0) & (read <= state.committed_seq) & ~in_step)
+    cand = ((owner >= 0) & (read <= state.committed_seq) & ~in_step).nonzero()[0]
     if cand.size < need:
         raise PlanError(
             f"out of slots: {need} more needed, {cand.size} displaceable of {owner.size - 1}; a store of 2B+1 rows "
@@ -246,7 +246,7 @@ def _whole_rows(
     for p, used, write in spans[1:]:
         if (write & (used > 0) & (end == p.span_start)).any():
             return _whole_rows_joined(lay, streams, spans, narrow, h, slots)
-        at = np.flatnonzero(used > 0)
+        at = (used > 0).nonzero()[0]
         pages = _used_pages(streams, p, h[at], used[at])
         run_slot.append(slots[at])
         run_col.append(np.full(at.size, p.span_start, np.int64))

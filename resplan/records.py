@@ -123,5 +123,5 @@ class FlushProgram:
     @property
     def h2d_bytes(self) -> int:
         slot = 0 if self.slot_row is None else self.slot_row.size * CELL_BYTES
-        staged = (2 + 2 * self.staged_idx.size) * CELL_BYTES if self.staged_idx.size else 0
+        staged = (2 + 2 * self.staged_idx.size) * CELL_BYTES if self.staged_idx.size else 0  # cells that matter
         return slot + int(self.run_cells.size) * CELL_BYTES + staged

@@ -28,12 +28,12 @@ def test_a_steady_step_issues_no_h2d_and_a_crossing_step_exactly_one():
 def test_the_stager_holds_the_largest_flush_without_growing():
     lay = qwen_like(page_size=4, pages=512, max_seq_len=64)
     e = SimEngine(lay, (1, 4))
-    ring = [t.data_ptr() for t in e.ex._ring]
-    assert e.ex._ring[0].numel() == 4 * lay.width + 4 + 2 + 2 * e.ex.staging_cap
+    ring = [t.data_ptr() for ts in (e.ex._slot_t, e.ex._rows_t, e.ex._stage_t) for t in ts]
+    assert e.ex.stager_bytes == len(e.ex._events) * 4 * (4 + 4 * lay.width + 2 + 2 * e.ex.staging_cap)
     hs = [e.admit(lay.span("kv").width * 4 - 1) for _ in range(4)]  # full rows: every column used
     _, program = e.resident_step(hs)
     assert program.run_cells.size == 4 * lay.width
-    assert [t.data_ptr() for t in e.ex._ring] == ring
+    assert [t.data_ptr() for ts in (e.ex._slot_t, e.ex._rows_t, e.ex._stage_t) for t in ts] == ring
 
 
 def test_whole_rows_of_a_one_pool_node_are_one_h2d_each():
