@@ -82,9 +82,14 @@ class Adapter:
         """One request's chunk at stream positions start .. start+T-1, eager: logits [T, V]."""
         raise NotImplementedError
 
-    def decode(self, state, ids: torch.Tensor, bufs: StepBuffers) -> torch.Tensor:
-        """One token a row from the static buffers, graph-safe: ids [b] -> logits [b, V]."""
+    def decode(self, state, ids: torch.Tensor, bufs: StepBuffers, attn=None) -> torch.Tensor:
+        """One token a row from the static buffers, graph-safe: ids [b] -> logits [b, V]. ``attn``: the bucket's
+        decode attention (FlashInfer on the GPU); None = plain torch."""
         raise NotImplementedError
+
+    def attention_dims(self) -> tuple[int, int, int, float]:
+        """(query heads, kv heads, head dim, softmax scale) of the decode attention a GPU backend serves."""
+        raise NotImplementedError(f"{self.name}: no GPU attention backend for this model")
 
 
 class QwenAdapter(Adapter):
@@ -108,8 +113,12 @@ class QwenAdapter(Adapter):
     def prefill(self, state, ids, pages, start, rec_slot, read_lens, pos_offset):
         return self.model.prefill(state, ids, pages[KV_POOL], start, rec_slot, pos_offset)
 
-    def decode(self, state, ids, bufs):
-        return self.model.decode(state, ids, bufs)
+    def decode(self, state, ids, bufs, attn=None):
+        return self.model.decode(state, ids, bufs, attn)
+
+    def attention_dims(self):
+        c = self.model.cfg
+        return c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.head_dim**-0.5
 
 
 class WhisperAdapter(Adapter):
@@ -162,7 +171,9 @@ class WhisperAdapter(Adapter):
     def prefill(self, state, ids, pages, start, rec_slot, read_lens, pos_offset):
         return self.model.prefill(state, ids, pages[SELF], start, pages[CROSS], read_lens[CROSS], pos_offset)
 
-    def decode(self, state, ids, bufs):
+    def decode(self, state, ids, bufs, attn=None):
+        if attn is not None:
+            raise ValueError(f"{self.name}: decode runs plain torch attention only (no GPU backend for two pools)")
         return self.model.decode(state, ids, bufs)
 
 

@@ -101,6 +101,9 @@ class EngineConfig:
     row_check: bool = False  # compare every row a resident step read with the streams (syncs; debug)
     preplan: bool = True  # plan the next decode step early, as a pipelined engine does
     device: str = "cpu"
+    dtype: str = "float32"  # model weights and KV caches: float32, bfloat16
+    attention: Backend = Backend.TORCH  # decode attention of every bucket: TORCH (any device), FA2 or XQA (CUDA)
+    timing: bool = False  # per-step ITL samples and GPU graph time (CUDA events); costs a little host time
 
 
 @attrs.define
@@ -124,6 +127,12 @@ class EngineStats:
     h2d_bytes: int = 0
     empty_flushes: int = 0  # resident decode steps that issued no H2D at all
     plan_ns: int = 0  # decode steps: plan + flush (resident) or fill + copy (host), wherever it ran
+    attn_plan_ns: int = 0  # decode steps: the attention library's host plan (fa2), with its table build
+    launch_ns: int = 0  # decode steps: input ids copy + graph replay launch
+    wait_ns: int = 0  # decode steps: waiting for the sampled tokens (the GPU finishing the step)
+    decode_ns: int = 0  # decode steps: wall time, start of the step to its tokens emitted
+    gpu_ms: float = 0.0  # decode steps: graph time on the GPU (CUDA events; with timing on)
+    itl: list = attrs.Factory(list)  # with timing on: per step, [n] gaps since each row's last token (s)
     preplans: int = 0
     preplan_hits: int = 0
     preplan_drops: int = 0  # dropped because pages its program named were given back
@@ -199,7 +208,8 @@ class Engine:
         self.buckets = decode_buckets(min(cfg.max_bucket or H, H))
         self.scheduler = Scheduler(H, self.buckets, cfg.order, cfg.token_budget, self.append_keys)
         records = {p.key: ResidentStream("decode", p.mode) for p in self.layout.pools}
-        plans = [BucketPlan.build(b, records, Backend.TORCH) for b in self.buckets]
+        self.backend = cfg.attention
+        plans = [BucketPlan.build(b, records, self.backend) for b in self.buckets]
         self.state: PlannerState | None = build_planner(self.layout, plans, H) if self.resident else None
         self.executor = Executor(self.layout, self.buckets, self.device)
         self.sampler = Sampler(adapter.vocab_size, self.device)
@@ -209,12 +219,13 @@ class Engine:
         self._ids_host = torch.zeros(self.buckets[-1], dtype=torch.int64, pin_memory=self.device.type == "cuda")
         # the engine takes a page exactly when a token opens it, so no stream holds a page past its used columns
         self.fills = {b: HostFill(self.layout, self.executor.buffers[b], exact_pages=True) for b in self.buckets}
-        self.host_graphs = {b: Graph(self._host_fn(b), self.device) for b in self.buckets}
-        self.graphs = (
-            {b: Graph(self._resident_fn(b), self.device) for b in self.buckets} if self.resident else self.host_graphs
-        )
+        self.attn = self._make_attention()
+        self.host_graphs, self.graphs = self._capture()
         # -- per-handle request state --------------------------------------------------------------------------------
         self.gen = np.zeros(H, np.int64)  # tokens generated
+        self.t_first = np.zeros(H)  # wall clock of each handle's first token
+        self.t_last = np.zeros(H)  # and of its latest
+        self._t_submit: dict[str, float] = {}
         self.max_tokens = np.zeros(H, np.int64)
         self.prompt_len = np.zeros(H, np.int64)
         self.last_token = np.zeros(H, np.int64)
@@ -230,6 +241,8 @@ class Engine:
         self._txn: AdmitTxn | None = None  # crossing pages taken early for the next step
         self._preplan: PrePlan | None = None
         self.on_finish: Callable[[Result], None] | None = None
+        if self.device.type == "cuda":
+            self._ev0, self._ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
     @classmethod
     def build(cls, model: str, config: EngineConfig | None = None, seed: int = 0) -> Engine:
@@ -237,15 +250,57 @@ class Engine:
         from models.engine.adapters import build_adapter
 
         cfg = config or EngineConfig()
-        return cls(build_adapter(model, seed, cfg.device), cfg)
+        return cls(build_adapter(model, seed, cfg.device, getattr(torch, cfg.dtype)), cfg)
 
     # -- graphs --------------------------------------------------------------------------------------------------
+    def _make_attention(self) -> dict[int, object]:
+        """Each bucket's decode attention: None (plain torch), one XQA shared by every bucket, or fa2 per bucket."""
+        if self.backend is Backend.TORCH:
+            return {b: None for b in self.buckets}
+        if self.device.type != "cuda":
+            raise ValueError(f"attention {self.backend.value} runs on CUDA only; use Backend.TORCH on {self.device}")
+        if self.read_keys or len(self.append_keys) != 1:
+            raise ValueError(f"{self.adapter.name}: GPU attention backends serve one appended pool, no read pools")
+        from models.layers.flashinfer_attention import make_decode_attention
+
+        hq, hk, d, scale = self.adapter.attention_dims()
+        W = self.layout.span(self.append_keys[0]).width
+        common = dict(max_pages_per_row=W, num_qo_heads=hq, num_kv_heads=hk, head_dim=d,
+                      page_size=self.config.page_size, device=self.device, dtype=getattr(torch, self.config.dtype),
+                      sm_scale=scale)
+        if self.backend is Backend.XQA:
+            xqa = make_decode_attention(Backend.XQA, batch_size=self.buckets[-1], **common)
+            return {b: xqa for b in self.buckets}
+        return {b: make_decode_attention(Backend.FA2, batch_size=b, **common) for b in self.buckets}
+
+    def _plan_attention(self, b: int, fill: HostFill) -> None:
+        """fa2 plans on the host from the block table and lengths ``fill`` built last (both arms, every step)."""
+        if self.backend is Backend.FA2:
+            bt, sl = fill.tables(self.append_keys[0])
+            self.attn[b].plan(bt, sl)
+
+    def _capture(self) -> tuple[dict[int, Graph], dict[int, Graph]]:
+        """Capture every bucket once, largest first, in one memory pool: the host-planned graphs (mixed steps, and
+        the host arm's decode) and, in the resident arm, the resident decode graphs."""
+        if self.backend is Backend.FA2:  # a captured fa2 run needs a plan: the trash rows' (1 token, sink page)
+            W = self.layout.span(self.append_keys[0]).width
+            for b in self.buckets:
+                self.attn[b].plan(np.zeros((b, W), np.int32), np.ones(b, np.int32))
+        pool, host, resident = None, {}, {}
+        for b in reversed(self.buckets):
+            host[b] = Graph(self._host_fn(b), self.device, pool)
+            pool = host[b].pool
+            if self.resident:
+                resident[b] = Graph(self._resident_fn(b), self.device, pool)
+        return host, (resident if self.resident else host)
+
     def _resident_fn(self, b: int) -> Callable[[], None]:
         ex, bufs, ids, out = self.executor, self.executor.buffers[b], self.ids[b], self.tokens[b]
+        attn = self.attn[b]
 
         def fn() -> None:
             ex.before_forward(b)
-            logits = self.adapter.decode(self.model_state, ids, bufs)
+            logits = self.adapter.decode(self.model_state, ids, bufs, attn)
             out.copy_(self.sampler(logits, bufs.sampler, bufs.positions))
             ex.after_forward(b)
 
@@ -253,9 +308,10 @@ class Engine:
 
     def _host_fn(self, b: int) -> Callable[[], None]:
         bufs, ids, out = self.executor.buffers[b], self.ids[b], self.tokens[b]
+        attn = self.attn[b]
 
         def fn() -> None:
-            logits = self.adapter.decode(self.model_state, ids, bufs)
+            logits = self.adapter.decode(self.model_state, ids, bufs, attn)
             out.copy_(self.sampler(logits, bufs.sampler, bufs.positions))
 
         return fn
@@ -273,6 +329,7 @@ class Engine:
         elif rid in self._rids:
             raise InvalidRequest("request_id", f"{rid!r} was already submitted to this engine")
         self._rids.add(rid)
+        self._t_submit[rid] = time.perf_counter()
         ps = self.config.page_size
         ctx = self.adapter.read_tokens(request)
         pages = tuple(
@@ -507,11 +564,24 @@ class Engine:
         a = ids.numpy()
         a[:n] = self.last_token[rows]
         a[n:] = 0
+        st = self.stats
+        t0 = time.perf_counter_ns()
         self.ids[b].copy_(ids, non_blocking=True)
+        timed = self.config.timing and self.device.type == "cuda"
+        if timed:
+            self._ev0.record()
         graph.replay()
-        self.stats.rows_decoded += n
-        self.stats.padded_rows += b - n
-        return self.tokens[b][:n].cpu().numpy().copy()
+        if timed:
+            self._ev1.record()
+        t1 = time.perf_counter_ns()
+        tokens = self.tokens[b][:n].cpu().numpy().copy()  # waits for the step
+        st.launch_ns += t1 - t0
+        st.wait_ns += time.perf_counter_ns() - t1
+        if timed:
+            st.gpu_ms += self._ev0.elapsed_time(self._ev1)
+        st.rows_decoded += n
+        st.padded_rows += b - n
+        return tokens
 
     def _advance(self, rows: np.ndarray) -> None:
         """The host advances its APPEND lengths by the rule the graph's commit follows."""
@@ -519,6 +589,7 @@ class Engine:
             self.streams.kv[k].lengths[rows] += 1
 
     def _decode_step(self, batch: Batch) -> None:
+        t_step = time.perf_counter_ns()
         rows, b = batch.rows, batch.bucket
         st = self.stats
         if self.resident:
@@ -548,6 +619,12 @@ class Engine:
             st.plan_ns += time.perf_counter_ns() - t0
             st.h2d_copies += 1
             st.h2d_bytes += self.fills[b].nbytes
+        if self.backend is Backend.FA2:
+            t0 = time.perf_counter_ns()
+            if self.resident:  # the resident arm keeps its tables on the device; fa2 still wants host ones
+                self.fills[b].build(self.streams, rows)
+            self._plan_attention(b, self.fills[b])
+            st.attn_plan_ns += time.perf_counter_ns() - t0
         tokens = self._replay(self.graphs[b], b, rows)
         self._advance(rows)
         if self.resident:
@@ -557,6 +634,7 @@ class Engine:
         self.scheduler.ran(rows, seq)
         st.decode_steps += 1
         self._emit(rows, tokens)
+        st.decode_ns += time.perf_counter_ns() - t_step
 
     def _row_check(self, rows: np.ndarray, b: int) -> None:
         bad = row_check(self.executor.store_numpy(), self.state, rows, self.streams, self.executor.buffers[b])
@@ -572,6 +650,7 @@ class Engine:
         tokens = None
         if rows.size:
             self.fills[b].fill(self.streams, rows)
+            self._plan_attention(b, self.fills[b])
             tokens = self._replay(self.host_graphs[b], b, rows)
             self._advance(rows)
             self.scheduler.ran(rows, seq)
@@ -622,6 +701,13 @@ class Engine:
     def _emit(self, rows: np.ndarray, tokens: np.ndarray) -> None:
         """Record each row's token; finish rows that sampled a stop token or ran out of tokens or context."""
         g = self.gen[rows]
+        now = time.perf_counter()
+        first = g == 0
+        if first.any():
+            self.t_first[rows[first]] = now
+        if self.config.timing and not first.all():
+            self.stats.itl.append(now - self.t_last[rows[~first]])
+        self.t_last[rows] = now
         self.out[rows, g] = tokens
         g += 1
         self.gen[rows] = g
@@ -636,7 +722,10 @@ class Engine:
     def _finish(self, h: int, reason: FinishReason) -> None:
         live = self.live.pop(h)
         rid = live.pend.rid
-        result = Result(rid, int(self.prompt_len[h]), tuple(self.out[h, : self.gen[h]].tolist()), reason)
+        n = int(self.gen[h])
+        ttft = self.t_first[h] - self._t_submit.pop(rid, float("nan"))
+        itl = (self.t_last[h] - self.t_first[h]) / (n - 1) if n > 1 else float("nan")
+        result = Result(rid, int(self.prompt_len[h]), tuple(self.out[h, :n].tolist()), reason, ttft, itl)
         self.results[rid] = result
         if self.resident:
             self.state = release(self.state, h)

@@ -42,6 +42,7 @@ class HostFill:
         self._host = [torch.zeros(n, dtype=torch.int32, pin_memory=pinned) for _ in range(ring)]
         self._events = [torch.cuda.Event() if pinned else None for _ in range(ring)]
         self._next = 0
+        self.last = 0
         template = np.zeros(n, np.int32)
         for p in layout.append_pools:
             o = _offset(bufs.seq_lens[p.key], flat)
@@ -86,7 +87,23 @@ class HostFill:
 
     def fill(self, streams: HostStreams, h: np.ndarray) -> None:
         """Write the buffers for rows ``h`` ([n] int64 handles, n <= size) and issue the copy."""
+        t = self.build(streams, h)
+        self.bufs.flat.copy_(t, non_blocking=True)
+        ev = self._events[self.last]
+        if ev is not None:
+            ev.record()
+
+    def tables(self, key: str) -> tuple[np.ndarray, np.ndarray]:
+        """The last build's block table [b, W] and seq_lens [b] of pool ``key`` (numpy views; what fa2 plans on)."""
+        for pool in self._views[self.last][2]:
+            if pool[0] == key:
+                return pool[4], pool[5]
+        raise KeyError(f"no pool {key!r}")
+
+    def build(self, streams: HostStreams, h: np.ndarray) -> torch.Tensor:
+        """Write the buffers for rows ``h`` into the next host buffer of the ring (no copy); returns it."""
         i = self._next
+        self.last = i
         self._next = (i + 1) % len(self._views)
         ev = self._events[i]
         if ev is not None:
@@ -116,6 +133,4 @@ class HostFill:
             rec[:n] = streams.recurrent_slot.take(h)
         if smp is not None:
             smp[:n] = streams.sampler.take(h, axis=0)
-        self.bufs.flat.copy_(t, non_blocking=True)
-        if ev is not None:
-            ev.record()
+        return t

@@ -51,6 +51,8 @@ class Result:
     prompt_len: int
     tokens: tuple[int, ...]
     finish_reason: FinishReason
+    ttft_s: float = attrs.field(default=float("nan"), eq=False)  # submission to first token (wall clock)
+    itl_s: float = attrs.field(default=float("nan"), eq=False)  # mean gap between consecutive tokens
 
 
 class InvalidRequest(ValueError):

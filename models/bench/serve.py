@@ -1,0 +1,236 @@
+"""The serving benchmark: arms alternated within one run, on the GPU.
+
+    python -m models.bench.serve --model qwen3_5-0.8b --concurrency 1,16,64 --prompt-len 512 --gen 256 --rounds 2 \\
+        --out models/bench/results/serve-h200
+
+Arms (``--arms``):
+  host          every decode step rebuilds its buffers from the host streams (one H2D) and plans fa2 on the host
+  resident-fa2  rows resident in the device store (resplan), fa2 still planned every step: isolates the table gain
+  resident-xqa  rows resident, FlashInfer XQA reads the gathered tables in the graph: no host plan at all
+  transformers  transformers' own Qwen3.5 ``generate`` with its cache (same weights), what a user would pick instead
+
+Every request has a ``--prompt-len`` random prompt and generates exactly ``--gen`` tokens (no stop token). Per cell
+and arm: output tok/s (all tokens / wall time of the run), ITL p50/mean (gaps between a request's consecutive tokens),
+TTFT p50, and per decode step: host phases (plan: resident plan+flush or host fill; attention plan: fa2's table build
+and plan; launch; wait for the GPU; rest), H2D copies and bytes, and the GPU graph time against the step's wall time.
+Writes ``results.md``, ``results.json`` and ``tokps.png`` under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from models.engine import Engine, EngineConfig, Planning, Request, SamplingParams, build_adapter
+from resplan import Backend
+
+ARMS = {
+    "host": (Planning.HOST, Backend.FA2),
+    "resident-fa2": (Planning.RESIDENT, Backend.FA2),
+    "resident-xqa": (Planning.RESIDENT, Backend.XQA),
+}
+
+
+def requests(vocab: int, c: int, prompt_len: int, gen: int, seed: int) -> list[Request]:
+    rng = np.random.default_rng(seed)
+    return [Request(tuple(rng.integers(0, vocab, prompt_len).tolist()), SamplingParams(max_tokens=gen))
+            for _ in range(c)]
+
+
+def engine_run(adapter, arm: str, c: int, args, seed: int, engine_cache: dict) -> dict:
+    """One timed run of ``c`` requests in an engine of ``arm`` (built once per arm and cell, warmed up first)."""
+    planning, backend = ARMS[arm]
+    key = (arm, c)
+    if key not in engine_cache:
+        engine_cache.clear()
+        gc.collect()
+        torch.cuda.empty_cache()
+        cfg = EngineConfig(planning=planning, attention=backend, device="cuda", dtype="bfloat16", max_running=c,
+                           page_size=args.page_size, max_seq_len=args.prompt_len + args.gen, timing=True,
+                           token_budget=args.token_budget)
+        eng = Engine(adapter, cfg)
+        eng.run(requests(adapter.vocab_size, c, args.prompt_len, 8, seed + 99))  # warm-up: JIT, allocator
+        engine_cache[key] = eng
+    eng = engine_cache[key]
+    before = {k: getattr(eng.stats, k) for k in ("decode_steps", "plan_ns", "attn_plan_ns", "launch_ns", "wait_ns",
+                                                   "decode_ns", "gpu_ms", "h2d_copies", "h2d_bytes", "tokens",
+                                                   "empty_flushes", "mixed_steps")}
+    eng.stats.itl.clear()
+    reqs = requests(adapter.vocab_size, c, args.prompt_len, args.gen, seed)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    results = eng.run(reqs)
+    wall = time.perf_counter() - t0
+    d = {k: getattr(eng.stats, k) - v for k, v in before.items()}
+    steps = max(d["decode_steps"], 1)
+    itl = np.concatenate(eng.stats.itl) if eng.stats.itl else np.array([np.nan])
+    us = lambda ns: ns / steps / 1e3
+    return dict(
+        arm=arm, c=c, tokps=d["tokens"] / wall, wall_s=wall, itl_p50_ms=float(np.median(itl) * 1e3),
+        itl_mean_ms=float(np.mean(itl) * 1e3), ttft_p50_ms=float(np.median([r.ttft_s for r in results]) * 1e3),
+        decode_steps=d["decode_steps"], mixed_steps=d["mixed_steps"], step_us=us(d["decode_ns"]),
+        plan_us=us(d["plan_ns"]), attn_plan_us=us(d["attn_plan_ns"]), launch_us=us(d["launch_ns"]),
+        wait_us=us(d["wait_ns"]), gpu_us=d["gpu_ms"] * 1e3 / steps, h2d_copies=d["h2d_copies"] / steps,
+        h2d_bytes=d["h2d_bytes"] / steps, empty_flush_frac=d["empty_flushes"] / steps,
+        tokens=[r.tokens for r in results],
+    )
+
+
+def transformers_run(adapter, c: int, args, seed: int) -> dict:
+    """transformers' generate on the same weights: one batch of c prompts (equal lengths, no padding)."""
+    import transformers
+
+    hf = getattr(adapter, "_hf", None)
+    if hf is None:
+        hf = transformers.Qwen3_5ForCausalLM(adapter.model.cfg.to_hf()).to(device="cuda", dtype=torch.bfloat16)
+        hf.load_state_dict(adapter.model.state_dict(), strict=True)
+        adapter._hf = hf.eval()
+    reqs = requests(adapter.vocab_size, c, args.prompt_len, args.gen, seed)
+    ids = torch.tensor([r.prompt for r in reqs], device="cuda")
+    kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
+    hf.generate(ids[:, :16], max_new_tokens=4, min_new_tokens=4, **kw)  # warm-up
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    hf.generate(ids, max_new_tokens=1, min_new_tokens=1, **kw)
+    torch.cuda.synchronize()
+    ttft = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    out = hf.generate(ids, max_new_tokens=args.gen, min_new_tokens=args.gen, **kw)
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    itl = (wall - ttft) / max(args.gen - 1, 1)
+    return dict(arm="transformers", c=c, tokps=c * args.gen / wall, wall_s=wall, itl_p50_ms=itl * 1e3,
+                itl_mean_ms=itl * 1e3, ttft_p50_ms=ttft * 1e3,
+                tokens=[tuple(t) for t in out[:, ids.shape[1] :].tolist()])
+
+
+def summarize(runs: list[dict], arms: list[str]) -> tuple[str, list[dict]]:
+    """Per cell and arm: median [min-max] over rounds, and ratios against host."""
+    rows, lines = [], []
+    cells = sorted({(r["model"], r["c"]) for r in runs}, key=lambda x: (x[0], x[1]))
+    lines.append("| cell | arm | tok/s median [min-max] | vs host | ITL p50/mean ms | TTFT p50 ms | step us | "
+                 "plan us | attn plan us | launch us | GPU wait us | GPU graph us | idle us | H2D/step | "
+                 "H2D B/step | same tokens as host |")
+    lines.append("|" + "---|" * 16)
+    for model, c in cells:
+        host = [r for r in runs if r["model"] == model and r["c"] == c and r["arm"] == "host"]
+        host_med = float(np.median([r["tokps"] for r in host])) if host else float("nan")
+        for arm in arms:
+            rs = [r for r in runs if r["model"] == model and r["c"] == c and r["arm"] == arm]
+            if not rs:
+                continue
+            t = [r["tokps"] for r in rs]
+            med = float(np.median(t))
+            ratios = [r["tokps"] / h["tokps"] for r, h in zip(rs, host, strict=False)] if host else []
+            g = lambda k, rs=rs: float(np.median([r.get(k, np.nan) for r in rs]))
+            same = "-"
+            if host and arm != "host":
+                same = f"{sum(a == b for a, b in zip(rs[0]['tokens'], host[0]['tokens'], strict=True))}/{c}"
+            row = dict(model=model, c=c, arm=arm, tokps_median=med, tokps_min=min(t), tokps_max=max(t),
+                       ratio_median=med / host_med, ratio_min=min(ratios, default=np.nan),
+                       ratio_max=max(ratios, default=np.nan), **{k: g(k) for k in (
+                           "itl_p50_ms", "itl_mean_ms", "ttft_p50_ms", "step_us", "plan_us", "attn_plan_us",
+                           "launch_us", "wait_us", "gpu_us", "h2d_copies", "h2d_bytes")})
+            rows.append(row)
+            ratio = f"{row['ratio_median']:.2f}x [{row['ratio_min']:.2f}-{row['ratio_max']:.2f}]"
+            idle = row["step_us"] - row["gpu_us"]
+            lines.append(
+                f"| {model} c={c} | {arm} | {med:.0f} [{min(t):.0f}-{max(t):.0f}] | {ratio} | "
+                f"{row['itl_p50_ms']:.2f}/{row['itl_mean_ms']:.2f} | {row['ttft_p50_ms']:.0f} | "
+                f"{row['step_us']:.0f} | {row['plan_us']:.1f} | {row['attn_plan_us']:.1f} | {row['launch_us']:.0f} | "
+                f"{row['wait_us']:.0f} | {row['gpu_us']:.0f} | {idle:.0f} | {row['h2d_copies']:.2f} | "
+                f"{row['h2d_bytes']:.0f} | {same} |")
+    return "\n".join(lines), rows
+
+
+def plot(rows: list[dict], arms: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = sorted({r["model"] for r in rows})
+    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4), squeeze=False)
+    for ax, model in zip(axes[0], models, strict=True):
+        for arm in arms:
+            rs = sorted((r for r in rows if r["model"] == model and r["arm"] == arm), key=lambda r: r["c"])
+            if rs:
+                ax.errorbar([r["c"] for r in rs], [r["tokps_median"] for r in rs], marker="o", label=arm,
+                            yerr=[[r["tokps_median"] - r["tokps_min"] for r in rs],
+                                  [r["tokps_max"] - r["tokps_median"] for r in rs]])
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel("output tok/s")
+        ax.set_title(model)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="qwen3_5-0.8b", help="model(s), comma-separated (random weights)")
+    ap.add_argument("--concurrency", default="1,16,64", help="concurrency cells, comma-separated")
+    ap.add_argument("--arms", default="host,resident-fa2,resident-xqa,transformers", help="arms, comma-separated")
+    ap.add_argument("--transformers-c", default="1,16", help="cells where the transformers arm runs")
+    ap.add_argument("--prompt-len", type=int, default=512)
+    ap.add_argument("--gen", type=int, default=256, help="tokens each request generates (fixed)")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds; the arm order alternates between rounds")
+    ap.add_argument("--page-size", type=int, default=16)
+    ap.add_argument("--token-budget", type=int, default=None, help="prefill tokens a step (default: whole prompts)")
+    ap.add_argument("--out", type=Path, required=True, help="folder for results.md, results.json, tokps.png")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("the serving benchmark needs a CUDA GPU (run it on the H200)")
+    arms = args.arms.split(",")
+    unknown = set(arms) - set(ARMS) - {"transformers"}
+    if unknown:
+        raise SystemExit(f"unknown arms {sorted(unknown)}; known: {sorted(ARMS) + ['transformers']}")
+    cells = [int(c) for c in args.concurrency.split(",")]
+    hf_cells = {int(c) for c in args.transformers_c.split(",")}
+    args.out.mkdir(parents=True, exist_ok=True)
+    runs: list[dict] = []
+    for model in args.model.split(","):
+        adapter = build_adapter(model, seed=args.seed, device="cuda", dtype=torch.bfloat16)
+        for c in cells:
+            cache: dict = {}
+            for rnd in range(args.rounds):
+                order = arms if rnd % 2 == 0 else arms[::-1]
+                for arm in order:
+                    if arm == "transformers":
+                        if c not in hf_cells:
+                            continue
+                        r = transformers_run(adapter, c, args, seed=1000 * rnd + c)
+                    else:
+                        r = engine_run(adapter, arm, c, args, seed=1000 * rnd + c, engine_cache=cache)
+                    r.update(model=model, round=rnd)
+                    runs.append(r)
+                    print(f"{model} c={c} round {rnd} {arm:13s} {r['tokps']:9.0f} tok/s  ITL p50 "
+                          f"{r['itl_p50_ms']:.2f} ms  TTFT p50 {r['ttft_p50_ms']:.0f} ms", flush=True)
+            cache.clear()
+        del adapter
+        gc.collect()
+        torch.cuda.empty_cache()
+    table, rows = summarize(runs, arms)
+    head = (f"Serving benchmark on {torch.cuda.get_device_name()} (torch {torch.__version__}): prompts "
+            f"{args.prompt_len} tokens, {args.gen} new tokens each, page size {args.page_size}, {args.rounds} rounds "
+            "with the arm order alternated, random weights (bf16).\n\nCommand: `python -m models.bench.serve "
+            + " ".join(argv if argv is not None else __import__("sys").argv[1:]) + "`\n\n")
+    (args.out / "results.md").write_text(head + table + "\n")
+    (args.out / "results.json").write_text(json.dumps(dict(rows=rows, runs=[{k: v for k, v in r.items()
+                                                                              if k != "tokens"} for r in runs]),
+                                                       indent=1))
+    plot(rows, arms, args.out / "tokps.png")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
