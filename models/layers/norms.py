@@ -7,10 +7,10 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """x / sqrt(mean(x^2) + eps) over the last dim, in float32."""
-    x = x.float()
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+def rms_normalize(x: torch.Tensor, eps: float, weight: torch.Tensor | None = None) -> torch.Tensor:
+    """x / sqrt(mean(x^2) + eps) over the last dim (times ``weight``), in float32: one fused kernel on CUDA, where
+    the unfused form costs five launches, and a decode step runs some sixty norms."""
+    return F.rms_norm(x.float(), (x.shape[-1],), weight, eps)
 
 
 class ZeroCenteredRMSNorm(nn.Module):
@@ -22,7 +22,7 @@ class ZeroCenteredRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (rms_normalize(x, self.eps) * (1.0 + self.weight.float())).to(x.dtype)
+        return rms_normalize(x, self.eps, 1.0 + self.weight.float()).to(x.dtype)
 
 
 class GatedRMSNorm(nn.Module):
