@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
+from models.layers.gdn import causal_conv1d_step, gated_delta_step
 from resplan.buffers import StepBuffers
 from resplan.layout import SAMPLER_CELLS, RowLayout, StreamMode
 
@@ -56,3 +57,39 @@ def commit_lengths_ref(store: torch.Tensor, slot_row: torch.Tensor, len_cols: Se
     for c in len_cols:
         cols = torch.full_like(slots, c)
         store.index_put_((slots, cols), live, accumulate=True)  # padding rows add 0 to the trash row
+
+
+def gdn_decode_step_ref(
+    ssm_pool: torch.Tensor,
+    slots: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    out: torch.Tensor,
+) -> None:
+    """gated_delta_step on ssm_pool[slots] (float32), scattered back in the pool's dtype; o into out (in place).
+
+    q, k [b, hk, dk] are repeated to the hv value heads (value head h reads key head h // (hv // hk)).
+    """
+    idx = slots.long()
+    n_rep = ssm_pool.shape[1] // q.shape[1]
+    if n_rep > 1:
+        q, k = q.repeat_interleave(n_rep, dim=1), k.repeat_interleave(n_rep, dim=1)
+    o, ssm1 = gated_delta_step(ssm_pool[idx].float(), q.float(), k.float(), v.float(), g.float(), beta.float())
+    ssm_pool[idx] = ssm1.to(ssm_pool.dtype)
+    out.copy_(o)
+
+
+def conv1d_decode_step_ref(
+    conv_pool: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """causal_conv1d_step on conv_pool[slots], new state scattered back (in place); returns silu(conv) [b, C]."""
+    idx = slots.long()
+    y, conv1 = causal_conv1d_step(x, conv_pool[idx], weight)
+    conv_pool[idx] = conv1
+    if out is None:
+        return y
+    out.copy_(y)
+    return out

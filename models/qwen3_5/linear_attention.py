@@ -25,6 +25,8 @@ from models.qwen3_5.config import Qwen35Config
 class GatedDeltaNet(nn.Module):
     """Parameter names match transformers' Qwen3_5GatedDeltaNet."""
 
+    fused_decode: bool | None = None  # decode through the Triton kernels; None: when the input is on CUDA
+
     def __init__(self, cfg: Qwen35Config) -> None:
         super().__init__()
         self.hk, self.hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
@@ -52,11 +54,15 @@ class GatedDeltaNet(nn.Module):
         g, beta = gdn_gates(self.in_proj_a(x), self.in_proj_b(x), self.A_log, self.dt_bias)
         return self.in_proj_qkv(x), z, g, beta
 
-    def _split(self, mixed: torch.Tensor):
-        """Conv output [n, C] -> q, k [n, hv, dk] (repeated, normed, float32), v [n, hv, dv] float32."""
+    def _split(self, mixed: torch.Tensor, repeat: bool = True):
+        """Conv output [n, C] -> q, k [n, hv, dk] (repeated, normed, float32), v [n, hv, dv] float32.
+
+        repeat=False leaves q, k at the hk key heads (value head h reads key head h // (hv // hk)).
+        """
         n = mixed.shape[0]
         q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        q, k = normalize_qk(q.reshape(n, self.hk, self.dk), k.reshape(n, self.hk, self.dk), self.hv // self.hk)
+        n_rep = self.hv // self.hk if repeat else 1
+        q, k = normalize_qk(q.reshape(n, self.hk, self.dk), k.reshape(n, self.hk, self.dk), n_rep)
         return q, k, v.reshape(n, self.hv, self.dv).float()
 
     def _out(self, o: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -90,9 +96,20 @@ class GatedDeltaNet(nn.Module):
         ssm_pool: torch.Tensor,  # [slots, hv, dk, dv]
         slots: torch.Tensor,  # [b] int32, 0 (sink) for padding rows
     ) -> torch.Tensor:
-        """One token a row: gather the rows' slots, step conv and delta rule, scatter back. Graph-safe. [b, hidden]."""
-        idx = slots.long()
+        """One token a row: gather the rows' slots, step conv and delta rule, scatter back. Graph-safe. [b, hidden].
+
+        On CUDA the conv and delta-rule steps are fused Triton kernels working in place on the pools by slot.
+        """
         mixed, z, g, beta = self._project(x)
+        if x.is_cuda if self.fused_decode is None else self.fused_decode:
+            from kernels.gdn_decode import conv1d_decode_step_, gdn_decode_step_  # triton only where it runs
+
+            mixed = conv1d_decode_step_(conv_pool, slots, mixed, self.conv_weight)  # [b, C]
+            q, k, v = self._split(mixed, repeat=False)  # q, k [b, hk, dk]: the kernel maps value heads to key heads
+            o = torch.empty(v.shape, dtype=torch.float32, device=v.device)  # [b, hv, dv]
+            gdn_decode_step_(ssm_pool, slots, q, k, v, g, beta, o)
+            return self._out(o, z, x.dtype)
+        idx = slots.long()
         mixed, conv1 = causal_conv1d_step(mixed, conv_pool[idx], self.conv_weight)  # [b, C], [b, C, K]
         q, k, v = self._split(mixed)
         o, ssm1 = gated_delta_step(ssm_pool[idx].float(), q, k, v, g, beta)  # [b, hv, dv], [b, hv, dk, dv]
