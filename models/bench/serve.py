@@ -60,7 +60,7 @@ def engine_run(adapter, arm: str, c: int, args, seed: int, engine_cache: dict) -
     eng = engine_cache[key]
     before = {k: getattr(eng.stats, k) for k in ("decode_steps", "plan_ns", "attn_plan_ns", "launch_ns", "wait_ns",
                                                    "decode_ns", "gpu_ms", "h2d_copies", "h2d_bytes", "tokens",
-                                                   "empty_flushes", "mixed_steps")}
+                                                   "empty_flushes", "mixed_steps", "decode_rows")}
     eng.stats.itl.clear()
     reqs = requests(adapter.vocab_size, c, args.prompt_len, args.gen, seed)
     torch.cuda.synchronize()
@@ -75,6 +75,7 @@ def engine_run(adapter, arm: str, c: int, args, seed: int, engine_cache: dict) -
         arm=arm, c=c, tokps=d["tokens"] / wall, wall_s=wall, itl_p50_ms=float(np.median(itl) * 1e3),
         itl_mean_ms=float(np.mean(itl) * 1e3), ttft_p50_ms=float(np.median([r.ttft_s for r in results]) * 1e3),
         decode_steps=d["decode_steps"], mixed_steps=d["mixed_steps"], step_us=us(d["decode_ns"]),
+        decode_tokps=d["decode_rows"] / max(d["decode_ns"] / 1e9, 1e-9),
         plan_us=us(d["plan_ns"]), attn_plan_us=us(d["attn_plan_ns"]), launch_us=us(d["launch_ns"]),
         wait_us=us(d["wait_ns"]), gpu_us=d["gpu_ms"] * 1e3 / steps, h2d_copies=d["h2d_copies"] / steps,
         h2d_bytes=d["h2d_bytes"] / steps, empty_flush_frac=d["empty_flushes"] / steps,
@@ -114,10 +115,11 @@ def summarize(runs: list[dict], arms: list[str]) -> tuple[str, list[dict]]:
     """Per cell and arm: median [min-max] over rounds, and ratios against host."""
     rows, lines = [], []
     cells = sorted({(r["model"], r["c"]) for r in runs}, key=lambda x: (x[0], x[1]))
-    lines.append("| cell | arm | tok/s median [min-max] | vs host | ITL p50/mean ms | TTFT p50 ms | step us | "
+    lines.append("| cell | arm | tok/s median [min-max] | vs host | decode tok/s | vs host | ITL p50/mean ms | "
+                 "TTFT p50 ms | step us | "
                  "plan us | attn plan us | launch us | GPU wait us | GPU graph us | idle us | H2D/step | "
                  "H2D B/step | same tokens as host |")
-    lines.append("|" + "---|" * 16)
+    lines.append("|" + "---|" * 18)
     for model, c in cells:
         host = [r for r in runs if r["model"] == model and r["c"] == c and r["arm"] == "host"]
         host_med = float(np.median([r["tokps"] for r in host])) if host else float("nan")
@@ -136,12 +138,17 @@ def summarize(runs: list[dict], arms: list[str]) -> tuple[str, list[dict]]:
                        ratio_median=med / host_med, ratio_min=min(ratios, default=np.nan),
                        ratio_max=max(ratios, default=np.nan), **{k: g(k) for k in (
                            "itl_p50_ms", "itl_mean_ms", "ttft_p50_ms", "step_us", "plan_us", "attn_plan_us",
-                           "launch_us", "wait_us", "gpu_us", "h2d_copies", "h2d_bytes")})
+                           "launch_us", "wait_us", "gpu_us", "h2d_copies", "h2d_bytes", "decode_tokps")})
             rows.append(row)
             ratio = f"{row['ratio_median']:.2f}x [{row['ratio_min']:.2f}-{row['ratio_max']:.2f}]"
+            dec = [r.get("decode_tokps", np.nan) for r in rs]
+            dratios = [r.get("decode_tokps", np.nan) / h["decode_tokps"] for r, h in zip(rs, host, strict=False)]
+            dratio = (f"{np.median(dratios):.2f}x [{min(dratios):.2f}-{max(dratios):.2f}]"
+                      if host and arm != "transformers" else "-")
             idle = row["step_us"] - row["gpu_us"]
             lines.append(
                 f"| {model} c={c} | {arm} | {med:.0f} [{min(t):.0f}-{max(t):.0f}] | {ratio} | "
+                f"{np.median(dec):.0f} | {dratio} | "
                 f"{row['itl_p50_ms']:.2f}/{row['itl_mean_ms']:.2f} | {row['ttft_p50_ms']:.0f} | "
                 f"{row['step_us']:.0f} | {row['plan_us']:.1f} | {row['attn_plan_us']:.1f} | {row['launch_us']:.0f} | "
                 f"{row['wait_us']:.0f} | {row['gpu_us']:.0f} | {idle:.0f} | {row['h2d_copies']:.2f} | "

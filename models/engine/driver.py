@@ -131,6 +131,7 @@ class EngineStats:
     launch_ns: int = 0  # decode steps: input ids copy + graph replay launch
     wait_ns: int = 0  # decode steps: waiting for the sampled tokens (the GPU finishing the step)
     decode_ns: int = 0  # decode steps: wall time, start of the step to its tokens emitted
+    decode_rows: int = 0  # decode steps: real rows (tokens) they produced
     gpu_ms: float = 0.0  # decode steps: graph time on the GPU (CUDA events; with timing on)
     itl: list = attrs.Factory(list)  # with timing on: per step, [n] gaps since each row's last token (s)
     preplans: int = 0
@@ -633,6 +634,7 @@ class Engine:
                 self._row_check(rows, b)
         self.scheduler.ran(rows, seq)
         st.decode_steps += 1
+        st.decode_rows += rows.size
         self._emit(rows, tokens)
         st.decode_ns += time.perf_counter_ns() - t_step
 
