@@ -64,8 +64,9 @@ def test_tiny_model_on_gpu_graphs_matches_transformers():
     near_ties = 0
     for req, toks in zip(reqs, runs[R].tokens, strict=True):
         ids = torch.tensor([req.prompt], device="cuda")
-        out = hf.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=0,
-                          output_scores=True, return_dict_in_generate=True)
+        # an explicit mask: without one, transformers masks every prompt token equal to pad_token_id
+        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, min_new_tokens=12,
+                          do_sample=False, pad_token_id=0, output_scores=True, return_dict_in_generate=True)
         ref = out.sequences[0, ids.shape[1] :].tolist()
         for t, (a, b) in enumerate(zip(toks, ref, strict=True)):
             if a != b:  # allowed only where transformers' own top two logits nearly tie (summation order)

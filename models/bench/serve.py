@@ -94,8 +94,9 @@ def transformers_run(adapter, c: int, args, seed: int) -> dict:
         adapter._hf = hf.eval()
     reqs = requests(adapter.vocab_size, c, args.prompt_len, args.gen, seed)
     ids = torch.tensor([r.prompt for r in reqs], device="cuda")
-    kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
-    hf.generate(ids[:, :16], max_new_tokens=4, min_new_tokens=4, **kw)  # warm-up
+    # an explicit mask: without one, transformers masks every prompt token equal to pad_token_id
+    kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None, attention_mask=torch.ones_like(ids))
+    hf.generate(ids, max_new_tokens=2, min_new_tokens=2, **kw)  # warm-up
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     hf.generate(ids, max_new_tokens=1, min_new_tokens=1, **kw)
