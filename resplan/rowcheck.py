@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import attrs
 import numpy as np
+from beartype import beartype
+from jaxtyping import Int32, Integer, jaxtyped
 
 from resplan.buffers import StepBuffers
 from resplan.layout import StreamMode
@@ -22,10 +24,11 @@ class Mismatch:
     host: int
 
 
+@jaxtyped(typechecker=beartype)  # a debug entry point, never on the step path: check its arguments
 def row_check(
-    store: np.ndarray,  # [S, width] int32, read back after the replay
+    store: Int32[np.ndarray, "S width"],  # read back after the replay
     state: PlannerState,
-    handles: np.ndarray,  # [n] the step's rows
+    handles: Integer[np.ndarray, " n"],  # the step's rows
     streams: HostStreams,  # host truth after the step (APPEND lengths already advanced)
     buffers: StepBuffers | None = None,  # the bucket's buffers, to check the write location the step used
 ) -> list[Mismatch]:

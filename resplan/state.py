@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import attrs
 import numpy as np
+from beartype import beartype
 
 from resplan.layout import RowLayout, StreamMode
 from resplan.records import BucketPlan
@@ -128,6 +129,7 @@ class PlannerState:
         assert not self.row_ok[self.slot_of == 0].any(), "a handle without a slot is marked ok"
 
 
+@beartype  # the planner's construction is a boundary: check types once here, never in plan/commit
 def build_planner(layout: RowLayout, buckets: list[BucketPlan] | tuple[BucketPlan, ...], capacity: int) -> PlannerState:
     """The initial state for ``layout``, sized from the widest bucket: 2B + 1 slots, every one free."""
     if not buckets:

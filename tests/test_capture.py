@@ -155,3 +155,22 @@ def test_capture_problems(walk, positions_pool, problem):
     with pytest.raises(CaptureError) as err:
         capture_streams(walk, RES, positions_pool=positions_pool)
     assert err.value.problem is problem and problem.name in str(err.value)
+
+
+def test_the_planner_boundary_checks_argument_types():
+    from beartype.roar import BeartypeCallHintParamViolation
+
+    with pytest.raises(BeartypeCallHintParamViolation):
+        build_planner(qwen_like(), bucket_plans(qwen_like(), (1,)), "8")
+
+
+def test_the_row_check_refuses_a_store_of_the_wrong_dtype():
+    import numpy as np
+    from jaxtyping import TypeCheckError
+
+    from resplan import HostStreams, row_check
+
+    lay = qwen_like()
+    st = build_planner(lay, bucket_plans(lay, (1,)), 4)
+    with pytest.raises(TypeCheckError):
+        row_check(np.zeros((3, lay.width), np.int64), st, np.array([0]), HostStreams.zeros(lay, 4))
