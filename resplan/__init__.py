@@ -26,7 +26,7 @@ from resplan.layout import (
     bits_float,
     float_bits,
 )
-from resplan.plan import commit, mark_stale, offload, plan, release
+from resplan.planner import commit, mark_stale, offload, plan, release
 from resplan.records import Backend, BucketPlan, FlushProgram, ResidentStream, Step
 from resplan.rowcheck import Mismatch, row_check
 from resplan.state import PlanError, PlannerConfig, PlannerState, build_planner

@@ -161,7 +161,7 @@ def test_victims_ties_go_in_the_order_rows_took_their_slots_not_by_slot_number()
 def test_victims_never_include_a_slot_an_uncommitted_step_read_even_when_short():
     """LRU order alone already puts the uncommitted step's rows last; the rule is what refuses to take them when
     nothing else is left (unreachable with 2B+1 slots), instead of overwriting a row the GPU may still read."""
-    from resplan.plan import _victims
+    from resplan.planner import _victims
 
     e = engine(qwen_like(page_size=16), buckets=(1, 2))
     hs = [e.admit(2) for _ in range(4)]
