@@ -47,12 +47,7 @@ def _plan_steady(state: PlannerState, step: Step, streams: HostStreams, bi: int)
     cfg, h = state.cfg, step.handles
     slots = state.ledger.slot_of[h]
     staged_idx, staged_val, crossings = _crossings(cfg, streams, h, slots)
-    key = slots.tobytes()
-    rows = state.last_slot_rows
-    slot_row = None
-    if key != rows[bi]:
-        slot_row = _slot_row(slots, step)
-        rows = rows[:bi] + (key,) + rows[bi + 1 :]
+    slot_row, rows = _slot_row_if_changed(state, bi, slots, step)
     read = state.slot_read.copy()
     read[slots] = step.seq
     new = PlannerState(cfg, state.ledger, read, step.seq, state.last_seq, state.committed_seq, rows)
@@ -61,6 +56,17 @@ def _plan_steady(state: PlannerState, step: Step, streams: HostStreams, bi: int)
     return new, FlushProgram(
         step.bucket, step.seq, slot_row=slot_row, staged_idx=staged_idx, staged_val=staged_val, crossings=crossings
     )
+
+
+def _slot_row_if_changed(
+    state: PlannerState, bi: int, slots: np.ndarray, step: Step
+) -> tuple[np.ndarray | None, tuple[bytes, ...]]:
+    """(the bucket's new slot row, or None when it equals the one it last uploaded; the per-bucket record)."""
+    key = slots.tobytes()
+    rows = state.last_slot_rows
+    if key == rows[bi]:
+        return None, rows
+    return _slot_row(slots, step), rows[:bi] + (key,) + rows[bi + 1 :]
 
 
 def _slot_row(slots: np.ndarray, step: Step) -> np.ndarray:
@@ -157,12 +163,7 @@ def _plan_general(
     is_new[new_at] = True
     runs = _whole_rows(cfg, streams, h[whole_at], slots[whole_at], is_new[whole_at], epochs)
     staged_idx, staged_val, crossings = _crossings(cfg, streams, h[steady_at], slots[steady_at])
-    key = slots.tobytes()
-    rows = state.last_slot_rows
-    slot_row = None
-    if key != rows[bi]:
-        slot_row = _slot_row(slots, step)
-        rows = rows[:bi] + (key,) + rows[bi + 1 :]
+    slot_row, rows = _slot_row_if_changed(state, bi, slots, step)
     row_ok[h] = True
     read[slots] = seq
     ledger = Ledger(owner, taken, tuple(epochs), slot_of, row_ok, taken_count)
