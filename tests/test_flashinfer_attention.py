@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 import torch
 
+from resplan import Graph
+
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::UserWarning")]
 
 if not torch.cuda.is_available():
@@ -74,16 +76,14 @@ def _close(out: torch.Tensor, ref: torch.Tensor) -> None:
 
 
 def _capture(fn):
-    """Warm fn up on a side stream, then capture it: (graph, its static output)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
-    return graph, out
+    """Warm fn up on a side stream, then capture it (resplan's Graph): (graph, its static output)."""
+    box = {}
+
+    def run() -> None:
+        box["out"] = fn()
+
+    graph = Graph(run, torch.device("cuda"))
+    return graph.graph, box["out"]
 
 
 class _Case:

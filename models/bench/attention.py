@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from models.layers.flashinfer_attention import FA2Decode, TorchDecode, XQADecode
+from resplan import Graph
 
 
 def _rows(rng, b, ps, W, ctx, num_pages):
@@ -31,15 +32,8 @@ def _rows(rng, b, ps, W, ctx, num_pages):
 
 
 def _capture(fn):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g
+    """Warm up on a side stream and capture: resplan's Graph, as the engine captures its buckets."""
+    return Graph(fn, torch.device("cuda")).graph
 
 
 def _replay_us(g, iters: int) -> float:
