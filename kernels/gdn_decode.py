@@ -9,6 +9,8 @@ float32 state ``S = ssm_pool[s, h]`` [dk, dv]::
 exactly ``models.layers.gdn.gated_delta_step``; S goes back to ``ssm_pool[s, h]`` in the pool's dtype and o to
 ``out[r, h]``. One program per (row, value head, dv block): it loads its [dk, BLOCK_V] state tile once, updates it
 in registers and stores it back (the dv columns of S are independent, so blocks need no communication).
+``gdn_decode_raw_step_`` takes the raw conv output and gate projections instead: the kernel l2-normalises q and k
+(``normalize_qk``) and computes ``g, beta = gdn_gates(a, b, A_log, dt_bias)`` itself.
 
 ``conv1d_decode_step_``: the one-token causal depthwise conv (``causal_conv1d_step``) on ``conv_pool[slots[r]]``
 [C, K] in place; returns silu(conv) [b, C]. One program per (row, channel block).
@@ -23,6 +25,10 @@ import torch
 import triton
 import triton.language as tl
 
+from models.layers.gdn import L2_EPS as _L2_EPS
+
+L2_EPS = tl.constexpr(_L2_EPS)
+
 
 @triton.jit
 def _gdn_decode_kernel(
@@ -34,6 +40,9 @@ def _gdn_decode_kernel(
     g_ptr,
     beta_ptr,
     out_ptr,
+    alog_ptr,
+    dtb_ptr,
+    q_scale,
     s_slot,
     s_h,
     s_k,
@@ -54,6 +63,7 @@ def _gdn_decode_kernel(
     DV: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    PREP: tl.constexpr,
 ):
     r = tl.program_id(0)
     h = tl.program_id(1)
@@ -76,6 +86,13 @@ def _gdn_decode_kernel(
     v = tl.load(v_ptr + r * v_b + h * v_h + offs_v, mask=mv, other=0.0).to(tl.float32)
     g = tl.load(g_ptr + r * g_b + h).to(tl.float32)
     beta = tl.load(beta_ptr + r * beta_b + h).to(tl.float32)
+    if PREP:  # raw inputs: l2-normalise q, k (q scaled by dk^-0.5) and turn a, b into the gates (gdn_gates)
+        q = q * tl.rsqrt(tl.sum(q * q, axis=0) + L2_EPS) * q_scale
+        k = k * tl.rsqrt(tl.sum(k * k, axis=0) + L2_EPS)
+        a = g + tl.load(dtb_ptr + h).to(tl.float32)
+        softplus = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(tl.minimum(a, 20.0))))
+        g = -tl.exp(tl.load(alog_ptr + h).to(tl.float32)) * softplus
+        beta = tl.sigmoid(beta)
 
     S = S * tl.exp(g)
     kv = tl.sum(S * k[:, None], axis=0)  # [BLOCK_V]
@@ -99,6 +116,29 @@ def gdn_decode_step_(
     block_v: int | None = None,
 ) -> None:
     """One gated-delta-rule token per row on ``ssm_pool[slots[r]]``, in place; writes o to ``out``. See module doc."""
+    _launch_gdn(ssm_pool, slots, q, k, v, g, beta, out, block_v, prep=None)
+
+
+def gdn_decode_raw_step_(
+    ssm_pool: torch.Tensor,  # [slots, hv, dk, dv]
+    slots: torch.Tensor,  # [b] int, 0 (sink) for padding rows
+    q: torch.Tensor,  # [b, hk, dk] raw (the conv output's query channels)
+    k: torch.Tensor,  # [b, hk, dk] raw
+    v: torch.Tensor,  # [b, hv, dv]
+    a: torch.Tensor,  # [b, hv] raw in_proj_a output
+    b: torch.Tensor,  # [b, hv] raw in_proj_b output
+    A_log: torch.Tensor,  # [hv]
+    dt_bias: torch.Tensor,  # [hv]
+    out: torch.Tensor,  # [b, hv, dv], written
+    block_v: int | None = None,
+) -> None:
+    """``gdn_decode_step_`` after ``normalize_qk(q, k, 1)`` and ``gdn_gates(a, b, A_log, dt_bias)``, in the kernel."""
+    hv = ssm_pool.shape[1]
+    assert A_log.shape == dt_bias.shape == (hv,), (A_log.shape, dt_bias.shape)
+    _launch_gdn(ssm_pool, slots, q, k, v, a, b, out, block_v, prep=(A_log, dt_bias))
+
+
+def _launch_gdn(ssm_pool, slots, q, k, v, g, beta, out, block_v, prep) -> None:
     _, hv, dk, dv = ssm_pool.shape
     b, hk = q.shape[0], q.shape[1]
     assert k.shape == q.shape == (b, hk, dk) and hv % hk == 0, (q.shape, k.shape, ssm_pool.shape)
@@ -111,35 +151,15 @@ def gdn_decode_step_(
     block_k = triton.next_power_of_2(dk)
     if block_v is None:
         block_v = max(16, min(triton.next_power_of_2(dv), 8192 // block_k))
+    A_log, dt_bias = prep if prep is not None else (g, g)  # unread unless PREP
     grid = (b, hv, triton.cdiv(dv, block_v))
     _gdn_decode_kernel[grid](
-        ssm_pool,
-        slots,
-        q,
-        k,
-        v,
-        g,
-        beta,
-        out,
-        *ssm_pool.stride(),
-        q.stride(0),
-        q.stride(1),
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        g.stride(0),
-        beta.stride(0),
-        out.stride(0),
-        out.stride(1),
-        HV=hv,
-        N_REP=hv // hk,
-        DK=dk,
-        DV=dv,
-        BLOCK_K=block_k,
-        BLOCK_V=block_v,
+        ssm_pool, slots, q, k, v, g, beta, out, A_log, dt_bias, dk**-0.5,
+        *ssm_pool.stride(), q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        g.stride(0), beta.stride(0), out.stride(0), out.stride(1),
+        HV=hv, N_REP=hv // hk, DK=dk, DV=dv, BLOCK_K=block_k, BLOCK_V=block_v, PREP=prep is not None,
         num_warps=4,
-    )
+    )  # fmt: skip
 
 
 @triton.jit

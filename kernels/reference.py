@@ -10,8 +10,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 
-from models.layers.gdn import causal_conv1d_step, gated_delta_step
+from models.layers.gdn import causal_conv1d_step, gated_delta_step, gdn_gates, normalize_qk
+from models.layers.norms import rms_normalize
+from models.layers.paged import write_kv
+from models.layers.rope import apply_partial_rope
 from resplan.buffers import StepBuffers
 from resplan.layout import SAMPLER_CELLS, RowLayout, StreamMode
 
@@ -93,3 +97,68 @@ def conv1d_decode_step_ref(
         return y
     out.copy_(y)
     return out
+
+
+def gdn_decode_raw_step_ref(ssm_pool, slots, q, k, v, a, b, A_log, dt_bias, out) -> None:
+    """gdn_decode_step_ref after normalize_qk(q, k, 1) and gdn_gates(a, b, A_log, dt_bias)."""
+    qn, kn = normalize_qk(q, k, 1)
+    g, beta = gdn_gates(a, b, A_log, dt_bias)
+    gdn_decode_step_ref(ssm_pool, slots, qn, kn, v, g, beta, out)
+
+
+# -- the fused decode step's row ops: the model's torch path, op for op ----------------------------------------------
+
+
+def add_rms_norm_ref(h, delta, weight, eps, *, zero_centered=True, out=None):
+    """h += delta (in h's dtype), then rms_normalize(h) * (1 + w) (or * w), cast to h's dtype."""
+    if delta is not None:
+        h.copy_(h + delta)
+    w = 1.0 + weight.float() if zero_centered else weight.float()
+    y = rms_normalize(h, eps, w).to(h.dtype)
+    return y if out is None else out.copy_(y)
+
+
+def gated_rms_norm_ref(o, z, weight, eps, out=None):
+    """GatedRMSNorm(o, z) per head, flattened: [n, H * D] in weight's dtype."""
+    n, H, D = o.shape
+    x = o.to(weight.dtype)
+    y = weight * rms_normalize(x, eps).to(x.dtype)
+    y = (y * F.silu(z.reshape(n, H, D).float())).to(x.dtype).reshape(n, H * D)
+    return y if out is None else out.copy_(y)
+
+
+def silu_mul_ref(gu, out=None):
+    """silu(gate) * up on the halves of gu [n, 2I], in float32, cast once."""
+    g, u = gu.float().chunk(2, dim=-1)
+    y = (F.silu(g) * u).to(gu.dtype)
+    return y if out is None else out.copy_(y)
+
+
+def sigmoid_gate_mul_ref(o, qkv, out=None):
+    """o [n, H, D] * sigmoid(gate) with head h's gate at qkv[:, h * 2D + D : (h + 1) * 2D], flattened."""
+    n, H, D = o.shape
+    gate = qkv[:, : H * 2 * D].reshape(n, H, 2 * D)[..., D:]
+    y = (o.float() * torch.sigmoid(gate.float())).to(o.dtype).reshape(n, H * D)
+    return y if out is None else out.copy_(y)
+
+
+def attention_prep_ref(qkv, q_weight, k_weight, cos, sin, kv, write_loc, num_q_heads, eps, q_out=None):
+    """GatedAttention._qkv's norms and RoPE on the fused projection, K/V written at write_loc; returns q."""
+    n = qkv.shape[0]
+    hq, hk, d = num_q_heads, kv.shape[3], kv.shape[4]
+    q = qkv[:, : hq * 2 * d].reshape(n, hq, 2 * d)[..., :d]
+    k = qkv[:, hq * 2 * d : hq * 2 * d + hk * d].reshape(n, hk, d)
+    v = qkv[:, hq * 2 * d + hk * d :].reshape(n, hk, d)
+
+    def norm(x, w):
+        return rms_normalize(x, eps, 1.0 + w.float()).to(x.dtype)
+
+    q = _rope_f32(norm(q, q_weight), cos, sin)
+    k = _rope_f32(norm(k, k_weight), cos, sin)
+    write_kv(kv, write_loc, k, v)
+    return q if q_out is None else q_out.copy_(q)
+
+
+def _rope_f32(x, cos, sin):
+    """apply_partial_rope in float32, cast back once (the kernel rounds once where the torch path rounds thrice)."""
+    return apply_partial_rope(x.float(), cos.float(), sin.float()).to(x.dtype)

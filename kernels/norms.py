@@ -1,0 +1,138 @@
+"""Row norms of the fused decode step, one program per row (or per row and head), float32 math.
+
+``add_rms_norm_``: the residual add and the next pre-norm in one pass::
+
+    h <- round(h + delta)                       (in place, h's dtype; skipped when delta is None)
+    out = round(h * rsqrt(mean(h^2) + eps) * w')   w' = 1 + w (zero-centred, Qwen3.5) or w
+
+``gated_rms_norm``: Qwen3.5's GDN output norm, per value head of width dv::
+
+    out[r, h] = round(round(w * normalize(round(o[r, h]))) * silu(z[r, h]))
+
+with each ``round`` a cast to the model dtype where the torch path (``GatedRMSNorm``) casts, so that in float32 the
+two agree to reduction order. Both are CUDA-graph safe (no host sync, no allocation beyond ``out``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _add_rms_norm_kernel(
+    h_ptr,
+    d_ptr,
+    w_ptr,
+    out_ptr,
+    h_b,
+    d_b,
+    o_b,
+    eps,
+    N: tl.constexpr,
+    BLOCK: tl.constexpr,
+    HAS_DELTA: tl.constexpr,
+    ZERO_CENTERED: tl.constexpr,
+):
+    r = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    m = offs < N
+    x = tl.load(h_ptr + r * h_b + offs, mask=m, other=0.0)
+    if HAS_DELTA:
+        d = tl.load(d_ptr + r * d_b + offs, mask=m, other=0.0)
+        x = (x.to(tl.float32) + d.to(tl.float32)).to(h_ptr.dtype.element_ty)  # rounded as h + delta is
+        tl.store(h_ptr + r * h_b + offs, x, mask=m)
+    xf = x.to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(xf * xf, axis=0) / N + eps)
+    w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    if ZERO_CENTERED:
+        w = w + 1.0
+    tl.store(out_ptr + r * o_b + offs, (xf * rstd * w).to(out_ptr.dtype.element_ty), mask=m)
+
+
+def add_rms_norm_(
+    h: torch.Tensor,  # [n, N], updated in place when delta is given
+    delta: torch.Tensor | None,  # [n, N] or None
+    weight: torch.Tensor,  # [N]
+    eps: float,
+    *,
+    zero_centered: bool = True,
+    out: torch.Tensor | None = None,  # [n, N], h's dtype unless given
+) -> torch.Tensor:
+    """h += delta (rounded to h's dtype), then out = rms_norm(h) * (1 + w) (or * w); returns out. See module doc."""
+    n, N = h.shape
+    assert h.stride(-1) == 1 and weight.shape == (N,), (h.shape, h.stride(), weight.shape)
+    if delta is not None:
+        assert delta.shape == h.shape and delta.stride(-1) == 1, (delta.shape, h.shape)
+    if out is None:
+        out = torch.empty_like(h)
+    assert out.shape == h.shape and out.stride(-1) == 1
+    if n == 0:
+        return out
+    _add_rms_norm_kernel[(n,)](
+        h,
+        h if delta is None else delta,
+        weight,
+        out,
+        h.stride(0),
+        0 if delta is None else delta.stride(0),
+        out.stride(0),
+        float(eps),
+        N=N,
+        BLOCK=triton.next_power_of_2(N),
+        HAS_DELTA=delta is not None,
+        ZERO_CENTERED=zero_centered,
+        num_warps=4 if N <= 2048 else 8,
+    )
+    return out
+
+
+@triton.jit
+def _gated_rms_norm_kernel(
+    o_ptr,
+    z_ptr,
+    w_ptr,
+    out_ptr,
+    o_b,
+    o_h,
+    z_b,
+    out_b,
+    eps,
+    D: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    r = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    offs = tl.arange(0, BLOCK)
+    m = offs < D
+    dt = out_ptr.dtype.element_ty
+    x = tl.load(o_ptr + r * o_b + h * o_h + offs, mask=m, other=0.0).to(dt).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)
+    w = tl.load(w_ptr + offs, mask=m, other=0.0)
+    y = (w.to(tl.float32) * (x * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    z = tl.load(z_ptr + r * z_b + h * D + offs, mask=m, other=0.0).to(tl.float32)
+    tl.store(out_ptr + r * out_b + h * D + offs, (y * z * tl.sigmoid(z)).to(dt), mask=m)
+
+
+def gated_rms_norm(
+    o: torch.Tensor,  # [n, H, D] (any float dtype; float32 from the GDN kernel)
+    z: torch.Tensor,  # [n, H * D], row stride free, unit column stride
+    weight: torch.Tensor,  # [D], the model dtype
+    eps: float,
+    out: torch.Tensor | None = None,  # [n, H * D], weight's dtype unless given
+) -> torch.Tensor:
+    """out[r, h] = (w * rms_normalize(o[r, h])) * silu(z[r, h]) per head, rounded where GatedRMSNorm rounds."""
+    n, H, D = o.shape
+    assert z.shape == (n, H * D) and z.stride(-1) == 1 and o.stride(-1) == 1, (o.shape, z.shape)
+    assert weight.shape == (D,)
+    if out is None:
+        out = torch.empty(n, H * D, dtype=weight.dtype, device=o.device)
+    assert out.shape == (n, H * D) and out.stride(-1) == 1
+    if n == 0:
+        return out
+    _gated_rms_norm_kernel[(n, H)](
+        o, z, weight, out, o.stride(0), o.stride(1), z.stride(0), out.stride(0), float(eps),
+        D=D, BLOCK=triton.next_power_of_2(D), num_warps=4,
+    )  # fmt: skip
+    return out

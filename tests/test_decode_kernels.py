@@ -1,0 +1,143 @@
+"""The fused decode step's row kernels (kernels/norms.py, gates.py, attention_prep.py, gdn_decode raw entry) against
+their torch references, which are the model's torch path op for op.
+
+Fresh random inputs per seed; odd widths (masked tails); padding rows (write_loc at the sink page, slot 0). Without CUDA
+the kernels run in Triton's interpreter; the ``gpu`` variants run compiled in bf16 on the H200.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from kernels import (  # noqa: E402  (after TRITON_INTERPRET is settled)
+    add_rms_norm_,
+    add_rms_norm_ref,
+    attention_prep_,
+    attention_prep_ref,
+    gated_rms_norm,
+    gated_rms_norm_ref,
+    gdn_decode_raw_step_,
+    gdn_decode_raw_step_ref,
+    sigmoid_gate_mul,
+    sigmoid_gate_mul_ref,
+    silu_mul,
+    silu_mul_ref,
+)
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+DEVICE = "cpu" if INTERPRET or not torch.cuda.is_available() else "cuda"
+SEEDS = [0, 1, 2]
+# float32: the kernels and references differ by reduction order only. bf16 (compiled, GPU): one rounding apart.
+TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
+CASES = [(torch.float32, DEVICE)] + ([(torch.bfloat16, "cuda")] if DEVICE == "cuda" else [])
+CASE_IDS = [str(c[0]).removeprefix("torch.") for c in CASES]
+
+
+def rand(gen, *shape, dtype, device, scale=1.0):
+    return (torch.randn(*shape, generator=gen) * scale).to(dtype=dtype, device=device)
+
+
+@pytest.mark.parametrize("dtype,device", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("n,N", [(1, 64), (5, 96), (3, 1000)])
+@pytest.mark.parametrize("with_delta", [True, False])
+@pytest.mark.parametrize("zero_centered", [True, False])
+def test_add_rms_norm(n, N, with_delta, zero_centered, seed, dtype, device):
+    gen = torch.Generator().manual_seed(seed)
+    h = rand(gen, n, N, dtype=dtype, device=device, scale=3.0)
+    delta = rand(gen, n, N, dtype=dtype, device=device) if with_delta else None
+    w = rand(gen, N, dtype=dtype, device=device, scale=0.2)
+    h_want = h.clone()
+    want = add_rms_norm_ref(h_want, delta, w, 1e-6, zero_centered=zero_centered)
+    got = add_rms_norm_(h, delta, w, 1e-6, zero_centered=zero_centered)
+    torch.testing.assert_close(h, h_want, **TOL[dtype])
+    torch.testing.assert_close(got, want, **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype,device", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("n,H,D", [(1, 2, 16), (4, 3, 40), (2, 16, 128)])
+def test_gated_rms_norm(n, H, D, seed, dtype, device):
+    gen = torch.Generator().manual_seed(seed)
+    o = rand(gen, n, H, D, dtype=torch.float32, device=device)
+    wide = rand(gen, n, H * D + 7, dtype=dtype, device=device)  # z is a strided column block of a wider row
+    z = wide[:, 3 : 3 + H * D]
+    w = rand(gen, D, dtype=dtype, device=device, scale=0.5) + 1
+    torch.testing.assert_close(gated_rms_norm(o, z, w, 1e-6), gated_rms_norm_ref(o, z, w, 1e-6), **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype,device", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("n,inter", [(1, 8), (3, 1500), (2, 3584)])
+def test_silu_mul(n, inter, seed, dtype, device):
+    gen = torch.Generator().manual_seed(seed)
+    gu = rand(gen, n, 2 * inter, dtype=dtype, device=device, scale=2.0)
+    torch.testing.assert_close(silu_mul(gu), silu_mul_ref(gu), **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype,device", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("n,H,D,extra", [(1, 2, 16, 0), (3, 4, 24, 50), (2, 8, 256, 1024)])
+def test_sigmoid_gate_mul(n, H, D, extra, seed, dtype, device):
+    gen = torch.Generator().manual_seed(seed)
+    o = rand(gen, n, H, D, dtype=dtype, device=device)
+    qkv = rand(gen, n, H * 2 * D + extra, dtype=dtype, device=device, scale=2.0)
+    torch.testing.assert_close(sigmoid_gate_mul(o, qkv), sigmoid_gate_mul_ref(o, qkv), **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype,device", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize(
+    "hq,hk,d,r,ps", [(4, 2, 32, 8, 4), (2, 1, 24, 12, 16), (8, 2, 256, 64, 16)], ids=["gqa2", "odd-d", "qwen08b"]
+)
+def test_attention_prep(hq, hk, d, r, ps, seed, dtype, device):
+    gen = torch.Generator().manual_seed(seed)
+    b, n_pad, P = 3, 2, 6
+    n = b + n_pad
+    qkv = rand(gen, n, hq * 2 * d + 2 * hk * d, dtype=dtype, device=device, scale=2.0)
+    wq, wk = (rand(gen, d, dtype=dtype, device=device, scale=0.3) for _ in range(2))
+    pos = torch.randint(0, 5000, (n,), generator=gen).float()
+    freqs = pos[:, None] * (1e4 ** (-torch.arange(0, r, 2) / r))[None]
+    emb = torch.cat([freqs, freqs], -1)
+    cos, sin = emb.cos().to(dtype=dtype, device=device), emb.sin().to(dtype=dtype, device=device)
+    slots = torch.randperm((P - 1) * ps, generator=gen)[:b] + ps  # distinct token slots off the sink page
+    write_loc = torch.cat([slots, torch.randint(0, ps, (n_pad,), generator=gen)]).to(torch.int32).to(device)
+    kv = rand(gen, P, 2, ps, hk, d, dtype=dtype, device=device)
+    kv_want = kv.clone()
+    q_want = attention_prep_ref(qkv, wq, wk, cos, sin, kv_want, write_loc, hq, 1e-6)
+    q = attention_prep_(qkv, wq, wk, cos, sin, kv, write_loc, hq, 1e-6)
+    torch.testing.assert_close(q, q_want, **TOL[dtype])
+    torch.testing.assert_close(kv[1:], kv_want[1:], **TOL[dtype])  # page 0 is the sink the padding rows hit
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("hv,hk,dk,dv", [(4, 2, 16, 32), (4, 4, 12, 40)], ids=["rep2", "unaligned"])
+def test_gdn_decode_raw_step(hv, hk, dk, dv, seed):
+    """The raw entry (norms and gates in the kernel) equals normalize_qk + gdn_gates + the reference step."""
+    gen = torch.Generator().manual_seed(seed)
+    b, n_pad, n_slots = 3, 2, 8
+    n = b + n_pad
+    pool = torch.randn(n_slots, hv, dk, dv, generator=gen) * 0.3
+    slots = torch.cat([torch.randperm(n_slots - 1, generator=gen)[:b] + 1, torch.zeros(n_pad, dtype=torch.long)])
+    mixed = torch.randn(n, 2 * hk * dk + hv * dv, generator=gen)  # the conv output: q | k | v channels
+    q = mixed[:, : hk * dk].view(n, hk, dk)
+    k = mixed[:, hk * dk : 2 * hk * dk].view(n, hk, dk)
+    v = mixed[:, 2 * hk * dk :].view(n, hv, dv)
+    ab = torch.randn(n, 2 * hv, generator=gen) * 3  # wide values: both softplus branches
+    a, bb = ab[:, :hv], ab[:, hv:]
+    A_log, dt_bias = torch.rand(hv, generator=gen) * 2, torch.randn(hv, generator=gen)
+    case = [t.to(DEVICE) for t in (pool, slots.to(torch.int32), q, k, v, a, bb, A_log, dt_bias)]
+    pool_want = case[0].clone()
+    o_want = torch.empty(n, hv, dv, device=DEVICE)
+    gdn_decode_raw_step_ref(pool_want, *case[1:], o_want)
+    o = torch.full((n, hv, dv), float("nan"), device=DEVICE)
+    gdn_decode_raw_step_(*case, o)
+    torch.testing.assert_close(o[:b], o_want[:b], **TOL[torch.float32])
+    torch.testing.assert_close(case[0][1:], pool_want[1:], **TOL[torch.float32])
+    assert not o.isnan().any()
