@@ -170,3 +170,29 @@ def test_decode_traces_as_one_graph():
     torch.testing.assert_close(got, want, atol=0, rtol=0)
     for name, t in eager_state.tensors().items():
         torch.testing.assert_close(state.tensors()[name], t, atol=0, rtol=0, msg=name)
+
+
+# -- fused projections ------------------------------------------------------------------------------------------------
+
+
+def test_fused_projections_share_storage_with_the_state_dict():
+    """After fuse_projections the separate weights are views of one GEMM weight: state_dict keys and values are
+    unchanged, and load_state_dict writes through to the fused weight the fused decode reads."""
+    torch.manual_seed(0)
+    model = Qwen35Model(tiny).eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    model.fuse_projections()
+    after = model.state_dict()
+    assert after.keys() == before.keys()
+    for k, v in before.items():
+        torch.testing.assert_close(after[k], v, atol=0, rtol=0, msg=k)
+    mlp = model.model.layers[0].mlp
+    w = mlp.gate_up_weight()
+    assert mlp.gate_proj.weight.data_ptr() == w.data_ptr()
+    new = {k: torch.randn_like(v) for k, v in before.items()}
+    model.load_state_dict(new)
+    assert mlp.gate_up_weight() is w  # still fused: loading copied into the views
+    torch.testing.assert_close(w, torch.cat([new["model.layers.0.mlp.gate_proj.weight"],
+                                             new["model.layers.0.mlp.up_proj.weight"]]), atol=0, rtol=0)  # fmt: skip
+    model.to(torch.float64)  # moves each view to its own tensor: the next use re-fuses
+    assert mlp.gate_up_weight() is not w and mlp.gate_up_weight().dtype == torch.float64

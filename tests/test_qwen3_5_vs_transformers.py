@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 
 import attrs
 import pytest
@@ -33,6 +34,12 @@ MAX_SEQ_LEN = 64
 DECODE_STEPS = 16
 
 TINY_TIED = attrs.evolve(tiny, name="tiny-tied", tie_word_embeddings=True)
+TRITON_RUNS = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
+# decode paths: the plain-torch step, and the fused Triton step (compiled on CUDA, else Triton's interpreter)
+DECODE_PATHS = [
+    pytest.param(False, id="torch"),
+    pytest.param(True, id="fused", marks=pytest.mark.skipif(not TRITON_RUNS, reason="needs TRITON_INTERPRET=1")),
+]
 
 
 def randomize_(model: torch.nn.Module, seed: int) -> None:
@@ -216,9 +223,11 @@ def hf_reference(pair):
     return [hf_greedy(hf, prompt(n, seed=100 + i), DECODE_STEPS) for i, n in enumerate(PROMPT_LENS)]
 
 
+@pytest.mark.parametrize("fused", DECODE_PATHS)
 @pytest.mark.parametrize("pad_row", [0, 1, 2], ids=lambda r: f"pad=row{r}")
-def test_batched_greedy_decode_matches_transformers(pair, hf_reference, pad_row):
+def test_batched_greedy_decode_matches_transformers(pair, hf_reference, pad_row, fused, monkeypatch):
     _, ours = pair
+    monkeypatch.setattr(ours, "fused_decode", fused)
     alloc = PageAllocator(NUM_PAGES, seed=pad_row)
     state = ours.allocate_state(NUM_PAGES, PAGE_SIZE, NUM_SLOTS, "cpu", torch.float32)
     reqs = [Request(prompt(n, seed=100 + i), slot=NUM_SLOTS - 1 - i) for i, n in enumerate(PROMPT_LENS)]
@@ -288,8 +297,10 @@ def test_first_chunk_ignores_stale_slot_state(pair):
 # -- (d) padding rows do not disturb real rows ----------------------------------------------------------------------
 
 
-def test_padding_rows_do_not_disturb_real_rows(pair):
+@pytest.mark.parametrize("fused", DECODE_PATHS)
+def test_padding_rows_do_not_disturb_real_rows(pair, fused, monkeypatch):
     _, ours = pair
+    monkeypatch.setattr(ours, "fused_decode", fused)
     base = ours.allocate_state(NUM_PAGES, PAGE_SIZE, NUM_SLOTS, "cpu", torch.float32)
     reqs = [Request(prompt(n, seed=200 + i), slot=1 + 2 * i) for i, n in enumerate((6, 9))]
     prompt_alloc = PageAllocator(NUM_PAGES, seed=11)

@@ -205,4 +205,6 @@ def build_adapter(
         torch.manual_seed(seed)
         adapter = MODELS[name](name)
     adapter.model.to(device=device, dtype=dtype).eval()
+    if hasattr(adapter.model, "fuse_projections"):
+        adapter.model.fuse_projections()  # before any capture: the fused decode's GEMMs read one weight each
     return adapter

@@ -1,10 +1,12 @@
-"""SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+"""SwiGLU feed-forward: down(silu(gate(x)) * up(x)); the fused decode form runs gate|up as one GEMM."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from models.layers.fused import fused_weight
 
 
 class SwiGLU(nn.Module):
@@ -18,3 +20,13 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    def gate_up_weight(self) -> torch.Tensor:
+        """[2I, hidden]: gate_proj's rows then up_proj's (see models.layers.fused)."""
+        return fused_weight(self, "gate_up", self.gate_proj, self.up_proj)
+
+    def forward_fused(self, x: torch.Tensor) -> torch.Tensor:
+        """The same map in three kernels: one gate|up GEMM, silu_mul, down GEMM (Triton; CUDA or the interpreter)."""
+        from kernels.gates import silu_mul
+
+        return self.down_proj(silu_mul(F.linear(x, self.gate_up_weight())))

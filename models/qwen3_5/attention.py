@@ -7,8 +7,10 @@ RoPE; out = o_proj(attn(q, k, v) * sigmoid(gate)).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from models.layers.fused import fused_weight
 from models.layers.norms import ZeroCenteredRMSNorm
 from models.layers.paged import paged_decode_attention, paged_prefill_attention, write_kv
 from models.layers.rope import apply_partial_rope
@@ -79,3 +81,32 @@ class GatedAttention(nn.Module):
         else:
             o = attn(q, kv, block_table, seq_lens, self.scale)
         return self._out(o, gate)
+
+    def qkv_weight(self) -> torch.Tensor:
+        """[hq 2d + 2 hk d, hidden]: q_proj (query | gate per head), k_proj, v_proj as one GEMM's rows."""
+        return fused_weight(self, "qkv", self.q_proj, self.k_proj, self.v_proj)
+
+    def decode_fused(
+        self,
+        x: torch.Tensor,  # [b, hidden]
+        kv: torch.Tensor,  # [num_pages, 2, ps, hk, d]
+        block_table: torch.Tensor,  # [b, W] int32
+        seq_lens: torch.Tensor,  # [b] int32
+        write_loc: torch.Tensor,  # [b] int32
+        cos: torch.Tensor,  # [b, rot]
+        sin: torch.Tensor,
+        attn=None,
+    ) -> torch.Tensor:
+        """``decode`` in five kernels around the attention: qkv GEMM, prologue (norms, RoPE, K/V write), attention,
+        sigmoid gate, o_proj. Triton (CUDA or the interpreter). [b, hidden]."""
+        from kernels.attention_prep import attention_prep_
+        from kernels.gates import sigmoid_gate_mul
+
+        qkv = F.linear(x, self.qkv_weight())  # [b, hq 2d + 2 hk d]
+        q = attention_prep_(qkv, self.q_norm.weight, self.k_norm.weight, cos, sin, kv, write_loc, self.n_heads,
+                            self.q_norm.eps)  # fmt: skip
+        if attn is None:
+            o = paged_decode_attention(q, kv, block_table, seq_lens, self.scale)  # [b, hq, d]
+        else:
+            o = attn(q, kv, block_table, seq_lens, self.scale)
+        return self.o_proj(sigmoid_gate_mul(o, qkv))

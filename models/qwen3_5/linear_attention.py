@@ -8,8 +8,10 @@ out = out_proj(rmsnorm(o) * w * silu(in_proj_z(x))).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from models.layers.fused import fused_weight
 from models.layers.gdn import (
     causal_conv1d_prefill,
     causal_conv1d_step,
@@ -116,3 +118,31 @@ class GatedDeltaNet(nn.Module):
         conv_pool[idx] = conv1
         ssm_pool[idx] = ssm1.to(ssm_pool.dtype)
         return self._out(o, z, x.dtype)
+
+    def in_weight(self) -> torch.Tensor:
+        """[C + value_dim + 2 hv, hidden]: in_proj_qkv, in_proj_z, in_proj_b, in_proj_a as one GEMM's rows."""
+        return fused_weight(self, "in", self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a)
+
+    def decode_fused(
+        self,
+        x: torch.Tensor,  # [b, hidden]
+        conv_pool: torch.Tensor,  # [slots, C, K]
+        ssm_pool: torch.Tensor,  # [slots, hv, dk, dv]
+        slots: torch.Tensor,  # [b] int32, 0 (sink) for padding rows
+    ) -> torch.Tensor:
+        """``decode`` in five kernels: one input GEMM, conv step, delta-rule step (norms and gates inside), gated norm,
+        out_proj. Triton (CUDA or the interpreter). [b, hidden]."""
+        from kernels.gdn_decode import conv1d_decode_step_, gdn_decode_raw_step_
+        from kernels.norms import gated_rms_norm
+
+        b, C, kd, vd, hv = x.shape[0], self.conv_dim, self.key_dim, self.value_dim, self.hv
+        p = F.linear(x, self.in_weight())  # [b, C | vd | hv | hv]
+        mixed = conv1d_decode_step_(conv_pool, slots, p[:, :C], self.conv_weight)  # [b, C]: q | k | v
+        q = mixed[:, :kd].view(b, self.hk, self.dk)
+        k = mixed[:, kd : 2 * kd].view(b, self.hk, self.dk)
+        v = mixed[:, 2 * kd :].view(b, hv, self.dv)
+        beta_raw, a_raw = p[:, C + vd : C + vd + hv], p[:, C + vd + hv :]
+        o = torch.empty(b, hv, self.dv, dtype=torch.float32, device=x.device)  # [b, hv, dv]
+        gdn_decode_raw_step_(ssm_pool, slots, q, k, v, a_raw, beta_raw, self.A_log, self.dt_bias, o)
+        y = gated_rms_norm(o, p[:, C : C + vd], self.norm.weight, self.norm.eps)  # [b, vd]
+        return self.out_proj(y)

@@ -56,6 +56,8 @@ class Qwen35Backbone(nn.Module):
 class Qwen35Model(nn.Module):
     """Qwen3.5 causal LM with host-planned ``prefill`` (one request's chunk) and graph-safe batched ``decode``."""
 
+    fused_decode: bool | None = None  # decode through the fused Triton step; None: where the weights are on CUDA
+
     def __init__(self, cfg: Qwen35Config) -> None:
         super().__init__()
         self.cfg = cfg
@@ -130,6 +132,21 @@ class Qwen35Model(nn.Module):
             h = layer.ffn(h)
         return self.lm_head(self.model.norm(h))  # [T, V]
 
+    def fuse_projections(self) -> Qwen35Model:
+        """Fuse each layer's same-input projections into one weight (views; see models.layers.fused). Call after
+        ``.to(device, dtype)`` and before capturing a graph of the fused decode."""
+        for layer in self.model.layers:
+            if layer.is_linear:
+                layer.linear_attn.in_weight()
+            else:
+                layer.self_attn.qkv_weight()
+            layer.mlp.gate_up_weight()
+        return self
+
+    def uses_fused_decode(self) -> bool:
+        """Whether ``decode`` runs the fused Triton step: ``fused_decode``, or by default where CUDA runs it."""
+        return self.lm_head.weight.is_cuda if self.fused_decode is None else self.fused_decode
+
     @torch.no_grad()
     def decode(self, state: Qwen35State, input_ids: torch.Tensor, bufs, attn=None) -> torch.Tensor:
         """One token a row from the static StepBuffers (pool "kv", positions, recurrent_slots): logits [b, V].
@@ -137,6 +154,8 @@ class Qwen35Model(nn.Module):
 
         CUDA-graph safe: no host sync, no data-dependent shapes; padding rows hit the sink page and sink slot.
         """
+        if self.uses_fused_decode():
+            return self._decode_fused(state, input_ids, bufs, attn)
         block_table, seq_lens = bufs.block_tables[KV_POOL], bufs.seq_lens[KV_POOL]  # [b, W], [b]
         write_loc, slots = bufs.write_loc[KV_POOL], bufs.recurrent_slots  # [b], [b]
         h = self.model.embed_tokens(input_ids)  # [b, hidden]
@@ -150,3 +169,25 @@ class Qwen35Model(nn.Module):
                 h = h + layer.self_attn.decode(x, state.kv[j], block_table, seq_lens, write_loc, cos, sin, attn)
             h = layer.ffn(h)
         return self.lm_head(self.model.norm(h))  # [b, V]
+
+    def _decode_fused(self, state: Qwen35State, input_ids: torch.Tensor, bufs, attn) -> torch.Tensor:
+        """``decode`` with each residual add folded into the next norm (add_rms_norm_) and the fused layer forms:
+        about ten kernels a layer instead of some fifty. Same math; roundings differ only where a kernel keeps
+        float32 across what the torch path rounds (tests/test_qwen3_5_vs_transformers.py holds it to transformers)."""
+        from kernels.norms import add_rms_norm_
+
+        block_table, seq_lens = bufs.block_tables[KV_POOL], bufs.seq_lens[KV_POOL]  # [b, W], [b]
+        write_loc, slots = bufs.write_loc[KV_POOL], bufs.recurrent_slots  # [b], [b]
+        h = self.model.embed_tokens(input_ids)  # [b, hidden], the residual stream, updated in place
+        cos, sin = self.rotary(bufs.positions, h.dtype)  # [b, rot]
+        delta = None  # the last sublayer's output, added into h by the next norm
+        for i, layer in enumerate(self.model.layers):
+            x = add_rms_norm_(h, delta, layer.input_layernorm.weight, layer.input_layernorm.eps)
+            j = self._pool_index[i]
+            if layer.is_linear:
+                delta = layer.linear_attn.decode_fused(x, state.conv[j], state.ssm[j], slots)
+            else:
+                delta = layer.self_attn.decode_fused(x, state.kv[j], block_table, seq_lens, write_loc, cos, sin, attn)
+            x = add_rms_norm_(h, delta, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps)
+            delta = layer.mlp.forward_fused(x)
+        return self.lm_head(add_rms_norm_(h, delta, self.model.norm.weight, self.model.norm.eps))  # [b, V]
