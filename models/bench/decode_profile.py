@@ -1,0 +1,125 @@
+"""GPU time of one captured decode step (model forward + sampler), and where it goes, kernel by kernel (GPU).
+
+    python -m models.bench.decode_profile --model qwen3_5-0.8b --batches 1,16,64 --ctx 640 [--paths fused,torch]
+
+Per batch b and decode path (``fused``: the Triton step of ``Qwen35Model._decode_fused``; ``torch``: plain-torch
+layers), rows of ``--ctx`` tokens on random distinct pages, XQA attention: the step is captured once as the engine
+captures a bucket and replayed ``--iters`` times; reported: median replay time (CUDA events), the host time of one
+``replay()`` call, and from one profiled replay the kernel count and the kernels taking the most GPU time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections import defaultdict
+
+import numpy as np
+import torch
+
+from models.engine import build_adapter
+from models.engine.sampler import Sampler
+from models.layers.flashinfer_attention import XQADecode
+from models.qwen3_5 import KV_POOL
+from resplan import Graph, KVPool, RowLayout, StepBuffers
+
+
+def _bufs(layout, b, ctx, ps, W, num_pages, device, rng) -> StepBuffers:
+    """StepBuffers of b rows of ``ctx`` tokens (this step's token the last), distinct pages, slots 1..b, greedy."""
+    bufs = StepBuffers.allocate(layout, b, device)
+    n = -(-ctx // ps)
+    pages = rng.permutation(np.arange(1, num_pages))[: b * n].reshape(b, n)
+    bt = np.zeros((b, W), np.int32)
+    bt[:, :n] = pages
+    bufs.block_tables[KV_POOL].copy_(torch.from_numpy(bt))
+    bufs.seq_lens[KV_POOL].fill_(ctx)
+    loc = pages[:, (ctx - 1) // ps] * ps + (ctx - 1) % ps
+    bufs.write_loc[KV_POOL].copy_(torch.from_numpy(loc.astype(np.int32)))
+    bufs.positions.fill_(ctx - 1)
+    bufs.recurrent_slots.copy_(torch.arange(1, b + 1, dtype=torch.int32))
+    bufs.sampler.zero_()
+    return bufs
+
+
+def _kernel_table(prof, top: int) -> tuple[int, float, list[tuple[str, int, float]]]:
+    """(kernel count, GPU us summed, [(name, count, us)] of the top kernels by GPU time) of one profiled replay."""
+    agg: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            a = agg[ev.name[:90]]
+            a[0] += 1
+            a[1] += ev.device_time
+    count = int(sum(a[0] for a in agg.values()))
+    total = sum(a[1] for a in agg.values())
+    rows = sorted(((k, int(c), us) for k, (c, us) in agg.items()), key=lambda r: -r[2])
+    return count, total, rows[:top]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="qwen3_5-0.8b")
+    ap.add_argument("--batches", default="1,16,64")
+    ap.add_argument("--paths", default="fused,torch", help="decode paths: fused, torch")
+    ap.add_argument("--ctx", type=int, default=640, help="tokens each row attends to")
+    ap.add_argument("--page-size", type=int, default=16)
+    ap.add_argument("--iters", type=int, default=100)
+    ap.add_argument("--top", type=int, default=12, help="kernels listed per profile")
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("decode_profile measures CUDA graphs: it needs a GPU")
+    dev, dt, ps = torch.device("cuda"), torch.bfloat16, a.page_size
+    adapter = build_adapter(a.model, seed=0, device=dev, dtype=dt)
+    model = adapter.model
+    batches = [int(x) for x in a.batches.split(",")]
+    W = -(-max(a.ctx, 1) // ps) + 1
+    num_pages = 1 + max(batches) * W
+    layout = RowLayout((KVPool(KV_POOL, ps, num_pages, W * ps),), positions_pool=KV_POOL, recurrent=True,
+                       sampler=True)  # fmt: skip
+    state = model.allocate_state(num_pages, ps, max(batches) + 1, dev, dt)
+    hq, hk, d, _ = adapter.attention_dims()
+    attn = XQADecode(hq, hk, d, ps, max_batch=max(batches), device=dev)
+    sampler = Sampler(model.cfg.vocab_size, dev)
+    rng = np.random.default_rng(0)
+    print(f"# decode step on {torch.cuda.get_device_name()}: {a.model}, ctx {a.ctx}, page {ps}, XQA, bf16\n")
+    print("| b | path | GPU us / step (replay) | host us / replay() | kernels / step | profiled GPU us |")
+    print("|---|---|---|---|---|---|")
+    details = []
+    for b in batches:
+        bufs = _bufs(layout, b, a.ctx, ps, W, num_pages, dev, rng)
+        ids = torch.randint(0, model.cfg.vocab_size, (b,), device=dev)
+        out = torch.empty(b, dtype=torch.int64, device=dev)
+        for path in a.paths.split(","):
+            model.fused_decode = {"fused": True, "torch": False}[path]
+
+            def step(ids=ids, bufs=bufs, out=out) -> None:
+                out.copy_(sampler(model.decode(state, ids, bufs, attn), bufs.sampler, bufs.positions))
+
+            g = Graph(step, dev)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            gpu, host = [], []
+            for _ in range(a.iters):
+                torch.cuda.synchronize()
+                start.record()
+                t0 = time.perf_counter()
+                g.replay()
+                host.append((time.perf_counter() - t0) * 1e6)
+                end.record()
+                end.synchronize()
+                gpu.append(start.elapsed_time(end) * 1e3)
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                g.replay()
+                torch.cuda.synchronize()
+            count, total, top = _kernel_table(prof, a.top)
+            print(f"| {b} | {path} | {statistics.median(gpu):.0f} | {statistics.median(host):.1f} | {count} | "
+                  f"{total:.0f} |", flush=True)  # fmt: skip
+            details.append((b, path, top))
+            del g
+    for b, path, top in details:
+        print(f"\n## b={b} {path}: top kernels by GPU time\n\n| kernel | count | us |\n|---|---|---|")
+        for name, c, us in top:
+            print(f"| `{name}` | {c} | {us:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
