@@ -141,3 +141,22 @@ def test_gdn_decode_raw_step(hv, hk, dk, dv, seed):
     torch.testing.assert_close(o[:b], o_want[:b], **TOL[torch.float32])
     torch.testing.assert_close(case[0][1:], pool_want[1:], **TOL[torch.float32])
     assert not o.isnan().any()
+
+
+@pytest.mark.parametrize("dtype,device", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("M,N,K", [(1, 37, 70), (1, 256, 1024), (3, 70, 300), (16, 64, 129)])
+@pytest.mark.parametrize("config", [None, (4, 64, 2, 1)], ids=["default", "small-tiles"])
+def test_gemv(M, N, K, config, seed, dtype, device):
+    from kernels.gemv import gemv
+
+    gen = torch.Generator().manual_seed(seed)
+    x = rand(gen, M, K, dtype=dtype, device=device)
+    w = rand(gen, N, K + 5, dtype=dtype, device=device)[:, 2 : 2 + K]  # a strided weight (row stride K + 5)
+    if config is not None and M > 1:
+        config = (16, 64, 2, 1)  # tl.dot needs 16-wide tiles
+    want = (x.float() @ w.float().t()).to(dtype)
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else TOL[dtype]
+    if device == "cuda" and dtype == torch.float32 and M > 1:
+        tol = dict(atol=2e-2, rtol=2e-2)  # tl.dot takes float32 inputs as TF32 on the GPU
+    torch.testing.assert_close(gemv(x, w, config=config), want, **tol)

@@ -1,0 +1,87 @@
+"""Skinny GEMM for decode: ``y[M, N] = x[M, K] @ w[N, K]^T`` with few rows (M <= 16), float32 accumulation.
+
+A decode step at small batch reads every weight once for one to sixteen rows: the GEMM is a weight stream, bound by
+memory bandwidth, and its cost is how many bytes are in flight. One program owns ``BLOCK_N`` output columns and walks
+K in ``BLOCK_K`` tiles: for M == 1 it reduces ``w_tile * x`` on the CUDA cores, for M > 1 it pads the rows to 16 and
+uses ``tl.dot``. Configurations are chosen per shape by ``models/bench/gemv.py`` on the GPU (``GEMV_CONFIGS``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_ROWS = 16  # more rows than this: the GEMM is no longer a weight stream; use cuBLAS
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr,
+    w_ptr,
+    y_ptr,
+    M,
+    N,
+    K,
+    x_m,
+    w_n,
+    y_m,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    DOT: tl.constexpr,
+):
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    mn = offs_n < N
+    mm = offs_m < M
+    rows = w_ptr + offs_n.to(tl.int64)[:, None] * w_n  # [BLOCK_N, 1]
+    if DOT:  # noqa: SIM108 (a static branch of the kernel)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mk = offs_k < K
+        w = tl.load(rows + offs_k[None, :], mask=mn[:, None] & mk[None, :], other=0.0)  # [BLOCK_N, BLOCK_K]
+        if DOT:
+            x = tl.load(x_ptr + offs_m[:, None] * x_m + offs_k[None, :], mask=mm[:, None] & mk[None, :], other=0.0)
+            acc = tl.dot(x, tl.trans(w), acc)  # [BLOCK_M, BLOCK_N]
+        else:
+            x = tl.load(x_ptr + offs_k, mask=mk, other=0.0).to(tl.float32)  # [BLOCK_K]
+            acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+    if DOT:
+        dst = y_ptr + offs_m[:, None] * y_m + offs_n[None, :]
+        tl.store(dst, acc.to(y_ptr.dtype.element_ty), mask=mm[:, None] & mn[None, :])
+    else:
+        tl.store(y_ptr + offs_n, acc.to(y_ptr.dtype.element_ty), mask=mn)
+
+
+# (block_n, block_k, num_warps, num_stages) per path; the defaults until a shape has a benchmarked entry
+DEFAULT_CONFIG = {False: (8, 512, 4, 3), True: (32, 128, 4, 3)}
+GEMV_CONFIGS: dict[tuple[bool, int, int], tuple[int, int, int, int]] = {}  # (dot, N, K) -> config
+
+
+def gemv(
+    x: torch.Tensor,  # [M, K], M <= 16, unit column stride
+    w: torch.Tensor,  # [N, K], unit column stride
+    out: torch.Tensor | None = None,  # [M, N] contiguous, x's dtype unless given
+    config: tuple[int, int, int, int] | None = None,  # (block_n, block_k, num_warps, num_stages)
+) -> torch.Tensor:
+    """x @ w^T for a few rows, as one weight stream. See module doc."""
+    M, K = x.shape
+    N = w.shape[0]
+    assert w.shape == (N, K) and x.stride(-1) == 1 and w.stride(-1) == 1, (x.shape, w.shape)
+    assert M <= MAX_ROWS, f"gemv serves <= {MAX_ROWS} rows, got {M}"
+    if out is None:
+        out = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    assert out.shape == (M, N) and out.is_contiguous()
+    if M == 0:
+        return out
+    dot = M > 1
+    block_n, block_k, warps, stages = config or GEMV_CONFIGS.get((dot, N, K), DEFAULT_CONFIG[dot])
+    _gemv_kernel[(triton.cdiv(N, block_n),)](
+        x, w, out, M, N, K, x.stride(0), w.stride(0), out.stride(0),
+        BLOCK_M=16 if dot else 1, BLOCK_N=block_n, BLOCK_K=block_k, DOT=dot, num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    return out

@@ -1,0 +1,118 @@
+"""Skinny decode GEMMs on the GPU: cuBLAS (``F.linear``) against the Triton weight stream (``kernels.gemv``).
+
+    python -m models.bench.gemv --model qwen3_5-0.8b [--rows 1,4,16] [--quick]
+
+For every distinct GEMM shape (N, K) of the model's fused decode (input projections, MLP, output projections,
+lm_head), and every row count M, a CUDA graph of ``--layers`` calls on distinct weight copies (more bytes than the L2
+holds, as in a real step) is replayed; reported: us per call (median replay / layers) and the weight bytes streamed
+per second. Prints the best Triton configuration per shape and a ``GEMV_CONFIGS`` literal of the shapes where Triton
+beats cuBLAS by more than 5% (M == 1 on the CUDA cores, M > 1 with tl.dot, chosen by the sum over the M measured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+from kernels.gemv import gemv
+from models.engine import build_adapter
+from resplan import Graph
+
+DOT_SPACE = dict(block_n=(16, 32, 64), block_k=(64, 128, 256), warps=(4,), stages=(2, 4))
+ROW_SPACE = dict(block_n=(2, 4, 8, 16), block_k=(256, 512, 1024), warps=(4, 8), stages=(1, 3))
+
+
+def _shapes(model) -> list[tuple[int, int]]:
+    """Distinct (N, K) of the fused decode's GEMMs, lm_head last."""
+    seen: dict[tuple[int, int], None] = {}
+    for layer in model.model.layers:
+        ws = [layer.mlp.gate_up_weight(), layer.mlp.down_proj.weight]
+        if layer.is_linear:
+            ws += [layer.linear_attn.in_weight(), layer.linear_attn.out_proj.weight]
+        else:
+            ws += [layer.self_attn.qkv_weight(), layer.self_attn.o_proj.weight]
+        for w in ws:
+            seen[tuple(w.shape)] = None
+    seen[tuple(model.lm_head.weight.shape)] = None
+    return list(seen)
+
+
+def _time_us(fn, layers: int, iters: int) -> float:
+    g = Graph(fn, torch.device("cuda"))
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(iters):
+        start.record()
+        g.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / layers)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="qwen3_5-0.8b")
+    ap.add_argument("--rows", default="1,4,16")
+    ap.add_argument("--layers", type=int, default=24, help="weight copies per graph (distinct, so L2 cannot hold them)")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--quick", action="store_true", help="a few configurations per path only")
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("the GEMM benchmark needs a GPU")
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    model = build_adapter(a.model, seed=0, device=dev, dtype=dt).model
+    rows = [int(r) for r in a.rows.split(",")]
+    print(f"# decode GEMMs on {torch.cuda.get_device_name()}: {a.model}, bf16, {a.layers} weight copies a graph\n")
+    print("| M | N | K | cuBLAS us | TB/s | best Triton us | TB/s | config (bn, bk, warps, stages) |")
+    print("|---|---|---|---|---|---|---|---|")
+    best: dict[tuple[bool, int, int], dict[tuple, float]] = {}
+    cublas: dict[tuple[bool, int, int], float] = {}
+    for N, K in _shapes(model):
+        copies = 1 if N * K * 2 > 200 << 20 else a.layers  # lm_head alone is larger than L2 many times over
+        ws = [torch.randn(N, K, device=dev, dtype=dt) * 0.02 for _ in range(copies)]
+        gb = N * K * 2 / 1e9
+        for M in rows:
+            x = torch.randn(M, K, device=dev, dtype=dt)
+            dot = M > 1
+            space = DOT_SPACE if dot else ROW_SPACE
+            if a.quick:
+                space = {k: v[:2] for k, v in space.items()}
+            t_cu = _time_us(lambda x=x, ws=ws: [F.linear(x, w) for w in ws], copies, a.iters)
+            results = {}
+            for cfg in itertools.product(*space.values()):
+                if dot and cfg[0] < 16:
+                    continue
+                try:
+                    results[cfg] = _time_us(lambda x=x, ws=ws, cfg=cfg: [gemv(x, w, config=cfg) for w in ws], copies,
+                                            a.iters)  # fmt: skip
+                except Exception as e:  # a configuration the compiler refuses (shared memory, registers)
+                    print(f"<!-- {M} {N} {K} {cfg}: {type(e).__name__} -->")
+            cfg, t = min(results.items(), key=lambda kv: kv[1])
+            print(f"| {M} | {N} | {K} | {t_cu:.1f} | {gb / t_cu * 1e3:.2f} | {t:.1f} | {gb / t * 1e3:.2f} | {cfg} |",
+                  flush=True)  # fmt: skip
+            key = (dot, N, K)
+            cublas[key] = cublas.get(key, 0.0) + t_cu
+            acc = best.setdefault(key, {})
+            for c, v in results.items():
+                total, n = acc.get(c, (0.0, 0))
+                acc[c] = (total + v, n + 1)
+        del ws
+        torch.cuda.empty_cache()
+    print("\nGEMV_CONFIGS = {  # (dot, N, K): (block_n, block_k, num_warps, num_stages), where Triton beats cuBLAS")
+    for key, acc in best.items():
+        n_rows = max(n for _, n in acc.values())
+        common = {c: total for c, (total, n) in acc.items() if n == n_rows}  # measured at every M of this path
+        cfg, t = min(common.items(), key=lambda kv: kv[1])
+        verdict = "" if t < 0.95 * cublas[key] else "  # cuBLAS as fast: not used"
+        line = f"    {key}: {cfg},  # {t:.1f} vs cuBLAS {cublas[key]:.1f} us (summed over M)"
+        print(("#" + line[1:] if verdict else line) + verdict)
+    print("}")
+
+
+if __name__ == "__main__":
+    main()
