@@ -65,6 +65,10 @@ def main() -> None:
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--iters", type=int, default=100)
     ap.add_argument("--top", type=int, default=12, help="kernels listed per profile")
+    ap.add_argument("--sampler", default="full", choices=["full", "greedy"],
+                    help="full: the engine's in-graph sampler; greedy: argmax only")
+    ap.add_argument("--xqa-pdl", default="auto", choices=["auto", "on", "off"],
+                    help="XQA's programmatic dependent launch (auto: FlashInfer's default, on for sm_90)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("decode_profile measures CUDA graphs: it needs a GPU")
@@ -78,10 +82,12 @@ def main() -> None:
                        sampler=True)  # fmt: skip
     state = model.allocate_state(num_pages, ps, max(batches) + 1, dev, dt)
     hq, hk, d, _ = adapter.attention_dims()
-    attn = XQADecode(hq, hk, d, ps, max_batch=max(batches), device=dev)
+    pdl = {"auto": None, "on": True, "off": False}[a.xqa_pdl]
+    attn = XQADecode(hq, hk, d, ps, max_batch=max(batches), device=dev, enable_pdl=pdl)
     sampler = Sampler(model.cfg.vocab_size, dev)
     rng = np.random.default_rng(0)
-    print(f"# decode step on {torch.cuda.get_device_name()}: {a.model}, ctx {a.ctx}, page {ps}, XQA, bf16\n")
+    print(f"# decode step on {torch.cuda.get_device_name()}: {a.model}, ctx {a.ctx}, page {ps}, XQA (pdl {a.xqa_pdl}), "
+          f"bf16, sampler {a.sampler}\n")
     print("| b | path | GPU us / step (replay) | host us / replay() | kernels / step | profiled GPU us |")
     print("|---|---|---|---|---|---|")
     details = []
@@ -93,7 +99,8 @@ def main() -> None:
             model.fused_decode = {"fused": True, "torch": False}[path]
 
             def step(ids=ids, bufs=bufs, out=out) -> None:
-                out.copy_(sampler(model.decode(state, ids, bufs, attn), bufs.sampler, bufs.positions))
+                logits = model.decode(state, ids, bufs, attn)
+                out.copy_(logits.argmax(-1) if a.sampler == "greedy" else sampler(logits, bufs.sampler, bufs.positions))
 
             g = Graph(step, dev)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
