@@ -57,9 +57,25 @@ def _gemv_kernel(
         tl.store(y_ptr + offs_n, acc.to(y_ptr.dtype.element_ty), mask=mn)
 
 
-# (block_n, block_k, num_warps, num_stages) per path; the defaults until a shape has a benchmarked entry
-DEFAULT_CONFIG = {False: (8, 512, 4, 3), True: (32, 128, 4, 3)}
-GEMV_CONFIGS: dict[tuple[bool, int, int], tuple[int, int, int, int]] = {}  # (dot, N, K) -> config
+# (block_n, block_k, num_warps, num_stages). One row: (2, 1024, 4, 1 or 3) won at every Qwen3.5-0.8B shape on the
+# H200 (models/bench/results/gemv_h200.md), so it is the default; more rows: the shapes measured faster only.
+DEFAULT_CONFIG = {False: (2, 1024, 4, 3), True: (32, 128, 4, 4)}
+GEMV_CONFIGS: dict[tuple[bool, int, int], tuple[int, int, int, int]] = {  # (dot, N, K) -> config
+    (False, 7168, 1024): (2, 1024, 4, 1),  # 5.6 vs cuBLAS 6.7 us
+    (False, 1024, 3584): (2, 1024, 4, 3),  # 5.5 vs 8.0
+    (False, 8224, 1024): (2, 1024, 4, 3),  # 6.1 vs 7.0
+    (False, 1024, 2048): (2, 1024, 4, 1),  # 3.7 vs 12.8
+    (False, 5120, 1024): (4, 512, 4, 1),  # 4.8 vs 5.6
+    (False, 248320, 1024): (2, 1024, 4, 3),  # 119.6 vs 130.2
+    (True, 8224, 1024): (32, 128, 4, 4),  # 13.5 vs 14.3 (M = 4 plus M = 16)
+    (True, 1024, 2048): (16, 256, 4, 4),  # 12.0 vs 14.3
+}
+
+
+def gemv_wins(rows: int, n: int, k: int) -> bool:
+    """Whether the weight stream beats cuBLAS for this GEMM: one row always (measured at every shape), more rows
+    only at the shapes measured faster."""
+    return rows == 1 or (1 < rows <= MAX_ROWS and (True, n, k) in GEMV_CONFIGS)
 
 
 def gemv(

@@ -10,6 +10,7 @@ inside a CUDA-graph capture: call the model's ``fuse_projections()`` first (``bu
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -43,3 +44,14 @@ def fused_weight(owner: nn.Module, name: str, *linears: nn.Linear) -> torch.Tens
         offset += n
     cache[name] = w
     return w
+
+
+def decode_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ w[N, K]^T for a decode step: the Triton weight stream (kernels.gemv) on CUDA where it was measured
+    faster than cuBLAS, else ``F.linear``."""
+    if x.is_cuda:
+        from kernels.gemv import gemv, gemv_wins
+
+        if gemv_wins(x.shape[0], w.shape[0], w.shape[1]):
+            return gemv(x, w)
+    return F.linear(x, w)

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.layers.fused import fused_weight
+from models.layers.fused import decode_linear, fused_weight
 
 
 class SwiGLU(nn.Module):
@@ -29,4 +29,4 @@ class SwiGLU(nn.Module):
         """The same map in three kernels: one gate|up GEMM, silu_mul, down GEMM (Triton; CUDA or the interpreter)."""
         from kernels.gates import silu_mul
 
-        return self.down_proj(silu_mul(F.linear(x, self.gate_up_weight())))
+        return decode_linear(silu_mul(decode_linear(x, self.gate_up_weight())), self.down_proj.weight)

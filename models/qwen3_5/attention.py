@@ -7,10 +7,9 @@ RoPE; out = o_proj(attn(q, k, v) * sigmoid(gate)).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from models.layers.fused import fused_weight
+from models.layers.fused import decode_linear, fused_weight
 from models.layers.norms import ZeroCenteredRMSNorm
 from models.layers.paged import paged_decode_attention, paged_prefill_attention, write_kv
 from models.layers.rope import apply_partial_rope
@@ -102,11 +101,11 @@ class GatedAttention(nn.Module):
         from kernels.attention_prep import attention_prep_
         from kernels.gates import sigmoid_gate_mul
 
-        qkv = F.linear(x, self.qkv_weight())  # [b, hq 2d + 2 hk d]
+        qkv = decode_linear(x, self.qkv_weight())  # [b, hq 2d + 2 hk d]
         q = attention_prep_(qkv, self.q_norm.weight, self.k_norm.weight, cos, sin, kv, write_loc, self.n_heads,
                             self.q_norm.eps)  # fmt: skip
         if attn is None:
             o = paged_decode_attention(q, kv, block_table, seq_lens, self.scale)  # [b, hq, d]
         else:
             o = attn(q, kv, block_table, seq_lens, self.scale)
-        return self.o_proj(sigmoid_gate_mul(o, qkv))
+        return decode_linear(sigmoid_gate_mul(o, qkv), self.o_proj.weight)

@@ -8,10 +8,9 @@ out = out_proj(rmsnorm(o) * w * silu(in_proj_z(x))).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from models.layers.fused import fused_weight
+from models.layers.fused import decode_linear, fused_weight
 from models.layers.gdn import (
     causal_conv1d_prefill,
     causal_conv1d_step,
@@ -136,7 +135,7 @@ class GatedDeltaNet(nn.Module):
         from kernels.norms import gated_rms_norm
 
         b, C, kd, vd, hv = x.shape[0], self.conv_dim, self.key_dim, self.value_dim, self.hv
-        p = F.linear(x, self.in_weight())  # [b, C | vd | hv | hv]
+        p = decode_linear(x, self.in_weight())  # [b, C | vd | hv | hv]
         mixed = conv1d_decode_step_(conv_pool, slots, p[:, :C], self.conv_weight)  # [b, C]: q | k | v
         q = mixed[:, :kd].view(b, self.hk, self.dk)
         k = mixed[:, kd : 2 * kd].view(b, self.hk, self.dk)
@@ -145,4 +144,4 @@ class GatedDeltaNet(nn.Module):
         o = torch.empty(b, hv, self.dv, dtype=torch.float32, device=x.device)  # [b, hv, dv]
         gdn_decode_raw_step_(ssm_pool, slots, q, k, v, a_raw, beta_raw, self.A_log, self.dt_bias, o)
         y = gated_rms_norm(o, p[:, C : C + vd], self.norm.weight, self.norm.eps)  # [b, vd]
-        return self.out_proj(y)
+        return decode_linear(y, self.out_proj.weight)

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from models.layers.fused import decode_linear
 from models.layers.mlp import SwiGLU
 from models.layers.norms import ZeroCenteredRMSNorm
 from models.layers.paged import allocate_kv
@@ -190,4 +191,5 @@ class Qwen35Model(nn.Module):
                 delta = layer.self_attn.decode_fused(x, state.kv[j], block_table, seq_lens, write_loc, cos, sin, attn)
             x = add_rms_norm_(h, delta, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps)
             delta = layer.mlp.forward_fused(x)
-        return self.lm_head(add_rms_norm_(h, delta, self.model.norm.weight, self.model.norm.eps))  # [b, V]
+        x = add_rms_norm_(h, delta, self.model.norm.weight, self.model.norm.eps)
+        return decode_linear(x, self.lm_head.weight)  # [b, V]
