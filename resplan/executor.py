@@ -57,7 +57,8 @@ class Graph:
                     fn()
             torch.cuda.current_stream(device).wait_stream(side)
             self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph, pool=pool):
+            # thread_local: an unsafe CUDA call made meanwhile by another thread must not invalidate this capture
+            with torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
                 fn()
 
     @property

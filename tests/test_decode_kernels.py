@@ -35,8 +35,9 @@ DEVICE = "cpu" if INTERPRET or not torch.cuda.is_available() else "cuda"
 SEEDS = [0, 1, 2]
 # float32: the kernels and references differ by reduction order only. bf16 (compiled, GPU): one rounding apart.
 TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
-CASES = [(torch.float32, DEVICE)] + ([(torch.bfloat16, "cuda")] if DEVICE == "cuda" else [])
+CASES = [(torch.float32, DEVICE)] + ([(torch.bfloat16, "cuda")] if DEVICE == "cuda" else [])  # bf16: compiled only
 CASE_IDS = [str(c[0]).removeprefix("torch.") for c in CASES]
+pytestmark = [pytest.mark.gpu] if DEVICE == "cuda" else []  # on a GPU every case here runs compiled
 
 
 def rand(gen, *shape, dtype, device, scale=1.0):
@@ -117,7 +118,8 @@ def test_attention_prep(hq, hk, d, r, ps, seed, dtype, device):
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("hv,hk,dk,dv", [(4, 2, 16, 32), (4, 4, 12, 40)], ids=["rep2", "unaligned"])
+@pytest.mark.parametrize("hv,hk,dk,dv", [(4, 2, 16, 32), (4, 4, 12, 40), (16, 16, 128, 128)],
+                         ids=["rep2", "unaligned", "qwen08b"])  # fmt: skip
 def test_gdn_decode_raw_step(hv, hk, dk, dv, seed):
     """The raw entry (norms and gates in the kernel) equals normalize_qk + gdn_gates + the reference step."""
     gen = torch.Generator().manual_seed(seed)
