@@ -13,12 +13,15 @@ Every request has a ``--prompt-len`` random prompt and generates exactly ``--gen
 and arm: output tok/s (all tokens / wall time of the run), ITL p50/mean (gaps between a request's consecutive tokens),
 TTFT p50, and per decode step: host phases (plan: resident plan+flush or host fill; attention plan: fa2's table build
 and plan; launch; wait for the GPU; rest), H2D copies and bytes, and the GPU graph time against the step's wall time.
-Writes ``results.md``, ``results.json`` and ``tokps.png`` under ``--out``.
+Every timed run starts from a collected and frozen heap (``gc.freeze()``, as serving engines do after start-up), so
+one arm does not pay for the objects another left behind. Writes ``results.md``, ``results.json`` and ``tokps.png``
+under ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import time
@@ -43,6 +46,19 @@ def requests(vocab: int, c: int, prompt_len: int, gen: int, seed: int) -> list[R
             for _ in range(c)]
 
 
+@contextlib.contextmanager
+def frozen_heap():
+    """Collect, then freeze every live object out of the collector's reach for the timed run (serving engines do
+    this after start-up): without it, objects another arm left behind (transformers' especially) make the
+    collections a run triggers slower, and an arm that allocates more per step pays for that arm's heap."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def engine_run(adapter, arm: str, c: int, args, seed: int, engine_cache: dict) -> dict:
     """One timed run of ``c`` requests in an engine of ``arm`` (built once per arm and cell, warmed up first)."""
     planning, backend = ARMS[arm]
@@ -64,9 +80,10 @@ def engine_run(adapter, arm: str, c: int, args, seed: int, engine_cache: dict) -
     eng.stats.itl.clear()
     reqs = requests(adapter.vocab_size, c, args.prompt_len, args.gen, seed)
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    results = eng.run(reqs)
-    wall = time.perf_counter() - t0
+    with frozen_heap():
+        t0 = time.perf_counter()
+        results = eng.run(reqs)
+        wall = time.perf_counter() - t0
     d = {k: getattr(eng.stats, k) - v for k, v in before.items()}
     steps = max(d["decode_steps"], 1)
     itl = np.concatenate(eng.stats.itl) if eng.stats.itl else np.array([np.nan])
@@ -98,14 +115,15 @@ def transformers_run(adapter, c: int, args, seed: int) -> dict:
     kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None, attention_mask=torch.ones_like(ids))
     hf.generate(ids, max_new_tokens=2, min_new_tokens=2, **kw)  # warm-up
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    hf.generate(ids, max_new_tokens=1, min_new_tokens=1, **kw)
-    torch.cuda.synchronize()
-    ttft = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    out = hf.generate(ids, max_new_tokens=args.gen, min_new_tokens=args.gen, **kw)
-    torch.cuda.synchronize()
-    wall = time.perf_counter() - t0
+    with frozen_heap():
+        t0 = time.perf_counter()
+        hf.generate(ids, max_new_tokens=1, min_new_tokens=1, **kw)
+        torch.cuda.synchronize()
+        ttft = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        out = hf.generate(ids, max_new_tokens=args.gen, min_new_tokens=args.gen, **kw)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
     itl = (wall - ttft) / max(args.gen - 1, 1)
     return dict(arm="transformers", c=c, tokps=c * args.gen / wall, wall_s=wall, itl_p50_ms=itl * 1e3,
                 itl_mean_ms=itl * 1e3, ttft_p50_ms=ttft * 1e3,
