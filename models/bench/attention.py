@@ -19,6 +19,7 @@ import time
 import numpy as np
 import torch
 
+from models.bench.timing import replay_us
 from models.layers.flashinfer_attention import FA2Decode, TorchDecode, XQADecode
 from resplan import Graph
 
@@ -34,18 +35,6 @@ def _rows(rng, b, ps, W, ctx, num_pages):
 def _capture(fn):
     """Warm up on a side stream and capture: resplan's Graph, as the engine captures its buckets."""
     return Graph(fn, torch.device("cuda")).graph
-
-
-def _replay_us(g, iters: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(iters):
-        start.record()
-        g.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -100,7 +89,7 @@ def main() -> None:
             torch.cuda.synchronize()
             call = lambda attn=attn, q=q, kv=kv, bt=bt_dev, sl=sl_dev: attn(q, kv, bt, sl, scale)
             g = _capture(lambda call=call: [call() for _ in range(a.layers)])
-            us = _replay_us(g, a.iters) / a.layers
+            us = replay_us(g, a.iters) / a.layers
             plan_us = "-"
             step_times = []
             for i in range(a.iters):

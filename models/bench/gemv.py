@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import statistics
 
 import torch
 import torch.nn.functional as F
 
 from kernels.gemv import gemv
+from models.bench.timing import replay_us
 from models.engine import build_adapter
 from resplan import Graph
 
@@ -42,16 +42,8 @@ def _shapes(model) -> list[tuple[int, int]]:
 
 
 def _time_us(fn, layers: int, iters: int) -> float:
-    g = Graph(fn, torch.device("cuda"))
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(iters):
-        start.record()
-        g.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / layers)
-    return statistics.median(times)
+    """us per call of a graph of ``layers`` calls."""
+    return replay_us(Graph(fn, torch.device("cuda")), iters) / layers
 
 
 def main() -> None:
