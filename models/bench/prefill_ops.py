@@ -1,0 +1,65 @@
+"""How many torch operations one eager prefill dispatches (each is host time; most launch a kernel on the GPU).
+
+    python -m models.bench.prefill_ops --model qwen3_5-0.8b --prompt-len 512 [--device cpu]
+
+Prefill runs eagerly, one request's chunk at a time, so on the GPU its time is mostly the host dispatching thousands
+of small operations. This counts the aten operations of one prefill (``TorchDispatchMode``), in total and by name, and
+times it. The count is exact and machine-independent; the time is only this machine's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import time
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from models.engine import build_adapter
+
+
+class CountOps(TorchDispatchMode):
+    """Counts aten operations by name while active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counts[str(func.overloadpacket)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="qwen3_5-0.8b")
+    ap.add_argument("--prompt-len", type=int, default=512)
+    ap.add_argument("--page-size", type=int, default=16)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--top", type=int, default=10)
+    a = ap.parse_args()
+    dt = torch.float32 if a.device == "cpu" else torch.bfloat16
+    model = build_adapter(a.model, seed=0, device=a.device, dtype=dt).model
+    T, ps = a.prompt_len, a.page_size
+    n_pages = -(-T // ps)
+    state = model.allocate_state(n_pages + 1, ps, 2, a.device, dt)
+    ids = torch.randint(0, model.cfg.vocab_size, (T,), generator=torch.Generator().manual_seed(0))
+    pages = torch.arange(1, n_pages + 1)
+    with torch.no_grad():
+        model.prefill(state, ids, pages, start=0, rec_slot=1)  # warm-up
+        counter = CountOps()
+        t0 = time.perf_counter()
+        with counter:
+            model.prefill(state, ids, pages, start=0, rec_slot=1)
+        wall = time.perf_counter() - t0
+    total = sum(counter.counts.values())
+    print(f"# one eager prefill: {a.model}, {T} tokens, {a.device}\n")
+    print(f"aten operations: **{total}** ({total / T:.1f} a token); wall {wall:.2f} s on this machine\n")
+    print("| operation | count |\n|---|---|")
+    for name, c in counter.counts.most_common(a.top):
+        print(f"| `{name}` | {c} |")
+
+
+if __name__ == "__main__":
+    main()
