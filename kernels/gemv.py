@@ -57,8 +57,8 @@ def _gemv_kernel(
         tl.store(y_ptr + offs_n, acc.to(y_ptr.dtype.element_ty), mask=mn)
 
 
-# (block_n, block_k, num_warps, num_stages). One row: (2, 1024, 4, 1 or 3) won at every Qwen3.5-0.8B shape on the
-# H200 (models/bench/results/gemv_h200.md), so it is the default; more rows: the shapes measured faster only.
+# (block_n, block_k, num_warps, num_stages), from models/bench/results/gemv_h200.md (Qwen3.5-0.8B shapes, H200). The
+# defaults serve a caller that forces gemv on an unlisted shape; decode_linear uses listed shapes only.
 DEFAULT_CONFIG = {False: (2, 1024, 4, 3), True: (32, 128, 4, 4)}
 GEMV_CONFIGS: dict[tuple[bool, int, int], tuple[int, int, int, int]] = {  # (dot, N, K) -> config
     (False, 7168, 1024): (2, 1024, 4, 1),  # 5.6 vs cuBLAS 6.7 us
@@ -73,9 +73,9 @@ GEMV_CONFIGS: dict[tuple[bool, int, int], tuple[int, int, int, int]] = {  # (dot
 
 
 def gemv_wins(rows: int, n: int, k: int) -> bool:
-    """Whether the weight stream beats cuBLAS for this GEMM: one row always (measured at every shape), more rows
-    only at the shapes measured faster."""
-    return rows == 1 or (1 < rows <= MAX_ROWS and (True, n, k) in GEMV_CONFIGS)
+    """Whether the weight stream was measured faster than cuBLAS for this GEMM: a shape in ``GEMV_CONFIGS`` for its
+    path (one row, or 2-16 rows). Shapes never benchmarked (another model's) stay on cuBLAS."""
+    return 1 <= rows <= MAX_ROWS and (rows > 1, n, k) in GEMV_CONFIGS
 
 
 def gemv(

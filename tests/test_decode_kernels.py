@@ -162,3 +162,18 @@ def test_gemv(M, N, K, config, seed, dtype, device):
     if device == "cuda" and dtype == torch.float32 and M > 1:
         tol = dict(atol=2e-2, rtol=2e-2)  # tl.dot takes float32 inputs as TF32 on the GPU
     torch.testing.assert_close(gemv(x, w, config=config), want, **tol)
+
+
+def test_gemv_only_where_measured_faster():
+    """decode_linear's dispatch: listed one-row shapes and listed multi-row shapes take the weight stream; an unlisted
+    shape, a multi-row use of a one-row-only shape, and more than 16 rows stay on cuBLAS."""
+    from kernels.gemv import GEMV_CONFIGS, MAX_ROWS, gemv_wins
+
+    one_row = [(n, k) for dot, n, k in GEMV_CONFIGS if not dot]
+    many = [(n, k) for dot, n, k in GEMV_CONFIGS if dot]
+    assert one_row and many
+    assert all(gemv_wins(1, n, k) for n, k in one_row)
+    assert all(gemv_wins(r, n, k) for n, k in many for r in (2, MAX_ROWS))
+    assert not gemv_wins(MAX_ROWS + 1, *many[0])
+    assert not gemv_wins(1, 12288, 2048)  # a 2B shape, never benchmarked
+    assert not any(gemv_wins(4, n, k) for n, k in set(one_row) - set(many))

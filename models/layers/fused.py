@@ -47,8 +47,8 @@ def fused_weight(owner: nn.Module, name: str, *linears: nn.Linear) -> torch.Tens
 
 
 def decode_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [M, K] @ w[N, K]^T for a decode step: the Triton weight stream (kernels.gemv) on CUDA where it was measured
-    faster than cuBLAS, else ``F.linear``."""
+    """x [M, K] @ w[N, K]^T for a decode step: the Triton weight stream (kernels.gemv) on CUDA at the shapes where it
+    was measured faster than cuBLAS (``kernels.gemv.GEMV_CONFIGS``), else ``F.linear``."""
     if x.is_cuda:
         from kernels.gemv import gemv, gemv_wins
 
