@@ -78,6 +78,21 @@ def test_seeded_sampling_matches_across_arms():
     assert sum(a == b for a, b in zip(again[R].tokens, runs[R].tokens, strict=True)) >= len(reqs) // 2
 
 
+def test_greedy_rows_beside_sampled_rows():
+    """A batch with a sampled row replays the sampling graph and one of all-greedy rows the argmax graph: greedy
+    requests get the same tokens either way, and the sampled ones really sample (the sampling graph ran)."""
+    reqs = random_requests(QWEN, 8, (3, 12), (6, 6), seed=4)  # one output length: the same batches in both runs
+    mixed = [r if i % 2 == 0 else attrs.evolve(r, sampling=attrs.evolve(r.sampling, temperature=1.0, seed=i))
+             for i, r in enumerate(reqs)]  # fmt: skip
+    cfg = attrs.evolve(BASE, max_running=4)
+    greedy = run_arms(QWEN, cfg, reqs, arms=(R,))[R].tokens
+    runs = run_arms(QWEN, cfg, mixed)
+    assert_same(runs, mixed)
+    got = runs[R].tokens
+    assert [got[i] for i in range(0, 8, 2)] == [greedy[i] for i in range(0, 8, 2)]
+    assert any(got[i] != greedy[i] for i in range(1, 8, 2))
+
+
 def test_whisper_resident_matches_host():
     whisper = build_adapter("whisper-test", seed=0)
     reqs = random_requests(whisper, 8, prompt_len=(2, 6), gen_len=(3, 8), seed=3)
