@@ -323,3 +323,48 @@ def test_padding_rows_do_not_disturb_real_rows(pair, fused, monkeypatch):
     for name, t in plain.tensors().items():
         torch.testing.assert_close(padded.tensors()[name][1:], t[1:], atol=SELF_ATOL, rtol=SELF_ATOL, msg=name)
     assert any(padded.tensors()[name][0].abs().sum() > 0 for name in padded.tensors())  # the sinks were written
+
+
+# -- (e) several requests' chunks in one pass == one request at a time -----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "lens,starts",
+    [((5, 13, 1), (0, 0, 0)), ((7, 3, 9, 2), (0, 6, 0, 11)), ((70, 4), (0, 0))],
+    ids=["fresh", "continuations", "over-a-chunk"],
+)
+def test_prefill_batch_equals_one_at_a_time(pair, lens, starts):
+    """Last-token logits, every KV page, every conv and SSM slot: prefill_batch == prefill per chunk. A chunk with
+    start > 0 continues its request's state (written by an earlier chunk of the same prompt in both runs)."""
+    from models.qwen3_5 import PrefillChunk
+
+    _, ours = pair
+    n_pages, ps = 64, PAGE_SIZE
+    base = ours.allocate_state(n_pages, ps, NUM_SLOTS, "cpu", torch.float32)
+    gen = torch.Generator().manual_seed(sum(lens))
+    perm = (torch.randperm(n_pages - 3, generator=gen) + 1).tolist()  # the last two pages: the stale prefills
+    chunks = []
+    for r, (T, s) in enumerate(zip(lens, starts, strict=True)):
+        ids = prompt(s + T, seed=300 + r)
+        pages, perm = perm[: -(-(s + T) // ps)], perm[-(-(s + T) // ps) :]
+        if s:  # the request's first s tokens, prefilled before (same in both runs)
+            ours.prefill(base, ids[:s], pages, start=0, rec_slot=1 + r)
+        else:  # a stale state in the slot, which a first chunk must ignore
+            ours.prefill(base, prompt(6, seed=400 + r), [n_pages - 1, n_pages - 2], start=0, rec_slot=1 + r)
+        chunks.append(PrefillChunk(ids[s:], pages, s, 1 + r))
+    one, many = base.clone(), base.clone()
+    want = torch.stack([ours.prefill(one, c.token_ids, c.pages, c.start, c.rec_slot)[-1] for c in chunks])
+    got = ours.prefill_batch(many, chunks)
+    torch.testing.assert_close(got, want, atol=SELF_ATOL, rtol=SELF_ATOL)
+    for name, t in one.tensors().items():
+        torch.testing.assert_close(many.tensors()[name][1:], t[1:], atol=SELF_ATOL, rtol=SELF_ATOL, msg=name)
+
+
+def test_prefill_batch_refuses_two_chunks_of_one_request(pair):
+    from models.qwen3_5 import PrefillChunk
+
+    _, ours = pair
+    state = ours.allocate_state(NUM_PAGES, PAGE_SIZE, NUM_SLOTS, "cpu", torch.float32)
+    a = PrefillChunk(prompt(4, seed=1), [1], 0, 2)
+    with pytest.raises(ValueError, match="one recurrent slot"):
+        ours.prefill_batch(state, [a, attrs.evolve(a, pages=[2])])

@@ -53,6 +53,20 @@ def causal_conv1d_prefill(
     return F.silu(out).t().to(x.dtype), new_state.to(conv_state.dtype)
 
 
+def causal_conv1d_prefill_batch(
+    x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, lens: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``causal_conv1d_prefill`` for R chunks at once. x [R, T_max, C] (chunk r's first lens[r] rows real, padding
+    after); conv_state [R, C, K]; lens [R] long -> out [R, T_max, C] (padding rows junk) and the new states
+    [R, C, K]: the last K inputs of each chunk's real rows."""
+    R, K = x.shape[0], conv_state.shape[-1]
+    xs = torch.cat([conv_state.to(weight.dtype), x.transpose(1, 2).to(weight.dtype)], dim=-1)  # [R, C, K+T_max]
+    out = F.conv1d(xs, weight[:, None, :], groups=weight.shape[0])[:, :, 1:]  # [R, C, T_max]
+    idx = lens[:, None] + torch.arange(K, device=x.device)[None, :]  # [R, K]: xs columns T_r .. T_r + K - 1
+    new_state = xs.gather(2, idx[:, None, :].expand(R, xs.shape[1], K))
+    return F.silu(out).transpose(1, 2).to(x.dtype), new_state.to(conv_state.dtype)
+
+
 def causal_conv1d_step(
     x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -13,6 +13,7 @@ from models.layers.fused import decode_linear, fused_weight
 from models.layers.norms import ZeroCenteredRMSNorm
 from models.layers.paged import paged_decode_attention, paged_prefill_attention, write_kv
 from models.layers.rope import apply_partial_rope
+from models.layers.varlen import Segments, paged_prefill_attention_batch
 from models.qwen3_5.config import Qwen35Config
 
 
@@ -60,6 +61,23 @@ class GatedAttention(nn.Module):
         write_kv(kv, pages[t // ps] * ps + t % ps, k, v)
         o = paged_prefill_attention(q, kv, pages, start, start + T, self.scale)  # [T, hq, d]
         return self._out(o, gate)
+
+    def prefill_batch(
+        self,
+        x: torch.Tensor,  # [N, hidden], R chunks concatenated
+        kv: torch.Tensor,  # [num_pages, 2, ps, hk, d]
+        page_table: torch.Tensor,  # [R, W] long, each request's pages in order
+        write_loc: torch.Tensor,  # [N] long, each token's flat slot
+        cos: torch.Tensor,  # [N, rot]
+        sin: torch.Tensor,
+        segs: Segments,
+    ) -> torch.Tensor:
+        """``prefill`` of R chunks in one pass: K/V of every token written, then each chunk attends causally over its
+        own stream. [N, hidden]."""
+        q, k, v, gate = self._qkv(x, cos, sin)
+        write_kv(kv, write_loc, k, v)
+        o = paged_prefill_attention_batch(segs.pad(q), kv, page_table, segs, self.scale)  # [R, T_max, hq, d]
+        return self._out(segs.unpad(o), gate)
 
     def decode(
         self,

@@ -13,6 +13,7 @@ from torch import nn
 from models.layers.fused import decode_linear, fused_weight
 from models.layers.gdn import (
     causal_conv1d_prefill,
+    causal_conv1d_prefill_batch,
     causal_conv1d_step,
     gated_delta_chunked,
     gated_delta_step,
@@ -20,6 +21,7 @@ from models.layers.gdn import (
     normalize_qk,
 )
 from models.layers.norms import GatedRMSNorm
+from models.layers.varlen import Segments
 from models.qwen3_5.config import Qwen35Config
 
 
@@ -88,6 +90,37 @@ class GatedDeltaNet(nn.Module):
         o, ssm1 = gated_delta_chunked(q, k, v, g, beta, ssm0)  # [T, hv, dv]
         conv_pool[slot] = conv1
         ssm_pool[slot] = ssm1.to(ssm_pool.dtype)
+        return self._out(o, z, x.dtype)
+
+    def prefill_batch(
+        self,
+        x: torch.Tensor,  # [N, hidden], R chunks concatenated
+        conv_pool: torch.Tensor,  # [slots, C, K]
+        ssm_pool: torch.Tensor,  # [slots, hv, dk, dv]
+        slots: torch.Tensor,  # [R] long, distinct
+        fresh: torch.Tensor,  # [R] bool: start from zero state (a request's first chunk)
+        segs: Segments,
+    ) -> torch.Tensor:
+        """``prefill`` of R chunks in one pass: padded to [R, T_max], the delta rule run with (chunk, head) as its
+        heads; padding rows get beta = g = 0 (no update, no decay), which leaves every state as the real rows left it.
+        [N, hidden]."""
+        mixed, z, g, beta = self._project(x)  # [N, C], [N, hv, dv], [N, hv], [N, hv]
+        R, T = segs.valid.shape
+        keep = (~fresh).to(conv_pool.dtype)[:, None, None]
+        conv0 = conv_pool[slots] * keep  # [R, C, K]
+        ssm0 = ssm_pool[slots].float() * keep.float()[..., None]  # [R, hv, dk, dv]
+        mixed, conv1 = causal_conv1d_prefill_batch(segs.pad(mixed), conv0, self.conv_weight, segs.lens)
+        q, k, v = self._split(mixed.reshape(R * T, self.conv_dim))  # [R T, hv, d] float32
+
+        def heads(t: torch.Tensor) -> torch.Tensor:  # [R, T, hv, ...] -> [T, R hv, ...]
+            return t.transpose(0, 1).flatten(1, 2)
+
+        q, k, v = (heads(t.reshape(R, T, *t.shape[1:])) for t in (q, k, v))
+        g, beta = heads(segs.pad(g)), heads(segs.pad(beta))  # [T, R hv], 0 at padding
+        o, ssm1 = gated_delta_chunked(q, k, v, g, beta, ssm0.flatten(0, 1))  # [T, R hv, dv], [R hv, dk, dv]
+        conv_pool[slots] = conv1
+        ssm_pool[slots] = ssm1.reshape(ssm0.shape).to(ssm_pool.dtype)
+        o = segs.unpad(o.reshape(T, R, self.hv, self.dv).transpose(0, 1))  # [N, hv, dv]
         return self._out(o, z, x.dtype)
 
     def decode(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import attrs
 import torch
 from torch import nn
 
@@ -17,12 +18,24 @@ from models.layers.norms import ZeroCenteredRMSNorm
 from models.layers.paged import allocate_kv
 from models.layers.rope import PartialRotary
 from models.layers.specs import KVPoolSpec, RecurrentSpec
+from models.layers.varlen import Segments
 from models.qwen3_5.attention import GatedAttention
 from models.qwen3_5.config import LINEAR, Qwen35Config
 from models.qwen3_5.linear_attention import GatedDeltaNet
 from models.qwen3_5.state import Qwen35State
 
 KV_POOL = "kv"  # the one KV pool: every full-attention layer pages through it with the same block table
+
+
+@attrs.frozen
+class PrefillChunk:
+    """One request's chunk for ``prefill_batch``: tokens start .. start+T-1 of its stream, as ``prefill`` takes them."""
+
+    token_ids: torch.Tensor | Sequence[int]  # [T]
+    pages: torch.Tensor | Sequence[int]  # [n] the request's KV pages in order
+    start: int
+    rec_slot: int
+    pos_offset: int = 0
 
 
 class DecoderLayer(nn.Module):
@@ -132,6 +145,45 @@ class Qwen35Model(nn.Module):
                 h = h + layer.self_attn.prefill(x, state.kv[j], pages, start, cos, sin)
             h = layer.ffn(h)
         return self.lm_head(self.model.norm(h))  # [T, V]
+
+    @torch.no_grad()
+    def prefill_batch(self, state: Qwen35State, chunks: Sequence[PrefillChunk]) -> torch.Tensor:
+        """Several requests' chunks in one eager pass (each as ``prefill`` would run it): the logits of each chunk's
+        last token [R, V]. Row-wise work runs once over all N tokens; the conv, delta rule and attention per chunk,
+        batched over padded chunks. Requests (their recurrent slots) must be distinct."""
+        device = self.lm_head.weight.device
+        ps = state.page_size
+        for c in chunks:
+            if len(c.token_ids) == 0 or c.start < 0:
+                raise ValueError(f"prefill needs T >= 1 tokens and start >= 0, got T={len(c.token_ids)}, "
+                                 f"start={c.start}")  # fmt: skip
+            if len(c.pages) * ps < c.start + len(c.token_ids):
+                raise ValueError(f"{len(c.pages)} pages of {ps} cannot hold {c.start + len(c.token_ids)} tokens")
+            if not 0 < c.rec_slot < state.num_slots:
+                raise ValueError(f"rec_slot must be in 1..{state.num_slots - 1} (0 is the sink), got {c.rec_slot}")
+        if len({c.rec_slot for c in chunks}) != len(chunks):
+            raise ValueError("prefill_batch: two chunks of one recurrent slot (one chunk a request a pass)")
+        ids = torch.cat([torch.as_tensor(c.token_ids, device=device).long().reshape(-1) for c in chunks])  # [N]
+        segs = Segments.build([len(c.token_ids) for c in chunks], [c.start for c in chunks], device)
+        W = max(len(c.pages) for c in chunks)
+        page_table = torch.zeros(len(chunks), W, dtype=torch.long, device=device)  # [R, W]
+        for r, c in enumerate(chunks):
+            page_table[r, : len(c.pages)] = torch.as_tensor(c.pages, device=device).long().reshape(-1)
+        write_loc = page_table[segs.seg, segs.pos // ps] * ps + segs.pos % ps  # [N]
+        offsets = torch.tensor([c.pos_offset for c in chunks], dtype=torch.long, device=device)
+        slots = torch.tensor([c.rec_slot for c in chunks], dtype=torch.long, device=device)  # [R]
+        fresh = segs.starts == 0
+        h = self.model.embed_tokens(ids)  # [N, hidden]
+        cos, sin = self.rotary(segs.pos + offsets[segs.seg], h.dtype)  # [N, rot]
+        for i, layer in enumerate(self.model.layers):
+            x = layer.input_layernorm(h)
+            j = self._pool_index[i]
+            if layer.is_linear:
+                h = h + layer.linear_attn.prefill_batch(x, state.conv[j], state.ssm[j], slots, fresh, segs)
+            else:
+                h = h + layer.self_attn.prefill_batch(x, state.kv[j], page_table, write_loc, cos, sin, segs)
+            h = layer.ffn(h)
+        return self.lm_head(self.model.norm(h[segs.last]))  # [R, V]
 
     def fuse_projections(self) -> Qwen35Model:
         """Fuse each layer's same-input projections into one weight (views; see models.layers.fused). Call after
