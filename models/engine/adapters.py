@@ -14,12 +14,24 @@ import attrs
 import torch
 
 from models.engine.requests import InvalidRequest, Request
-from models.qwen3_5 import KV_POOL, Qwen35Model
+from models.qwen3_5 import KV_POOL, PrefillChunk, Qwen35Model
 from models.qwen3_5 import config as qwen_config
 from models.whisper import WhisperModel
 from models.whisper import config as whisper_config
 from models.whisper.decoder import CROSS, SELF
 from resplan import StepBuffers, StreamMode
+
+
+@attrs.frozen
+class PrefillInput:
+    """One request's chunk as ``Adapter.prefill`` takes it."""
+
+    ids: torch.Tensor  # [T] long
+    pages: dict[str, torch.Tensor]  # pool -> [n] long, the request's pages in order
+    start: int
+    rec_slot: int
+    read_lens: dict[str, int]
+    pos_offset: int
 
 
 @attrs.frozen
@@ -82,6 +94,12 @@ class Adapter:
         """One request's chunk at stream positions start .. start+T-1, eager: logits [T, V]."""
         raise NotImplementedError
 
+    def prefill_last(self, state, chunks: list[PrefillInput]) -> torch.Tensor:
+        """Several requests' chunks (one each), eager: the logits of each chunk's last token [R, V]. This default runs
+        them one at a time; a model with a batched prefill overrides it."""
+        return torch.stack([self.prefill(state, c.ids, c.pages, c.start, c.rec_slot, c.read_lens, c.pos_offset)[-1]
+                            for c in chunks])  # fmt: skip
+
     def decode(self, state, ids: torch.Tensor, bufs: StepBuffers, attn=None) -> torch.Tensor:
         """One token a row from the static buffers, graph-safe: ids [b] -> logits [b, V]. ``attn``: the bucket's
         decode attention (FlashInfer on the GPU); None = plain torch."""
@@ -112,6 +130,12 @@ class QwenAdapter(Adapter):
 
     def prefill(self, state, ids, pages, start, rec_slot, read_lens, pos_offset):
         return self.model.prefill(state, ids, pages[KV_POOL], start, rec_slot, pos_offset)
+
+    def prefill_last(self, state, chunks):
+        """All chunks in one pass (``Qwen35Model.prefill_batch``)."""
+        return self.model.prefill_batch(
+            state, [PrefillChunk(c.ids, c.pages[KV_POOL], c.start, c.rec_slot, c.pos_offset) for c in chunks]
+        )
 
     def decode(self, state, ids, bufs, attn=None):
         return self.model.decode(state, ids, bufs, attn)

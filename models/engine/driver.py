@@ -39,7 +39,7 @@ import attrs
 import numpy as np
 import torch
 
-from models.engine.adapters import Adapter
+from models.engine.adapters import Adapter, PrefillInput
 from models.engine.host_arm import HostFill
 from models.engine.pools import AdmitRefused, AdmitTxn, Crossing, PagePool, handle_pool, recurrent_pool
 from models.engine.requests import FinishReason, InvalidRequest, Limits, Request, Result, validate
@@ -654,7 +654,7 @@ class Engine:
             tokens = self._replay(self.host_graphs[b, not self.sampling[rows].any()], b, rows)
             self._advance(rows)
             self.scheduler.ran(rows, seq)
-        firsts = [(c.handle, self._prefill(c, seq)) for c in chunks]
+        firsts = self._prefill(chunks, seq) if chunks else []
         if self.resident:
             touched = np.concatenate([rows, np.array([c.handle for c in chunks], np.int64)])
             self.state = commit(mark_stale(self.state, touched), seq)
@@ -667,35 +667,48 @@ class Engine:
             if tok is not None:
                 self._emit(np.array([h], np.int64), np.array([tok], np.int64))
 
-    def _prefill(self, chunk: Chunk, seq: int) -> int | None:
-        """One chunk, eager; the first token (sampled from the last logits) when the chunk ends the prompt."""
-        h, start, n = chunk.handle, chunk.start, chunk.n
-        req = self.live[h].pend.request
+    def _prefill(self, chunks: tuple[Chunk, ...], seq: int) -> list[tuple[int, int | None]]:
+        """A step's chunks in one eager adapter call; per chunk its handle and, when it ends the prompt, the first
+        token (sampled from its last logits)."""
         st = self.streams
-        pages = {
-            k: torch.from_numpy(st.kv[k].pages[h, : self.n_pages[k][h]].astype(np.int64)).to(self.device)
-            for k in self.page_pools
-        }
-        if start == 0 and self.read_keys:
-            self.adapter.encode(self.model_state, req, pages)
-            for k, n_ctx in self.adapter.read_tokens(req).items():
-                st.kv[k].lengths[h] = n_ctx
-                st.kv[k].epoch[h] += 1
-        read_lens = {k: int(st.kv[k].lengths[h]) for k in self.read_keys}
-        ids = torch.tensor(req.prompt[start : start + n], dtype=torch.int64, device=self.device)
-        rec = int(st.recurrent_slot[h]) if st.recurrent_slot is not None else 0
-        pos_offset = int(st.pos_offset[h])
-        logits = self.adapter.prefill(self.model_state, ids, pages, start, rec, read_lens, pos_offset)
-        for k in self.append_keys:
-            st.kv[k].lengths[h] = start + n
-            st.kv[k].epoch[h] += 1
-        self.scheduler.prefilled_chunk(chunk, seq)
-        self.stats.prefill_chunks += 1
-        if not chunk.last:
-            return None
-        cells = torch.from_numpy(st.sampler[h : h + 1].copy()).to(self.device)
-        pos = torch.tensor([pos_offset + start + n - 1], dtype=torch.int64, device=self.device)
-        return int(self.sampler(logits[-1:], cells, pos)[0])
+        inputs = []
+        for chunk in chunks:
+            h, start, n = chunk.handle, chunk.start, chunk.n
+            req = self.live[h].pend.request
+            pages = {
+                k: torch.from_numpy(st.kv[k].pages[h, : self.n_pages[k][h]].astype(np.int64)).to(self.device)
+                for k in self.page_pools
+            }
+            if start == 0 and self.read_keys:
+                self.adapter.encode(self.model_state, req, pages)
+                for k, n_ctx in self.adapter.read_tokens(req).items():
+                    st.kv[k].lengths[h] = n_ctx
+                    st.kv[k].epoch[h] += 1
+            inputs.append(PrefillInput(
+                ids=torch.tensor(req.prompt[start : start + n], dtype=torch.int64, device=self.device),
+                pages=pages,
+                start=start,
+                rec_slot=int(st.recurrent_slot[h]) if st.recurrent_slot is not None else 0,
+                read_lens={k: int(st.kv[k].lengths[h]) for k in self.read_keys},
+                pos_offset=int(st.pos_offset[h]),
+            ))  # fmt: skip
+        logits = self.adapter.prefill_last(self.model_state, inputs)  # [R, V]
+        for chunk in chunks:
+            for k in self.append_keys:
+                st.kv[k].lengths[chunk.handle] = chunk.start + chunk.n
+                st.kv[k].epoch[chunk.handle] += 1
+            self.scheduler.prefilled_chunk(chunk, seq)
+        self.stats.prefill_chunks += len(chunks)
+        ends = [i for i, c in enumerate(chunks) if c.last]
+        tokens = [None] * len(chunks)
+        if ends:
+            hs = np.array([chunks[i].handle for i in ends], np.int64)
+            cells = torch.from_numpy(st.sampler[hs]).to(self.device)  # [m, 4]
+            pos = [inputs[i].pos_offset + chunks[i].start + chunks[i].n - 1 for i in ends]
+            drawn = self.sampler(logits[ends], cells, torch.tensor(pos, dtype=torch.int64, device=self.device))
+            for i, t in zip(ends, drawn.tolist(), strict=True):
+                tokens[i] = t
+        return [(c.handle, t) for c, t in zip(chunks, tokens, strict=True)]
 
     # -- outputs -------------------------------------------------------------------------------------------------
     def _emit(self, rows: np.ndarray, tokens: np.ndarray) -> None:
