@@ -1,9 +1,10 @@
 """How many torch operations one eager prefill dispatches (each is host time; most launch a kernel on the GPU).
 
-    python -m models.bench.prefill_ops --model qwen3_5-0.8b --prompt-len 512 [--device cpu]
+    python -m models.bench.prefill_ops --model qwen3_5-0.8b --prompt-len 512 [--requests 8] [--device cpu]
 
 Prefill runs eagerly, one request's chunk at a time, so on the GPU its time is mostly the host dispatching thousands
-of small operations. This counts the aten operations of one prefill (``TorchDispatchMode``), in total and by name, and
+of small operations. With ``--requests R`` > 1 the R prompts go through one ``prefill_batch`` pass, as the engine
+runs a step's chunks. This counts the aten operations of one prefill (``TorchDispatchMode``), in total and by name, and
 times it. The count is exact and machine-independent; the time is only this machine's.
 """
 
@@ -17,6 +18,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from models.engine import build_adapter
+from models.qwen3_5 import PrefillChunk
 
 
 class CountOps(TorchDispatchMode):
@@ -36,26 +38,39 @@ def main() -> None:
     ap.add_argument("--model", default="qwen3_5-0.8b")
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--page-size", type=int, default=16)
+    ap.add_argument("--requests", type=int, default=1, help="prompts prefilled in one prefill_batch pass")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--top", type=int, default=10)
     a = ap.parse_args()
     dt = torch.float32 if a.device == "cpu" else torch.bfloat16
     model = build_adapter(a.model, seed=0, device=a.device, dtype=dt).model
-    T, ps = a.prompt_len, a.page_size
+    T, ps, R = a.prompt_len, a.page_size, a.requests
     n_pages = -(-T // ps)
-    state = model.allocate_state(n_pages + 1, ps, 2, a.device, dt)
-    ids = torch.randint(0, model.cfg.vocab_size, (T,), generator=torch.Generator().manual_seed(0))
-    pages = torch.arange(1, n_pages + 1)
+    state = model.allocate_state(R * n_pages + 1, ps, R + 1, a.device, dt)
+    gen = torch.Generator().manual_seed(0)
+    chunks = [
+        PrefillChunk(torch.randint(0, model.cfg.vocab_size, (T,), generator=gen),
+                     torch.arange(1 + r * n_pages, 1 + (r + 1) * n_pages), start=0, rec_slot=1 + r)
+        for r in range(R)
+    ]  # fmt: skip
+
+    def run() -> None:
+        if R == 1:
+            model.prefill(state, chunks[0].token_ids, chunks[0].pages, start=0, rec_slot=1)
+        else:
+            model.prefill_batch(state, chunks)
+
     with torch.no_grad():
-        model.prefill(state, ids, pages, start=0, rec_slot=1)  # warm-up
+        run()  # warm-up
         counter = CountOps()
         t0 = time.perf_counter()
         with counter:
-            model.prefill(state, ids, pages, start=0, rec_slot=1)
+            run()
         wall = time.perf_counter() - t0
     total = sum(counter.counts.values())
-    print(f"# one eager prefill: {a.model}, {T} tokens, {a.device}\n")
-    print(f"aten operations: **{total}** ({total / T:.1f} a token); wall {wall:.2f} s on this machine\n")
+    how = "one prefill" if R == 1 else f"one prefill_batch of {R} prompts"
+    print(f"# {how}: {a.model}, {T} tokens each, {a.device}\n")
+    print(f"aten operations: **{total}** ({total / (R * T):.1f} a token); wall {wall:.2f} s on this machine\n")
     print("| operation | count |\n|---|---|")
     for name, c in counter.counts.most_common(a.top):
         print(f"| `{name}` | {c} |")
