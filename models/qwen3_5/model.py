@@ -38,6 +38,16 @@ class PrefillChunk:
     pos_offset: int = 0
 
 
+def _check_chunk(state: Qwen35State, T: int, n_pages: int, start: int, rec_slot: int) -> None:
+    """A prefill chunk's arguments, refused with the reason."""
+    if T == 0 or start < 0:
+        raise ValueError(f"prefill needs T >= 1 tokens and start >= 0, got T={T}, start={start}")
+    if n_pages * state.page_size < start + T:
+        raise ValueError(f"{n_pages} pages of {state.page_size} cannot hold {start + T} tokens")
+    if not 0 < rec_slot < state.num_slots:
+        raise ValueError(f"rec_slot must be in 1..{state.num_slots - 1} (0 is the sink), got {rec_slot}")
+
+
 class DecoderLayer(nn.Module):
     """Pre-norm block: h += mixer(input_layernorm(h)); h += mlp(post_attention_layernorm(h))."""
 
@@ -128,12 +138,7 @@ class Qwen35Model(nn.Module):
         ids = torch.as_tensor(token_ids, device=device).long().reshape(-1)  # [T]
         pages = torch.as_tensor(pages, device=device).long().reshape(-1)  # [n]
         T = ids.shape[0]
-        if T == 0 or start < 0:
-            raise ValueError(f"prefill needs T >= 1 tokens and start >= 0, got T={T}, start={start}")
-        if pages.shape[0] * state.page_size < start + T:
-            raise ValueError(f"{pages.shape[0]} pages of {state.page_size} cannot hold {start + T} tokens")
-        if not 0 < rec_slot < state.num_slots:
-            raise ValueError(f"rec_slot must be in 1..{state.num_slots - 1} (0 is the sink), got {rec_slot}")
+        _check_chunk(state, T, pages.shape[0], start, rec_slot)
         h = self.model.embed_tokens(ids)  # [T, hidden]
         cos, sin = self.rotary(torch.arange(start, start + T, device=device) + pos_offset, h.dtype)  # [T, rot]
         for i, layer in enumerate(self.model.layers):
@@ -154,13 +159,7 @@ class Qwen35Model(nn.Module):
         device = self.lm_head.weight.device
         ps = state.page_size
         for c in chunks:
-            if len(c.token_ids) == 0 or c.start < 0:
-                raise ValueError(f"prefill needs T >= 1 tokens and start >= 0, got T={len(c.token_ids)}, "
-                                 f"start={c.start}")  # fmt: skip
-            if len(c.pages) * ps < c.start + len(c.token_ids):
-                raise ValueError(f"{len(c.pages)} pages of {ps} cannot hold {c.start + len(c.token_ids)} tokens")
-            if not 0 < c.rec_slot < state.num_slots:
-                raise ValueError(f"rec_slot must be in 1..{state.num_slots - 1} (0 is the sink), got {c.rec_slot}")
+            _check_chunk(state, len(c.token_ids), len(c.pages), c.start, c.rec_slot)
         if len({c.rec_slot for c in chunks}) != len(chunks):
             raise ValueError("prefill_batch: two chunks of one recurrent slot (one chunk a request a pass)")
         ids = torch.cat([torch.as_tensor(c.token_ids, device=device).long().reshape(-1) for c in chunks])  # [N]
