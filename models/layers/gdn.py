@@ -46,19 +46,20 @@ def causal_conv1d_prefill(
     """x [T, C] after the last K inputs conv_state [C, K]: out[t] = silu(sum_j w[:, j] * xs[t + 1 + j]).
 
     xs = cat(conv_state, x^T) [C, K + T]; returns out [T, C] in x's dtype and the new state xs[:, -K:].
+    (``causal_conv1d_prefill_batch`` of one chunk.)
     """
-    xs = torch.cat([conv_state.to(weight.dtype), x.t().to(weight.dtype)], dim=-1)  # [C, K+T]
-    out = F.conv1d(xs[None], weight[:, None, :], groups=weight.shape[0])[0, :, 1:]  # [C, T]
-    new_state = xs[:, -conv_state.shape[-1] :]  # [C, K]
-    return F.silu(out).t().to(x.dtype), new_state.to(conv_state.dtype)
+    lens = torch.tensor([x.shape[0]], device=x.device)
+    out, new_state = causal_conv1d_prefill_batch(x[None], conv_state[None], weight, lens)
+    return out[0], new_state[0]
 
 
 def causal_conv1d_prefill_batch(
     x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, lens: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``causal_conv1d_prefill`` for R chunks at once. x [R, T_max, C] (chunk r's first lens[r] rows real, padding
-    after); conv_state [R, C, K]; lens [R] long -> out [R, T_max, C] (padding rows junk) and the new states
-    [R, C, K]: the last K inputs of each chunk's real rows."""
+    after); conv_state [R, C, K]; lens [R] long -> out [R, T_max, C] in x's dtype (padding rows junk) and the new
+    states [R, C, K]: the last K inputs of each chunk's real rows, xs[r, :, T_r : T_r + K] of
+    xs = cat(conv_state, x^T) [R, C, K + T_max]."""
     R, K = x.shape[0], conv_state.shape[-1]
     xs = torch.cat([conv_state.to(weight.dtype), x.transpose(1, 2).to(weight.dtype)], dim=-1)  # [R, C, K+T_max]
     out = F.conv1d(xs, weight[:, None, :], groups=weight.shape[0])[:, :, 1:]  # [R, C, T_max]

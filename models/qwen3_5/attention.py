@@ -11,7 +11,7 @@ from torch import nn
 
 from models.layers.fused import decode_linear, fused_weight
 from models.layers.norms import ZeroCenteredRMSNorm
-from models.layers.paged import paged_decode_attention, paged_prefill_attention, write_kv
+from models.layers.paged import paged_decode_attention, write_kv
 from models.layers.rope import apply_partial_rope
 from models.layers.varlen import Segments, paged_prefill_attention_batch
 from models.qwen3_5.config import Qwen35Config
@@ -47,23 +47,6 @@ class GatedAttention(nn.Module):
 
     def prefill(
         self,
-        x: torch.Tensor,  # [T, hidden], tokens start .. start+T-1 of one request
-        kv: torch.Tensor,  # [num_pages, 2, ps, hk, d]
-        pages: torch.Tensor,  # [n] long, the request's pages in order
-        start: int,
-        cos: torch.Tensor,  # [T, rot]
-        sin: torch.Tensor,
-    ) -> torch.Tensor:
-        """Write the chunk's K/V into its pages, attend causally over tokens 0 .. start+T-1: out [T, hidden]."""
-        T, ps = x.shape[0], kv.shape[2]
-        q, k, v, gate = self._qkv(x, cos, sin)
-        t = torch.arange(start, start + T, device=x.device)
-        write_kv(kv, pages[t // ps] * ps + t % ps, k, v)
-        o = paged_prefill_attention(q, kv, pages, start, start + T, self.scale)  # [T, hq, d]
-        return self._out(o, gate)
-
-    def prefill_batch(
-        self,
         x: torch.Tensor,  # [N, hidden], R chunks concatenated
         kv: torch.Tensor,  # [num_pages, 2, ps, hk, d]
         page_table: torch.Tensor,  # [R, W] long, each request's pages in order
@@ -72,8 +55,8 @@ class GatedAttention(nn.Module):
         sin: torch.Tensor,
         segs: Segments,
     ) -> torch.Tensor:
-        """``prefill`` of R chunks in one pass: K/V of every token written, then each chunk attends causally over its
-        own stream. [N, hidden]."""
+        """R chunks in one pass: K/V of every token written at write_loc, then each chunk attends causally over its
+        own stream (tokens 0 .. start_r + T_r - 1). [N, hidden]."""
         q, k, v, gate = self._qkv(x, cos, sin)
         write_kv(kv, write_loc, k, v)
         o = paged_prefill_attention_batch(segs.pad(q), kv, page_table, segs, self.scale)  # [R, T_max, hq, d]

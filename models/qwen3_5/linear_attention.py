@@ -12,7 +12,6 @@ from torch import nn
 
 from models.layers.fused import decode_linear, fused_weight
 from models.layers.gdn import (
-    causal_conv1d_prefill,
     causal_conv1d_prefill_batch,
     causal_conv1d_step,
     gated_delta_chunked,
@@ -75,25 +74,6 @@ class GatedDeltaNet(nn.Module):
 
     def prefill(
         self,
-        x: torch.Tensor,  # [T, hidden], one request's chunk
-        conv_pool: torch.Tensor,  # [slots, C, K]
-        ssm_pool: torch.Tensor,  # [slots, hv, dk, dv]
-        slot: int,
-        fresh: bool,  # True for the first chunk: start from zero state instead of the slot's
-    ) -> torch.Tensor:
-        """Run the chunk from the slot's state (or zeros), leave the final conv + SSM state in the slot. [T, hidden]."""
-        mixed, z, g, beta = self._project(x)
-        conv0 = torch.zeros_like(conv_pool[slot]) if fresh else conv_pool[slot]  # [C, K]
-        ssm0 = torch.zeros_like(ssm_pool[slot]) if fresh else ssm_pool[slot]  # [hv, dk, dv]
-        mixed, conv1 = causal_conv1d_prefill(mixed, conv0, self.conv_weight)  # [T, C]
-        q, k, v = self._split(mixed)
-        o, ssm1 = gated_delta_chunked(q, k, v, g, beta, ssm0)  # [T, hv, dv]
-        conv_pool[slot] = conv1
-        ssm_pool[slot] = ssm1.to(ssm_pool.dtype)
-        return self._out(o, z, x.dtype)
-
-    def prefill_batch(
-        self,
         x: torch.Tensor,  # [N, hidden], R chunks concatenated
         conv_pool: torch.Tensor,  # [slots, C, K]
         ssm_pool: torch.Tensor,  # [slots, hv, dk, dv]
@@ -101,9 +81,9 @@ class GatedDeltaNet(nn.Module):
         fresh: torch.Tensor,  # [R] bool: start from zero state (a request's first chunk)
         segs: Segments,
     ) -> torch.Tensor:
-        """``prefill`` of R chunks in one pass: padded to [R, T_max], the delta rule run with (chunk, head) as its
-        heads; padding rows get beta = g = 0 (no update, no decay), which leaves every state as the real rows left it.
-        [N, hidden]."""
+        """R chunks, each run from its slot's state (zeros when fresh), each slot left with the chunk's final conv +
+        SSM state. Padded to [R, T_max], the delta rule runs with (chunk, head) as its heads; padding rows get
+        beta = g = 0 (no update, no decay), which leaves every state as the real rows left it. [N, hidden]."""
         mixed, z, g, beta = self._project(x)  # [N, C], [N, hv, dv], [N, hv], [N, hv]
         R, T = segs.valid.shape
         keep = (~fresh).to(conv_pool.dtype)[:, None, None]

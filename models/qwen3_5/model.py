@@ -78,7 +78,8 @@ class Qwen35Backbone(nn.Module):
 
 
 class Qwen35Model(nn.Module):
-    """Qwen3.5 causal LM with host-planned ``prefill`` (one request's chunk) and graph-safe batched ``decode``."""
+    """Qwen3.5 causal LM with host-planned ``prefill`` (one request's chunk; ``prefill_batch``: several requests', one
+    chunk each) and graph-safe batched ``decode``."""
 
     fused_decode: bool | None = None  # decode through the fused Triton step; None: where the weights are on CUDA
 
@@ -134,28 +135,19 @@ class Qwen35Model(nn.Module):
         pos_offset: int = 0,
     ) -> torch.Tensor:
         """One request's chunk, eager: logits [T, V]. Writes its K/V and leaves the GDN state in ``rec_slot``."""
-        device = self.lm_head.weight.device
-        ids = torch.as_tensor(token_ids, device=device).long().reshape(-1)  # [T]
-        pages = torch.as_tensor(pages, device=device).long().reshape(-1)  # [n]
-        T = ids.shape[0]
-        _check_chunk(state, T, pages.shape[0], start, rec_slot)
-        h = self.model.embed_tokens(ids)  # [T, hidden]
-        cos, sin = self.rotary(torch.arange(start, start + T, device=device) + pos_offset, h.dtype)  # [T, rot]
-        for i, layer in enumerate(self.model.layers):
-            x = layer.input_layernorm(h)
-            j = self._pool_index[i]
-            if layer.is_linear:
-                h = h + layer.linear_attn.prefill(x, state.conv[j], state.ssm[j], rec_slot, fresh=start == 0)
-            else:
-                h = h + layer.self_attn.prefill(x, state.kv[j], pages, start, cos, sin)
-            h = layer.ffn(h)
+        h, _ = self._prefill_pass(state, [PrefillChunk(token_ids, pages, start, rec_slot, pos_offset)])
         return self.lm_head(self.model.norm(h))  # [T, V]
 
     @torch.no_grad()
     def prefill_batch(self, state: Qwen35State, chunks: Sequence[PrefillChunk]) -> torch.Tensor:
-        """Several requests' chunks in one eager pass (each as ``prefill`` would run it): the logits of each chunk's
-        last token [R, V]. Row-wise work runs once over all N tokens; the conv, delta rule and attention per chunk,
-        batched over padded chunks. Requests (their recurrent slots) must be distinct."""
+        """Several requests' chunks in one eager pass, each as ``prefill`` runs it: the logits of each chunk's last
+        token [R, V]. Requests (their recurrent slots) must be distinct."""
+        h, segs = self._prefill_pass(state, chunks)
+        return self.lm_head(self.model.norm(h[segs.last]))  # [R, V]
+
+    def _prefill_pass(self, state: Qwen35State, chunks: Sequence[PrefillChunk]) -> tuple[torch.Tensor, Segments]:
+        """The layers over R chunks: row-wise work once over all N tokens; the conv, delta rule and attention per
+        chunk, batched over the chunks padded to the longest. Returns the final hidden states [N, hidden]."""
         device = self.lm_head.weight.device
         ps = state.page_size
         for c in chunks:
@@ -164,10 +156,9 @@ class Qwen35Model(nn.Module):
             raise ValueError("prefill_batch: two chunks of one recurrent slot (one chunk a request a pass)")
         ids = torch.cat([torch.as_tensor(c.token_ids, device=device).long().reshape(-1) for c in chunks])  # [N]
         segs = Segments.build([len(c.token_ids) for c in chunks], [c.start for c in chunks], device)
-        W = max(len(c.pages) for c in chunks)
-        page_table = torch.zeros(len(chunks), W, dtype=torch.long, device=device)  # [R, W]
-        for r, c in enumerate(chunks):
-            page_table[r, : len(c.pages)] = torch.as_tensor(c.pages, device=device).long().reshape(-1)
+        page_table = nn.utils.rnn.pad_sequence(
+            [torch.as_tensor(c.pages, device=device).long().reshape(-1) for c in chunks], batch_first=True
+        )  # [R, W], 0 past each request's pages
         write_loc = page_table[segs.seg, segs.pos // ps] * ps + segs.pos % ps  # [N]
         offsets = torch.tensor([c.pos_offset for c in chunks], dtype=torch.long, device=device)
         slots = torch.tensor([c.rec_slot for c in chunks], dtype=torch.long, device=device)  # [R]
@@ -178,11 +169,11 @@ class Qwen35Model(nn.Module):
             x = layer.input_layernorm(h)
             j = self._pool_index[i]
             if layer.is_linear:
-                h = h + layer.linear_attn.prefill_batch(x, state.conv[j], state.ssm[j], slots, fresh, segs)
+                h = h + layer.linear_attn.prefill(x, state.conv[j], state.ssm[j], slots, fresh, segs)
             else:
-                h = h + layer.self_attn.prefill_batch(x, state.kv[j], page_table, write_loc, cos, sin, segs)
+                h = h + layer.self_attn.prefill(x, state.kv[j], page_table, write_loc, cos, sin, segs)
             h = layer.ffn(h)
-        return self.lm_head(self.model.norm(h[segs.last]))  # [R, V]
+        return h, segs
 
     def fuse_projections(self) -> Qwen35Model:
         """Fuse each layer's same-input projections into one weight (views; see models.layers.fused). Call after
