@@ -654,7 +654,7 @@ class Engine:
             tokens = self._replay(self.host_graphs[b, not self.sampling[rows].any()], b, rows)
             self._advance(rows)
             self.scheduler.ran(rows, seq)
-        firsts = self._prefill(chunks, seq) if chunks else []
+        first_rows, first_tokens = self._prefill(chunks, seq)
         if self.resident:
             touched = np.concatenate([rows, np.array([c.handle for c in chunks], np.int64)])
             self.state = commit(mark_stale(self.state, touched), seq)
@@ -663,14 +663,15 @@ class Engine:
             self._emit(rows, tokens)
         else:
             self.stats.prefill_steps += 1
-        for h, tok in firsts:
-            if tok is not None:
-                self._emit(np.array([h], np.int64), np.array([tok], np.int64))
+        if first_rows.size:
+            self._emit(first_rows, first_tokens)
 
-    def _prefill(self, chunks: tuple[Chunk, ...], seq: int) -> list[tuple[int, int | None]]:
-        """A step's chunks in one eager adapter call; per chunk its handle and, when it ends the prompt, the first
-        token (sampled from its last logits)."""
+    def _prefill(self, chunks: tuple[Chunk, ...], seq: int) -> tuple[np.ndarray, np.ndarray]:
+        """A step's chunks in one eager adapter call. Returns the handles of the chunks that end their prompts and
+        their first tokens (sampled from each chunk's last logits), [m] int64 each."""
         st = self.streams
+        if not chunks:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
         inputs = []
         for chunk in chunks:
             h, start, n = chunk.handle, chunk.start, chunk.n
@@ -700,15 +701,13 @@ class Engine:
             self.scheduler.prefilled_chunk(chunk, seq)
         self.stats.prefill_chunks += len(chunks)
         ends = [i for i, c in enumerate(chunks) if c.last]
-        tokens = [None] * len(chunks)
-        if ends:
-            hs = np.array([chunks[i].handle for i in ends], np.int64)
-            cells = torch.from_numpy(st.sampler[hs]).to(self.device)  # [m, 4]
-            pos = [inputs[i].pos_offset + chunks[i].start + chunks[i].n - 1 for i in ends]
-            drawn = self.sampler(logits[ends], cells, torch.tensor(pos, dtype=torch.int64, device=self.device))
-            for i, t in zip(ends, drawn.tolist(), strict=True):
-                tokens[i] = t
-        return [(c.handle, t) for c, t in zip(chunks, tokens, strict=True)]
+        hs = np.array([chunks[i].handle for i in ends], np.int64)
+        if not ends:
+            return hs, np.zeros(0, np.int64)
+        cells = torch.from_numpy(st.sampler[hs]).to(self.device)  # [m, 4]
+        pos = [inputs[i].pos_offset + chunks[i].start + chunks[i].n - 1 for i in ends]
+        drawn = self.sampler(logits[ends], cells, torch.tensor(pos, dtype=torch.int64, device=self.device))
+        return hs, drawn.cpu().numpy()
 
     # -- outputs -------------------------------------------------------------------------------------------------
     def _emit(self, rows: np.ndarray, tokens: np.ndarray) -> None:
