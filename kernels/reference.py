@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from models.layers.gdn import causal_conv1d_step, gated_delta_step, gdn_gates, normalize_qk
-from models.layers.norms import rms_normalize
+from models.layers.norms import gated_rms_norm, rms_normalize
 from models.layers.paged import write_kv
 from models.layers.rope import apply_partial_rope
 from resplan.buffers import StepBuffers
@@ -121,9 +121,7 @@ def add_rms_norm_ref(h, delta, weight, eps, *, zero_centered=True, out=None):
 def gated_rms_norm_ref(o, z, weight, eps, out=None):
     """GatedRMSNorm(o, z) per head, flattened: [n, H * D] in weight's dtype."""
     n, H, D = o.shape
-    x = o.to(weight.dtype)
-    y = weight * rms_normalize(x, eps).to(x.dtype)
-    y = (y * F.silu(z.reshape(n, H, D).float())).to(x.dtype).reshape(n, H * D)
+    y = gated_rms_norm(o.to(weight.dtype), z.reshape(n, H, D), weight, eps).reshape(n, H * D)
     return y if out is None else out.copy_(y)
 
 

@@ -34,5 +34,11 @@ class GatedRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        y = self.weight * rms_normalize(x, self.eps).to(x.dtype)
-        return (y * F.silu(z.float())).to(x.dtype)
+        return gated_rms_norm(x, z, self.weight, self.eps)
+
+
+def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """(w * rms_normalize(x)) * silu(z) over the last dim, rounded to x's dtype after the norm, the weight and the
+    gate (``GatedRMSNorm``; the decode kernel ``kernels.norms.gated_rms_norm`` rounds where this does)."""
+    y = weight * rms_normalize(x, eps).to(x.dtype)
+    return (y * F.silu(z.float())).to(x.dtype)
