@@ -24,9 +24,10 @@ class Backend(enum.Enum):
     TORCH = "torch"  # plain-torch paged attention reading the gathered tables (CPU, tests): no host plan
     FA2 = "fa2"  # FlashInfer's fa2 decode wrapper: plan() on the host every step a page count changes
     XQA = "xqa"  # FlashInfer XQA (sm_90): reads the gathered block table and lengths in the graph, no plan
+    TRITON = "triton"  # our split-KV Triton kernel (kernels/paged_decode.py): reads them in the graph too, no plan
 
 
-HOST_PLAN_FREE = frozenset({Backend.TORCH, Backend.XQA})
+HOST_PLAN_FREE = frozenset({Backend.TORCH, Backend.XQA, Backend.TRITON})
 
 
 @attrs.frozen

@@ -7,9 +7,12 @@ from __future__ import annotations
 import attrs
 import numpy as np
 import pytest
+import torch
 
 from models.engine import EngineConfig, Order, Planning, build_adapter
 from models.engine.compare import check_pools, random_requests, run_arms
+from models.layers.triton_attention import interpreted
+from resplan import Backend
 
 R, H = Planning.RESIDENT, Planning.HOST
 QWEN = build_adapter("qwen3_5-tiny", seed=0)
@@ -128,7 +131,6 @@ def test_engine_matches_transformers_generate():
     against transformers' greedy ``generate`` with the same weights; a divergence only at a near-tie of
     transformers' own top two logits (< 1e-4, float32 summation order)."""
     transformers = pytest.importorskip("transformers")
-    import torch
 
     hf = transformers.Qwen3_5ForCausalLM(QWEN.model.cfg.to_hf()).eval()
     hf.load_state_dict(QWEN.model.state_dict(), strict=True)
@@ -151,3 +153,15 @@ def test_engine_matches_transformers_generate():
                 near_ties += 1
                 break
     assert near_ties <= 1
+
+
+@pytest.mark.skipif(not (interpreted() or torch.cuda.is_available()), reason="Triton needs a GPU or TRITON_INTERPRET=1")
+def test_triton_attention_in_both_arms_matches_torch_attention():
+    """The plan-free Triton attention (here in Triton's interpreter on the CPU) in a resident bucket: both arms give
+    the same tokens, every resident step row-checked, the bucket takes no host plan, and the tokens equal the
+    plain-torch attention's (float32; the two differ by summation order only)."""
+    cfg = attrs.evolve(BASE, max_running=8)
+    runs = run_arms(QWEN, attrs.evolve(cfg, attention=Backend.TRITON), PROMPTS[:16])
+    assert_same(runs, PROMPTS[:16])
+    assert runs[R].engine.state.cfg.buckets[0].host_plan_free
+    assert runs[R].tokens == run_arms(QWEN, cfg, PROMPTS[:16], arms=(R,))[R].tokens

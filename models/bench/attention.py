@@ -1,12 +1,13 @@
 """Decode attention backends replayed in a CUDA graph (GPU), and the host time of FA2's plan().
 
     python -m models.bench.attention [--head-dim 256 --q-heads 8 --kv-heads 2 --page-size 16 --ctx 4096]
-                                     [--layers 8 --iters 200 --batches 1,16,64 --backends torch,fa2,xqa]
+                                     [--layers 8 --iters 200 --batches 1,16,64 --backends torch,fa2,xqa,triton]
 
 Per batch size b: a bf16 cache of 1 + b * ceil(ctx / ps) pages, rows of length uniform in [ctx / 2, ctx] on
 random distinct pages. For each backend a graph of ``--layers`` attention calls (one per layer, distinct caches
 would not change the per-call time, so one cache is reused) is captured once and replayed; the time per call is
-the median replay time (CUDA events) / layers. For fa2 also: plan() host time (median, GPU idle), and one step
+the median replay time (CUDA events) / layers; the largest difference from the torch reference's output is reported
+beside it. For fa2 also: plan() host time (median, GPU idle), and one step
 "plan + replay" wall time against XQA's "write tables + replay" (what a decode step pays for attention metadata).
 """
 
@@ -21,6 +22,7 @@ import torch
 
 from models.bench.timing import replay_us
 from models.layers.flashinfer_attention import FA2Decode, TorchDecode, XQADecode
+from models.layers.triton_attention import TritonDecode
 from resplan import Graph
 
 
@@ -47,7 +49,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--batches", default="1,16,64")
-    ap.add_argument("--backends", default="torch,fa2,xqa")
+    ap.add_argument("--backends", default="torch,fa2,xqa,triton")
     a = ap.parse_args()
     assert torch.cuda.is_available(), "GPU benchmark"
     dev, dt = "cuda", torch.bfloat16
@@ -59,8 +61,9 @@ def main() -> None:
         f"# decode attention, {torch.cuda.get_device_name()}: d={d} hq={hq} hk={hk} ps={ps} ctx<={a.ctx} "
         f"layers/graph={a.layers}\n"
     )
-    print("| b | backend | us / call (graph replay) | fa2 plan host us | step us (metadata + replay) |")
-    print("|---|---|---|---|---|")
+    print("| b | backend | us / call (graph replay) | max abs diff vs torch | fa2 plan host us | step us (metadata + "
+          "replay) |")
+    print("|---|---|---|---|---|---|")
     for b in (int(x) for x in a.batches.split(",")):
         num_pages = 1 + b * W
         kv = torch.randn(num_pages, 2, ps, hk, d, dtype=dt, device=dev)
@@ -75,17 +78,20 @@ def main() -> None:
             sl_dev.copy_(pinned[i % len(pinned)][1], non_blocking=True)
 
         write(0)
+        want = TorchDecode()(q, kv, bt_dev, sl_dev, scale).float()
         for name in a.backends.split(","):
             if name == "torch":
                 attn = TorchDecode()
             elif name == "xqa":
                 attn = XQADecode(hq, hk, d, ps, max_batch=b, device=dev)
+            elif name == "triton":
+                attn = TritonDecode(hq, hk, d, ps, max_batch=b, max_pages_per_row=W, device=dev, sm_scale=scale)
             elif name == "fa2":
                 attn = FA2Decode(b, W, hq, hk, d, ps, device=dev, sm_scale=scale)
                 attn.plan(*sets[0])
             else:
                 raise SystemExit(f"unknown backend {name}")
-            attn(q, kv, bt_dev, sl_dev, scale)  # eager: JIT build, caches
+            err = (attn(q, kv, bt_dev, sl_dev, scale).float() - want).abs().max().item()  # eager: JIT build, caches
             torch.cuda.synchronize()
             call = lambda attn=attn, q=q, kv=kv, bt=bt_dev, sl=sl_dev: attn(q, kv, bt, sl, scale)
             g = _capture(lambda call=call: [call() for _ in range(a.layers)])
@@ -109,7 +115,8 @@ def main() -> None:
                     attn.plan(*sets[i % len(sets)])
                     plan_times.append((time.perf_counter() - t0) * 1e6)
                 plan_us = f"{statistics.median(plan_times):.1f}"
-            print(f"| {b} | {name} | {us:.1f} | {plan_us} | {statistics.median(step_times):.1f} |", flush=True)
+            step_us = statistics.median(step_times)
+            print(f"| {b} | {name} | {us:.1f} | {err:.1e} | {plan_us} | {step_us:.1f} |", flush=True)
             del g, attn
             torch.cuda.empty_cache()
 

@@ -3,9 +3,10 @@
     python -m models.bench.decode_profile --model qwen3_5-0.8b --batches 1,16,64 --ctx 640 [--paths fused,torch]
 
 Per batch b and decode path (``fused``: the Triton step of ``Qwen35Model._decode_fused``; ``torch``: plain-torch
-layers), rows of ``--ctx`` tokens on random distinct pages, XQA attention: the step is captured once as the engine
-captures a bucket and replayed ``--iters`` times; reported: median replay time (CUDA events), the host time of one
-``replay()`` call, and from one profiled replay the kernel count and the kernels taking the most GPU time.
+layers), rows of ``--ctx`` tokens on random distinct pages, ``--attention`` XQA or our Triton split-KV kernel: the
+step is captured once as the engine captures a bucket and replayed ``--iters`` times; reported: median replay time
+(CUDA events), the host time of one ``replay()`` call, and from one profiled replay the kernel count and the kernels
+taking the most GPU time.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 from models.engine import build_adapter
 from models.engine.sampler import Sampler
 from models.layers.flashinfer_attention import XQADecode
+from models.layers.triton_attention import TritonDecode
 from models.qwen3_5 import KV_POOL
 from resplan import Graph, KVPool, RowLayout, StepBuffers
 
@@ -67,6 +69,7 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=12, help="kernels listed per profile")
     ap.add_argument("--sampler", default="full", choices=["full", "greedy"],
                     help="full: the engine's in-graph sampler; greedy: argmax only")
+    ap.add_argument("--attention", default="xqa", choices=["xqa", "triton"], help="the plan-free decode attention")
     ap.add_argument("--xqa-pdl", default="auto", choices=["auto", "on", "off"],
                     help="XQA's programmatic dependent launch (auto: FlashInfer's default, on for sm_90)")
     a = ap.parse_args()
@@ -83,10 +86,14 @@ def main() -> None:
     state = model.allocate_state(num_pages, ps, max(batches) + 1, dev, dt)
     hq, hk, d, _ = adapter.attention_dims()
     pdl = {"auto": None, "on": True, "off": False}[a.xqa_pdl]
-    attn = XQADecode(hq, hk, d, ps, max_batch=max(batches), device=dev, enable_pdl=pdl)
+    if a.attention == "xqa":
+        attn = XQADecode(hq, hk, d, ps, max_batch=max(batches), device=dev, enable_pdl=pdl)
+    else:
+        attn = TritonDecode(hq, hk, d, ps, max_batch=max(batches), max_pages_per_row=W, device=dev, dtype=dt)
     sampler = Sampler(model.cfg.vocab_size, dev)
     rng = np.random.default_rng(0)
-    print(f"# decode step on {torch.cuda.get_device_name()}: {a.model}, ctx {a.ctx}, page {ps}, XQA (pdl {a.xqa_pdl}), "
+    print(f"# decode step on {torch.cuda.get_device_name()}: {a.model}, ctx {a.ctx}, page {ps}, "
+          f"{'XQA (pdl ' + a.xqa_pdl + ')' if a.attention == 'xqa' else 'Triton attention'}, "
           f"bf16, sampler {a.sampler}\n")
     print("| b | path | GPU us / step (replay) | host us / replay() | kernels / step | profiled GPU us |")
     print("|---|---|---|---|---|---|")

@@ -7,6 +7,7 @@ Arms (``--arms``):
   host          every decode step rebuilds its buffers from the host streams (one H2D) and plans fa2 on the host
   resident-fa2  rows resident in the device store (resplan), fa2 still planned every step: isolates the table gain
   resident-xqa  rows resident, FlashInfer XQA reads the gathered tables in the graph: no host plan at all
+  resident-triton  rows resident, our split-KV Triton attention reads them in the graph: no host plan either
   transformers  transformers' own Qwen3.5 ``generate`` with its cache (same weights), what a user would pick instead
 
 Every request has a ``--prompt-len`` random prompt and generates exactly ``--gen`` tokens (no stop token). Per cell
@@ -37,6 +38,7 @@ ARMS = {
     "host": (Planning.HOST, Backend.FA2),
     "resident-fa2": (Planning.RESIDENT, Backend.FA2),
     "resident-xqa": (Planning.RESIDENT, Backend.XQA),
+    "resident-triton": (Planning.RESIDENT, Backend.TRITON),
 }
 
 

@@ -102,7 +102,7 @@ class EngineConfig:
     preplan: bool = True  # plan the next decode step early, as a pipelined engine does
     device: str = "cpu"
     dtype: str = "float32"  # model weights and KV caches: float32, bfloat16
-    attention: Backend = Backend.TORCH  # decode attention of every bucket: TORCH (any device), FA2 or XQA (CUDA)
+    attention: Backend = Backend.TORCH  # decode attention: TORCH, FA2 or XQA (CUDA), TRITON (CUDA, or interpreted)
     timing: bool = False  # per-step ITL samples and GPU graph time (CUDA events); costs a little host time
 
 
@@ -256,10 +256,11 @@ class Engine:
 
     # -- graphs --------------------------------------------------------------------------------------------------
     def _make_attention(self) -> dict[int, object]:
-        """Each bucket's decode attention: None (plain torch), one XQA shared by every bucket, or fa2 per bucket."""
+        """Each bucket's decode attention: None (plain torch), one XQA or Triton attention shared by every bucket, or
+        fa2 per bucket. Triton runs on a CPU too, in Triton's interpreter."""
         if self.backend is Backend.TORCH:
             return {b: None for b in self.buckets}
-        if self.device.type != "cuda":
+        if self.device.type != "cuda" and self.backend is not Backend.TRITON:
             raise ValueError(f"attention {self.backend.value} runs on CUDA only; use Backend.TORCH on {self.device}")
         if self.read_keys or len(self.append_keys) != 1:
             raise ValueError(f"{self.adapter.name}: GPU attention backends serve one appended pool, no read pools")
@@ -270,9 +271,9 @@ class Engine:
         common = dict(max_pages_per_row=W, num_qo_heads=hq, num_kv_heads=hk, head_dim=d,
                       page_size=self.config.page_size, device=self.device, dtype=getattr(torch, self.config.dtype),
                       sm_scale=scale)
-        if self.backend is Backend.XQA:
-            xqa = make_decode_attention(Backend.XQA, batch_size=self.buckets[-1], **common)
-            return {b: xqa for b in self.buckets}
+        if self.backend in (Backend.XQA, Backend.TRITON):
+            shared = make_decode_attention(self.backend, batch_size=self.buckets[-1], **common)
+            return {b: shared for b in self.buckets}
         return {b: make_decode_attention(Backend.FA2, batch_size=b, **common) for b in self.buckets}
 
     def _plan_attention(self, b: int, fill: HostFill) -> None:

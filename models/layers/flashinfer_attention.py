@@ -373,14 +373,20 @@ def make_decode_attention(
     sm_scale: float | None = None,
     **kwargs,
 ) -> DecodeAttention:
-    """The attention callable of one captured bucket. XQA objects may be shared between buckets (size them with
-    the largest); FA2 needs one per bucket (its batch size is frozen); TORCH is stateless."""
+    """The attention callable of one captured bucket. XQA and TRITON objects may be shared between buckets (size them
+    with the largest); FA2 needs one per bucket (its batch size is frozen); TORCH is stateless."""
     if backend is Backend.TORCH:
         return TorchDecode()
     if backend is Backend.XQA:
         return XQADecode(
             num_qo_heads, num_kv_heads, head_dim, page_size, max_batch=batch_size, device=device, dtype=dtype, **kwargs
         )
+    if backend is Backend.TRITON:
+        from models.layers.triton_attention import TritonDecode
+
+        return TritonDecode(num_qo_heads, num_kv_heads, head_dim, page_size, max_batch=batch_size,
+                            max_pages_per_row=max_pages_per_row, device=device, dtype=dtype,
+                            sm_scale=sm_scale)  # fmt: skip
     if backend is Backend.FA2:
         return FA2Decode(
             batch_size,
