@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.pdl import gdc_launch_dependents, gdc_wait, launch_options
+
 
 @triton.jit
 def _norm_rope(base, w_ptr, cos, sin, rstd_eps, offs, m, is_rot, partner, sgn, DT: tl.constexpr, D: tl.constexpr):
@@ -57,7 +59,11 @@ def _attn_prep_kernel(
     R: tl.constexpr,
     PS: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:  # kernels/pdl.py: nothing the step's earlier kernels write is touched before the wait
+        gdc_launch_dependents()
+        gdc_wait()
     r = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
     DT: tl.constexpr = qkv_ptr.dtype.element_ty
@@ -113,5 +119,6 @@ def attention_prep_(
         qkv.stride(0), cos.stride(0), kv.stride(0), kv.stride(1), kv.stride(2), kv.stride(3),
         q_out.stride(0), q_out.stride(1), float(eps),
         HQ=hq, HK=hk, D=d, R=r, PS=ps, BLOCK=triton.next_power_of_2(d), num_warps=4,
+        **launch_options(),
     )  # fmt: skip
     return q_out

@@ -11,11 +11,16 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.pdl import gdc_launch_dependents, gdc_wait, launch_options
+
 BLOCK_SILU = 1024
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, gu_b, out_b, INTER: tl.constexpr, BLOCK: tl.constexpr):
+def _silu_mul_kernel(gu_ptr, out_ptr, gu_b, out_b, INTER: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # kernels/pdl.py: nothing the step's earlier kernels write is touched before the wait
+        gdc_launch_dependents()
+        gdc_wait()
     r = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = offs < INTER
@@ -36,13 +41,18 @@ def silu_mul(gu: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         return out
     block = min(BLOCK_SILU, triton.next_power_of_2(inter))
     _silu_mul_kernel[(n, triton.cdiv(inter, block))](
-        gu, out, gu.stride(0), out.stride(0), INTER=inter, BLOCK=block, num_warps=4
+        gu, out, gu.stride(0), out.stride(0), INTER=inter, BLOCK=block, num_warps=4, **launch_options()
     )
     return out
 
 
 @triton.jit
-def _sigmoid_gate_kernel(o_ptr, qkv_ptr, out_ptr, o_b, o_h, qkv_b, out_b, D: tl.constexpr, BLOCK: tl.constexpr):
+def _sigmoid_gate_kernel(
+    o_ptr, qkv_ptr, out_ptr, o_b, o_h, qkv_b, out_b, D: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr
+):
+    if PDL:  # kernels/pdl.py: nothing the step's earlier kernels write is touched before the wait
+        gdc_launch_dependents()
+        gdc_wait()
     r = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     offs = tl.arange(0, BLOCK)
@@ -67,6 +77,6 @@ def sigmoid_gate_mul(
         return out
     _sigmoid_gate_kernel[(n, H)](
         o, qkv, out, o.stride(0), o.stride(1), qkv.stride(0), out.stride(0),
-        D=D, BLOCK=triton.next_power_of_2(D), num_warps=4,
+        D=D, BLOCK=triton.next_power_of_2(D), num_warps=4, **launch_options(),
     )  # fmt: skip
     return out

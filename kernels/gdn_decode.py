@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.pdl import gdc_launch_dependents, gdc_wait, launch_options
 from models.layers.gdn import L2_EPS as _L2_EPS
 
 L2_EPS = tl.constexpr(_L2_EPS)
@@ -64,7 +65,11 @@ def _gdn_decode_kernel(
     BLOCK_K: tl.constexpr,
     BLOCK_V: tl.constexpr,
     PREP: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:  # kernels/pdl.py: nothing the step's earlier kernels write is touched before the wait
+        gdc_launch_dependents()
+        gdc_wait()
     r = tl.program_id(0)
     h = tl.program_id(1)
     vb = tl.program_id(2)
@@ -159,6 +164,7 @@ def _launch_gdn(ssm_pool, slots, q, k, v, g, beta, out, block_v, prep) -> None:
         g.stride(0), beta.stride(0), out.stride(0), out.stride(1),
         HV=hv, N_REP=hv // hk, DK=dk, DV=dv, BLOCK_K=block_k, BLOCK_V=block_v, PREP=prep is not None,
         num_warps=4,
+        **launch_options(),
     )  # fmt: skip
 
 
@@ -180,7 +186,11 @@ def _conv1d_decode_kernel(
     K: tl.constexpr,
     BLOCK_C: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:  # kernels/pdl.py: nothing the step's earlier kernels write is touched before the wait
+        gdc_launch_dependents()
+        gdc_wait()
     r = tl.program_id(0)
     cb = tl.program_id(1)
     slot = tl.load(slot_ptr + r).to(tl.int64)
@@ -241,5 +251,6 @@ def conv1d_decode_step_(
         BLOCK_C=block_c,
         BLOCK_K=triton.next_power_of_2(K),
         num_warps=4,
+        **launch_options(),
     )
     return out

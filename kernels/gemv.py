@@ -12,7 +12,19 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.pdl import gdc_launch_dependents, gdc_wait, launch_options
+
 MAX_ROWS = 16  # more rows than this: the GEMM is no longer a weight stream; use cuBLAS
+
+
+@triton.jit
+def _gemv_tile(acc, w, x_ptr, x_m, offs_m, offs_k, mm, mk, DOT: tl.constexpr):
+    """acc += x[:, k-tile] @ w_tile^T: [BLOCK_M, BLOCK_N] by tl.dot, or [BLOCK_N] on the CUDA cores for one row."""
+    if DOT:
+        x = tl.load(x_ptr + offs_m[:, None] * x_m + offs_k[None, :], mask=mm[:, None] & mk[None, :], other=0.0)
+        return tl.dot(x, tl.trans(w), acc)
+    x = tl.load(x_ptr + offs_k, mask=mk, other=0.0).to(tl.float32)  # [BLOCK_K]
+    return acc + tl.sum(w.to(tl.float32) * x[None, :], axis=1)
 
 
 @triton.jit
@@ -30,26 +42,31 @@ def _gemv_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     DOT: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     mn = offs_n < N
     mm = offs_m < M
     rows = w_ptr + offs_n.to(tl.int64)[:, None] * w_n  # [BLOCK_N, 1]
+    offs_k = tl.arange(0, BLOCK_K)
+    mk = offs_k < K
+    # The first weight tile: weights are constant through the step, so under PDL it streams in while the kernel
+    # before this one finishes (kernels/pdl.py); x, written by that kernel, is read only after the wait.
+    w = tl.load(rows + offs_k[None, :], mask=mn[:, None] & mk[None, :], other=0.0)  # [BLOCK_N, BLOCK_K]
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     if DOT:  # noqa: SIM108 (a static branch of the kernel)
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     else:
         acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    acc = _gemv_tile(acc, w, x_ptr, x_m, offs_m, offs_k, mm, mk, DOT)
+    for k0 in range(BLOCK_K, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mk = offs_k < K
-        w = tl.load(rows + offs_k[None, :], mask=mn[:, None] & mk[None, :], other=0.0)  # [BLOCK_N, BLOCK_K]
-        if DOT:
-            x = tl.load(x_ptr + offs_m[:, None] * x_m + offs_k[None, :], mask=mm[:, None] & mk[None, :], other=0.0)
-            acc = tl.dot(x, tl.trans(w), acc)  # [BLOCK_M, BLOCK_N]
-        else:
-            x = tl.load(x_ptr + offs_k, mask=mk, other=0.0).to(tl.float32)  # [BLOCK_K]
-            acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+        w = tl.load(rows + offs_k[None, :], mask=mn[:, None] & mk[None, :], other=0.0)
+        acc = _gemv_tile(acc, w, x_ptr, x_m, offs_m, offs_k, mm, mk, DOT)
     if DOT:
         dst = y_ptr + offs_m[:, None] * y_m + offs_n[None, :]
         tl.store(dst, acc.to(y_ptr.dtype.element_ty), mask=mm[:, None] & mn[None, :])
@@ -99,5 +116,6 @@ def gemv(
     _gemv_kernel[(triton.cdiv(N, block_n),)](
         x, w, out, M, N, K, x.stride(0), w.stride(0), out.stride(0),
         BLOCK_M=16 if dot else 1, BLOCK_N=block_n, BLOCK_K=block_k, DOT=dot, num_warps=warps, num_stages=stages,
+        **launch_options(),
     )  # fmt: skip
     return out

@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.pdl import gdc_launch_dependents, gdc_wait, launch_options
+
 
 @triton.jit
 def _add_rms_norm_kernel(
@@ -34,7 +36,11 @@ def _add_rms_norm_kernel(
     BLOCK: tl.constexpr,
     HAS_DELTA: tl.constexpr,
     ZERO_CENTERED: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:  # kernels/pdl.py: nothing the step's earlier kernels write is touched before the wait
+        gdc_launch_dependents()
+        gdc_wait()
     r = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     m = offs < N
@@ -84,6 +90,7 @@ def add_rms_norm_(
         HAS_DELTA=delta is not None,
         ZERO_CENTERED=zero_centered,
         num_warps=4 if N <= 2048 else 8,
+        **launch_options(),
     )
     return out
 
@@ -101,7 +108,11 @@ def _gated_rms_norm_kernel(
     eps,
     D: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:  # kernels/pdl.py: nothing the step's earlier kernels write is touched before the wait
+        gdc_launch_dependents()
+        gdc_wait()
     r = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     offs = tl.arange(0, BLOCK)
@@ -133,6 +144,6 @@ def gated_rms_norm(
         return out
     _gated_rms_norm_kernel[(n, H)](
         o, z, weight, out, o.stride(0), o.stride(1), z.stride(0), out.stride(0), float(eps),
-        D=D, BLOCK=triton.next_power_of_2(D), num_warps=4,
+        D=D, BLOCK=triton.next_power_of_2(D), num_warps=4, **launch_options(),
     )  # fmt: skip
     return out

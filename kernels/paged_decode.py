@@ -24,6 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.pdl import gdc_launch_dependents, gdc_wait, launch_options
+
 MIN_SPLIT_TOKENS = 32  # fewer tokens than this a program: the partials cost more than they split
 PROGRAMS_PER_SM = 2  # split until (rows x KV heads x splits) reaches this many programs per SM
 CPU_SMS = 66  # the "SM count" used off the GPU (the interpreter), so CPU tests exercise split and unsplit paths
@@ -56,7 +58,11 @@ def _split_kernel(
     SPLIT_TOKENS: tl.constexpr,
     BLOCK_T: tl.constexpr,
     SPLIT: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:  # kernels/pdl.py: nothing the step's earlier kernels write is touched before the wait
+        gdc_launch_dependents()
+        gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     kh = tl.program_id(1)
     s = tl.program_id(2)
@@ -110,7 +116,11 @@ def _combine_kernel(
     G: tl.constexpr,
     D: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:  # kernels/pdl.py: nothing the step's earlier kernels write is touched before the wait
+        gdc_launch_dependents()
+        gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     kh, g = h // G, h % G
@@ -198,10 +208,12 @@ def paged_decode(
         q, kv, block_table, seq_lens, acc, ml, float(scale), W, S, q.stride(0), q.stride(1), s0, s1, s2, s3,
         out.stride(0), out.stride(1),
         PS=ps, G=G, G_PAD=max(16, triton.next_power_of_2(G)), D=D, SPLIT_TOKENS=tokens, BLOCK_T=block_t, SPLIT=split,
-        num_warps=4, num_stages=2,
+        num_warps=4, num_stages=2, **launch_options(),
     )  # fmt: skip
     if split:
-        _combine_kernel[(b, hq)](acc, ml, out, S, out.stride(0), out.stride(1), G=G, D=D, BLOCK_S=BLOCK_S, num_warps=4)
+        _combine_kernel[(b, hq)](
+            acc, ml, out, S, out.stride(0), out.stride(1), G=G, D=D, BLOCK_S=BLOCK_S, num_warps=4, **launch_options()
+        )
     return out
 
 

@@ -91,3 +91,25 @@ def test_row_check_holds_over_5000_resident_steps_with_displacement():
           f"{st.mismatches} mismatches")
     assert st.row_checks >= 5000 and st.mismatches == 0 and st.displacements > 1000
     assert np.isfinite(st.plan_ns)
+
+
+def test_pdl_changes_no_token_and_no_logit():
+    """Programmatic dependent launch (kernels/pdl.py) only moves kernel starts earlier: the 0.8B-shaped step gives
+    the same tokens with it and without it (every kernel is deterministic, so a read before its producer finished
+    shows as a difference), over steps where pages are crossed and rows finish."""
+    import kernels.pdl as pdl
+
+    if not pdl._supported():
+        pytest.skip("this GPU or Triton cannot launch with PDL")
+    adapter = build_adapter("qwen3_5-0.8b", seed=0, device="cuda", dtype=torch.bfloat16)
+    reqs = random_requests(adapter, 24, prompt_len=(16, 80), gen_len=(24, 40), seed=9)
+    cfg = EngineConfig(device="cuda", dtype="bfloat16", attention=Backend.TRITON, max_running=16, page_size=16,
+                       max_seq_len=256)
+    tokens = {}
+    try:
+        for on in (False, True):
+            pdl.set_enabled(on)
+            tokens[on] = run_arms(adapter, cfg, reqs, arms=(R,))[R].tokens
+    finally:
+        pdl.set_enabled(None)
+    assert tokens[True] == tokens[False]

@@ -1,0 +1,63 @@
+"""Programmatic dependent launch (PDL, sm_90+) for the decode step's Triton kernels.
+
+A kernel launched with PDL may start while the kernel before it on the stream is still running: its programs are
+scheduled once every program of the previous kernel has signalled (``gdc_launch_dependents``) or exited, and each
+waits (``gdc_wait``) until the previous kernel has completed and its writes are visible. In a graph of ~260 small
+kernels this hides the launch and ramp-up of each kernel behind the tail of the one before, and lets a weight
+stream read its first tile (constant for the whole step) before it waits.
+
+The contract every kernel that takes ``PDL`` keeps: nothing it reads that an earlier kernel of the step writes, and
+nothing it writes, is touched before ``gdc_wait`` (only weights are). Waiting is transitive: a kernel's wait returns
+after the previous kernel completed, which itself waited for the one before. Kernels launched without PDL (torch's,
+cuBLAS) wait for full completion as usual.
+
+Enabled on CUDA devices of compute capability >= 9 when Triton can launch with PDL and ``RESPLAN_PDL`` is not "0";
+never in Triton's interpreter. ``set_enabled`` overrides it (benchmarks A/B it; capture records what was set).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+try:  # Triton >= 3.3
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover - older Triton: PDL stays off, the names are never traced
+    gdc_launch_dependents = gdc_wait = None
+
+_override: bool | None = None
+
+
+@functools.cache
+def _supported() -> bool:
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") or gdc_wait is None:
+        return False
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
+        return False
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except ImportError:  # pragma: no cover
+        return False
+    return "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
+
+
+def enabled() -> bool:
+    """Whether this process launches the step's kernels with PDL."""
+    if _override is not None:
+        return _override and _supported()
+    return os.environ.get("RESPLAN_PDL", "1") != "0" and _supported()
+
+
+def set_enabled(value: bool | None) -> None:
+    """Force PDL on (where supported) or off; None restores the default. Affects launches from now on."""
+    global _override
+    _override = value
+
+
+def launch_options() -> dict:
+    """Keyword arguments for a kernel launch: ``PDL`` (the kernel's constexpr) and Triton's ``launch_pdl``."""
+    on = enabled()
+    return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
+
