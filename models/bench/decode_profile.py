@@ -19,6 +19,8 @@ from collections import defaultdict
 import numpy as np
 import torch
 
+import kernels.gemv
+import kernels.pdl
 from models.engine import build_adapter
 from models.engine.sampler import Sampler
 from models.layers.flashinfer_attention import XQADecode
@@ -70,12 +72,17 @@ def main() -> None:
     ap.add_argument("--sampler", default="full", choices=["full", "greedy"],
                     help="full: the engine's in-graph sampler; greedy: argmax only")
     ap.add_argument("--attention", default="xqa", choices=["xqa", "triton"], help="the plan-free decode attention")
+    ap.add_argument("--gemv", default="measured", choices=["measured", "all"],
+                    help="measured: the weight stream where GEMV_CONFIGS says it wins; all: every GEMM of <= 16 rows")
+    ap.add_argument("--pdl", default="on", help="our kernels' programmatic dependent launch: on, off, or on,off (A/B)")
     ap.add_argument("--xqa-pdl", default="auto", choices=["auto", "on", "off"],
                     help="XQA's programmatic dependent launch (auto: FlashInfer's default, on for sm_90)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("decode_profile measures CUDA graphs: it needs a GPU")
     dev, dt, ps = torch.device("cuda"), torch.bfloat16, a.page_size
+    if a.gemv == "all":  # what-if: the weight stream at every skinny shape (the default configs where unlisted)
+        kernels.gemv.gemv_wins = lambda rows, n, k: 1 <= rows <= kernels.gemv.MAX_ROWS
     adapter = build_adapter(a.model, seed=0, device=dev, dtype=dt)
     model = adapter.model
     batches = [int(x) for x in a.batches.split(",")]
@@ -94,7 +101,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     print(f"# decode step on {torch.cuda.get_device_name()}: {a.model}, ctx {a.ctx}, page {ps}, "
           f"{'XQA (pdl ' + a.xqa_pdl + ')' if a.attention == 'xqa' else 'Triton attention'}, "
-          f"bf16, sampler {a.sampler}\n")
+          f"bf16, sampler {a.sampler}, GEMMs: {a.gemv}\n")
     print("| b | path | GPU us / step (replay) | host us / replay() | kernels / step | profiled GPU us |")
     print("|---|---|---|---|---|---|")
     details = []
@@ -102,8 +109,10 @@ def main() -> None:
         bufs = _bufs(layout, b, a.ctx, ps, W, num_pages, dev, rng)
         ids = torch.randint(0, model.cfg.vocab_size, (b,), device=dev)
         out = torch.empty(b, dtype=torch.int64, device=dev)
-        for path in a.paths.split(","):
+        for path, pdl_on in ((p, m == "on") for p in a.paths.split(",") for m in a.pdl.split(",")):
             model.fused_decode = {"fused": True, "torch": False}[path]
+            kernels.pdl.set_enabled(pdl_on)
+            label = path + ("" if pdl_on and kernels.pdl.enabled() else " (no PDL)")
 
             def step(ids=ids, bufs=bufs, out=out) -> None:
                 logits = model.decode(state, ids, bufs, attn)
@@ -125,9 +134,9 @@ def main() -> None:
                 g.replay()
                 torch.cuda.synchronize()
             count, total, top = _kernel_table(prof, a.top)
-            print(f"| {b} | {path} | {statistics.median(gpu):.0f} | {statistics.median(host):.1f} | {count} | "
+            print(f"| {b} | {label} | {statistics.median(gpu):.0f} | {statistics.median(host):.1f} | {count} | "
                   f"{total:.0f} |", flush=True)  # fmt: skip
-            details.append((b, path, top))
+            details.append((b, label, top))
             del g
     for b, path, top in details:
         print(f"\n## b={b} {path}: top kernels by GPU time\n\n| kernel | count | us |\n|---|---|---|")
