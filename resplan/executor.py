@@ -9,7 +9,9 @@ cells into the store, ``gather`` the step's rows by the slot row into the bucket
 from __future__ import annotations
 
 import enum
+import gc
 import os
+import warnings
 from collections.abc import Callable
 
 import numpy as np
@@ -56,10 +58,33 @@ class Graph:
                 for _ in range(warmup):
                     fn()
             torch.cuda.current_stream(device).wait_stream(side)
-            self.graph = torch.cuda.CUDAGraph()
-            # thread_local: an unsafe CUDA call made meanwhile by another thread must not invalidate this capture
-            with torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
-                fn()
+            self.graph = self._capture(fn, pool)
+
+    @staticmethod
+    def _capture(fn: Callable[[], None], pool, attempts: int = 2) -> torch.cuda.CUDAGraph:
+        """Capture ``fn`` with the garbage collector paused (a collection during capture can free CUDA objects of
+        dead engines, e.g. pinned buffers, whose release is not capture-safe). An invalidated capture is retried once,
+        with a warning; the second failure raises. Seen twice in the H200 test runs (a capture after other engines'
+        tests in the same process); the cause is not pinned down."""
+        for attempt in range(1, attempts + 1):
+            graph = torch.cuda.CUDAGraph()
+            collecting = gc.isenabled()
+            gc.disable()
+            try:
+                # thread_local: an unsafe CUDA call made meanwhile by another thread must not invalidate this capture
+                with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+                    fn()
+                return graph
+            except RuntimeError as e:
+                if attempt == attempts or "capture" not in str(e):
+                    raise
+                warnings.warn(f"CUDA graph capture invalidated ({str(e).splitlines()[0]}); capturing again",
+                              RuntimeWarning, stacklevel=3)  # fmt: skip
+                torch.cuda.synchronize()
+            finally:
+                if collecting:
+                    gc.enable()
+        raise AssertionError("unreachable")
 
     @property
     def pool(self):
