@@ -86,3 +86,57 @@ def test_captured_buckets_replay_hundreds_of_steps_of_changing_host_state(factor
     print(f"\n{factory.__name__}: {e.steps} captured steps, {e.displaced} displaced, {e.whole_rows} rows whole, "
           f"{e.crossings} crossings, {e.mismatches} row-check mismatches")
     assert e.steps >= 500 and e.displaced > 0 and e.crossings > 0 and e.mismatches == 0
+
+
+class _FlakyCapture:
+    """A stand-in for ``torch.cuda.graph``: the first ``failures`` captures end invalidated, as CUDA reports it."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures, self.calls, self.gc_during = failures, 0, []
+
+    def __call__(self, graph, pool=None, capture_error_mode=None):
+        import contextlib
+        import gc
+
+        outer = self
+
+        @contextlib.contextmanager
+        def ctx():
+            outer.calls += 1
+            outer.gc_during.append(gc.isenabled())
+            yield
+            if outer.calls <= outer.failures:
+                raise RuntimeError("CUDA error: operation failed due to a previous error during capture")
+
+        return ctx()
+
+
+def test_an_invalidated_capture_is_retried_once_with_a_warning_and_gc_paused():
+    import gc
+
+    from resplan import Graph
+
+    runs = []
+    flaky = _FlakyCapture(failures=1)
+    with pytest.warns(RuntimeWarning, match="capturing again"):
+        g = Graph._capture(lambda: runs.append(1), None, new_graph=object, capturing=flaky)
+    assert g is not None and flaky.calls == 2 and len(runs) == 2
+    assert flaky.gc_during == [False, False] and gc.isenabled()  # paused during capture, restored after
+
+
+def test_a_capture_that_fails_twice_raises_and_other_errors_are_not_retried():
+    import gc
+
+    from resplan import Graph
+
+    with pytest.warns(RuntimeWarning), pytest.raises(RuntimeError, match="during capture"):
+        Graph._capture(lambda: None, None, new_graph=object, capturing=_FlakyCapture(failures=2))
+    assert gc.isenabled()
+
+    def broken():
+        raise RuntimeError("shape mismatch")
+
+    flaky = _FlakyCapture(failures=0)
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        Graph._capture(broken, None, new_graph=object, capturing=flaky)
+    assert flaky.calls == 1
