@@ -27,6 +27,8 @@ from models.engine import (
     validate,
 )
 from models.engine.compare import random_requests, run_arms
+from models.layers.triton_attention import interpreted
+from resplan import Backend
 
 
 def _range(text: str) -> tuple[int, int]:
@@ -73,6 +75,9 @@ def parser() -> argparse.ArgumentParser:
                     help="widest decode bucket; buckets are 1, 2, 4, 8, 16, 24, ... up to it (default: concurrency)")
     ap.add_argument("--token-budget", type=int, default=None,
                     help="prefill tokens per step: prompts longer than this prefill in chunks (default: whole prompts)")
+    ap.add_argument("--attention", choices=["torch", "triton"], default="torch",
+                    help="decode attention: plain torch, or our plan-free split-KV Triton kernel (on a CPU it runs in "
+                         "Triton's interpreter: set TRITON_INTERPRET=1)")
     ap.add_argument("--row-check", action=argparse.BooleanOptionalAction, default=True,
                     help="after every resident decode step, compare every row it read with the host streams")
     ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature, 0 = greedy")
@@ -94,6 +99,7 @@ def config(args) -> EngineConfig:
         max_seq_len=args.max_seq_len,
         token_budget=args.token_budget,
         row_check=args.row_check,
+        attention=Backend(args.attention),
     )
 
 
@@ -166,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config(args)
     except ValueError as e:
         ap.error(str(e))
+    if args.attention == "triton" and not interpreted():
+        ap.error("--attention triton runs on the CPU in Triton's interpreter: TRITON_INTERPRET=1 python -m models.demo "
+                 "--attention triton")
     adapter = build_adapter(args.model, seed=args.seed)
     requests = random_requests(adapter, args.requests, args.prompt_len, args.gen_len, args.seed, args.temperature,
                                args.top_p, args.top_k)
@@ -183,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     runs = run_arms(adapter, cfg, requests, args.arms, make_on_step=progress(args, requests))
     e0 = next(iter(runs.values())).engine
     print(f"order {e0.config.order.value}, buckets {e0.buckets}, page size {e0.config.page_size}, "
-          f"pages {[p.num_pages for p in e0.page_pools.values()]}, token budget {e0.config.token_budget}")
+          f"pages {[p.num_pages for p in e0.page_pools.values()]}, token budget {e0.config.token_budget}, "
+          f"attention {args.attention}")
     print(f"layout: {e0.layout.describe(2 * e0.buckets[-1] + 1)}")
     arms = list(runs)
     first = runs[arms[0]].tokens

@@ -153,7 +153,7 @@ def test_demo_help_names_every_option(capsys):
     text = capsys.readouterr().out
     for opt in ("--model", "--arms", "--concurrency", "--requests", "--prompt-len", "--gen-len", "--page-size",
                 "--num-pages", "--max-seq-len", "--order", "--max-bucket", "--token-budget", "--row-check", "--seed",
-                "--temperature", "--top-p", "--top-k", "--progress"):
+                "--temperature", "--top-p", "--top-k", "--progress", "--attention"):
         assert opt in text
 
 

@@ -206,7 +206,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="qwen3_5-0.8b", help="model(s), comma-separated (random weights)")
     ap.add_argument("--concurrency", default="1,16,64", help="concurrency cells, comma-separated")
-    ap.add_argument("--arms", default="host,resident-fa2,resident-xqa,transformers", help="arms, comma-separated")
+    ap.add_argument("--arms", default="host,resident-fa2,resident-xqa,resident-triton,transformers",
+                    help="arms, comma-separated")
     ap.add_argument("--transformers-c", default="1,16", help="cells where the transformers arm runs")
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--gen", type=int, default=256, help="tokens each request generates (fixed)")
