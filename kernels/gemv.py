@@ -101,7 +101,9 @@ def gemv(
     out: torch.Tensor | None = None,  # [M, N] contiguous, x's dtype unless given
     config: tuple[int, int, int, int] | None = None,  # (block_n, block_k, num_warps, num_stages)
 ) -> torch.Tensor:
-    """x @ w^T for a few rows, as one weight stream. See module doc."""
+    """x @ w^T for a few rows, as one weight stream. See module doc. Under PDL the first tile of ``w`` is read before
+    the kernel waits for the one before it: ``w`` must be a weight, never something an earlier kernel of the step
+    writes."""
     M, K = x.shape
     N = w.shape[0]
     assert w.shape == (N, K) and x.stride(-1) == 1 and w.stride(-1) == 1, (x.shape, w.shape)
