@@ -165,3 +165,25 @@ def test_triton_attention_in_both_arms_matches_torch_attention():
     assert_same(runs, PROMPTS[:16])
     assert runs[R].engine.state.cfg.buckets[0].host_plan_free
     assert runs[R].tokens == run_arms(QWEN, cfg, PROMPTS[:16], arms=(R,))[R].tokens
+
+
+def test_a_decode_steps_wall_time_includes_the_pre_plan_it_makes(monkeypatch):
+    """``decode_ns`` (the benchmark's decode tok/s) covers the whole loop iteration: the resident arm plans the next
+    step at the end of this one (the pre-plan), and that time must count against decode steps as the host arm's fill
+    does. Each plan is slowed to 0.1 s, longer than a step's forward here, so a pre-plan left outside the decode
+    step's time shows: every pre-plan made in a decode step's iteration must be inside ``decode_ns``."""
+    import time
+
+    import models.engine.driver as driver
+
+    plan = driver.plan
+
+    def slow_plan(*args, **kwargs):
+        time.sleep(0.1)
+        return plan(*args, **kwargs)
+
+    monkeypatch.setattr(driver, "plan", slow_plan)
+    st = run_arms(QWEN, attrs.evolve(BASE, max_running=4, row_check=False), PROMPTS[:6], arms=(R,))[R].engine.stats
+    made_in_decode_steps = st.preplans - st.prefill_steps - st.mixed_steps  # at most one pre-plan a step
+    assert st.preplan_hits > 0 and made_in_decode_steps >= 3
+    assert st.decode_ns >= made_in_decode_steps * 0.1e9

@@ -130,7 +130,7 @@ class EngineStats:
     attn_plan_ns: int = 0  # decode steps: the attention library's host plan (fa2), with its table build
     launch_ns: int = 0  # decode steps: input ids copy + graph replay launch
     wait_ns: int = 0  # decode steps: waiting for the sampled tokens (the GPU finishing the step)
-    decode_ns: int = 0  # decode steps: wall time, start of the step to its tokens emitted
+    decode_ns: int = 0  # decode steps: wall time of the whole step() (compose, admit, plan, replay, emit, pre-plan)
     decode_rows: int = 0  # decode steps: real rows (tokens) they produced
     gpu_ms: float = 0.0  # decode steps: graph time on the GPU (CUDA events; with timing on)
     itl: list = attrs.Factory(list)  # with timing on: per step, [n] gaps since each row's last token (s)
@@ -360,6 +360,7 @@ class Engine:
         """Run one step; False when there was nothing to run."""
         if not self.has_work():
             return False
+        t0 = time.perf_counter_ns()
         self._reload()
         batch, chunks = self._admit_step()
         if batch.host_planned:
@@ -369,6 +370,8 @@ class Engine:
         self.stats.steps += 1
         if self.config.preplan:
             self._preplan_next()
+        if not batch.host_planned:  # the loop's whole iteration: a pre-plan is work a later decode step saves
+            self.stats.decode_ns += time.perf_counter_ns() - t0
         return True
 
     def _next_seq(self) -> int:
@@ -557,8 +560,9 @@ class Engine:
             self.stats.reloads += 1
 
     # -- running steps -------------------------------------------------------------------------------------------
-    def _replay(self, graph: Graph, b: int, rows: np.ndarray) -> np.ndarray:
-        """Fill the step's input ids, replay, read the sampled tokens back: [n] int64."""
+    def _replay(self, graph: Graph, b: int, rows: np.ndarray, decode: bool) -> np.ndarray:
+        """Fill the step's input ids, replay, read the sampled tokens back: [n] int64. ``decode``: a pure decode step,
+        whose phases (launch, wait, GPU time) the stats count; a mixed step's replay is not counted."""
         n = rows.size
         ids = self._ids_host[:b]
         a = ids.numpy()
@@ -575,10 +579,11 @@ class Engine:
             self._ev1.record()
         t1 = time.perf_counter_ns()
         tokens = self.tokens[b][:n].cpu().numpy().copy()  # waits for the step
-        st.launch_ns += t1 - t0
-        st.wait_ns += time.perf_counter_ns() - t1
-        if timed:
-            st.gpu_ms += self._ev0.elapsed_time(self._ev1)
+        if decode:
+            st.launch_ns += t1 - t0
+            st.wait_ns += time.perf_counter_ns() - t1
+            if timed:
+                st.gpu_ms += self._ev0.elapsed_time(self._ev1)
         st.rows_decoded += n
         st.padded_rows += b - n
         return tokens
@@ -589,7 +594,6 @@ class Engine:
             self.streams.kv[k].lengths[rows] += 1
 
     def _decode_step(self, batch: Batch) -> None:
-        t_step = time.perf_counter_ns()
         rows, b = batch.rows, batch.bucket
         st = self.stats
         if self.resident:
@@ -625,7 +629,7 @@ class Engine:
                 self.fills[b].build(self.streams, rows)
             self._plan_attention(b, self.fills[b])
             st.attn_plan_ns += time.perf_counter_ns() - t0
-        tokens = self._replay(self.graphs[b, not self.sampling[rows].any()], b, rows)
+        tokens = self._replay(self.graphs[b, not self.sampling[rows].any()], b, rows, decode=True)
         self._advance(rows)
         if self.resident:
             self.state = commit(self.state, seq)
@@ -635,7 +639,6 @@ class Engine:
         st.decode_steps += 1
         st.decode_rows += rows.size
         self._emit(rows, tokens)
-        st.decode_ns += time.perf_counter_ns() - t_step
 
     def _row_check(self, rows: np.ndarray, b: int) -> None:
         bad = row_check(self.executor.store_numpy(), self.state, rows, self.streams, self.executor.buffers[b])
@@ -652,7 +655,7 @@ class Engine:
         if rows.size:
             self.fills[b].fill(self.streams, rows)
             self._plan_attention(b, self.fills[b])
-            tokens = self._replay(self.host_graphs[b, not self.sampling[rows].any()], b, rows)
+            tokens = self._replay(self.host_graphs[b, not self.sampling[rows].any()], b, rows, decode=False)
             self._advance(rows)
             self.scheduler.ran(rows, seq)
         first_rows, first_tokens = self._prefill(chunks, seq)
