@@ -137,10 +137,10 @@ def summarize(runs: list[dict], arms: list[str]) -> tuple[str, list[dict]]:
     rows, lines = [], []
     cells = sorted({(r["model"], r["c"]) for r in runs}, key=lambda x: (x[0], x[1]))
     lines.append("| cell | arm | tok/s median [min-max] | vs host | decode tok/s | vs host | ITL p50/mean ms | "
-                 "TTFT p50 ms | step us | "
+                 "per token vs host (ITL mean) | TTFT p50 ms | step us | "
                  "plan us | attn plan us | launch us | GPU wait us | GPU graph us | idle us | H2D/step | "
                  "H2D B/step | same tokens as host |")
-    lines.append("|" + "---|" * 18)
+    lines.append("|" + "---|" * 19)
     for model, c in cells:
         host = [r for r in runs if r["model"] == model and r["c"] == c and r["arm"] == "host"]
         host_med = float(np.median([r["tokps"] for r in host])) if host else float("nan")
@@ -166,11 +166,13 @@ def summarize(runs: list[dict], arms: list[str]) -> tuple[str, list[dict]]:
             dratios = [r.get("decode_tokps", np.nan) / h["decode_tokps"] for r, h in zip(rs, host, strict=False)]
             dratio = (f"{np.median(dratios):.2f}x [{min(dratios):.2f}-{max(dratios):.2f}]"
                       if host and arm != "transformers" else "-")
+            iratios = [h["itl_mean_ms"] / r["itl_mean_ms"] for r, h in zip(rs, host, strict=False)]  # paired by round
+            iratio = f"{np.median(iratios):.2f}x [{min(iratios):.2f}-{max(iratios):.2f}]" if host else "-"
             idle = row["step_us"] - row["gpu_us"]
             lines.append(
                 f"| {model} c={c} | {arm} | {med:.0f} [{min(t):.0f}-{max(t):.0f}] | {ratio} | "
                 f"{np.median(dec):.0f} | {dratio} | "
-                f"{row['itl_p50_ms']:.2f}/{row['itl_mean_ms']:.2f} | {row['ttft_p50_ms']:.0f} | "
+                f"{row['itl_p50_ms']:.2f}/{row['itl_mean_ms']:.2f} | {iratio} | {row['ttft_p50_ms']:.0f} | "
                 f"{row['step_us']:.0f} | {row['plan_us']:.1f} | {row['attn_plan_us']:.1f} | {row['launch_us']:.0f} | "
                 f"{row['wait_us']:.0f} | {row['gpu_us']:.0f} | {idle:.0f} | {row['h2d_copies']:.2f} | "
                 f"{row['h2d_bytes']:.0f} | {same} |")

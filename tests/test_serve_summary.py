@@ -1,0 +1,32 @@
+"""The serving benchmark's summary (models/bench/serve.py): ratios against host paired by round, on synthetic runs
+whose ratios are known by construction."""
+
+from __future__ import annotations
+
+import pytest
+
+from models.bench.serve import summarize
+
+ZERO = dict(ttft_p50_ms=5.0, step_us=1.0, plan_us=1.0, attn_plan_us=0.0, launch_us=1.0, wait_us=1.0, gpu_us=1.0,
+            h2d_copies=1.0, h2d_bytes=1.0, tokens=[(1, 2)])  # fmt: skip
+
+
+def run(arm, rnd, tokps, itl_mean, decode_tokps):
+    return dict(model="m", c=1, arm=arm, tokps=tokps, itl_p50_ms=itl_mean, itl_mean_ms=itl_mean,
+                decode_tokps=decode_tokps, **ZERO)  # fmt: skip
+
+
+def test_ratios_against_host_are_paired_by_round():
+    runs = [run("host", 0, 100.0, 2.0, 1000.0), run("resident-xqa", 0, 130.0, 1.6, 1250.0),
+            run("host", 1, 200.0, 4.0, 2000.0), run("resident-xqa", 1, 220.0, 2.5, 2400.0)]  # fmt: skip
+    md, rows = summarize(runs, ["host", "resident-xqa"])
+    res = next(r for r in rows if r["arm"] == "resident-xqa")
+    assert res["ratio_min"] == pytest.approx(220 / 200) and res["ratio_max"] == pytest.approx(130 / 100)
+    line = next(line for line in md.splitlines() if "| resident-xqa |" in line)
+    cols = [c.strip() for c in line.strip("|").split("|")]
+    header = [c.strip() for c in md.splitlines()[0].strip("|").split("|")]
+    per_token = cols[header.index("per token vs host (ITL mean)")]
+    lo, hi = sorted([2.0 / 1.6, 4.0 / 2.5])  # 1.25, 1.6: paired by round
+    assert per_token == f"{(lo + hi) / 2:.2f}x [{lo:.2f}-{hi:.2f}]"
+    decode = [c for c, h in zip(cols, header, strict=True) if h == "vs host"][1]
+    assert decode == f"{(1.25 + 1.2) / 2:.2f}x [1.20-1.25]"
