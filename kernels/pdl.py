@@ -22,6 +22,8 @@ import os
 
 import torch
 
+from kernels.runtime import interpreted
+
 try:  # Triton >= 3.3
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # pragma: no cover - older Triton: PDL stays off, the names are never traced
@@ -32,7 +34,7 @@ _override: bool | None = None
 
 @functools.cache
 def _supported() -> bool:
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") or gdc_wait is None:
+    if interpreted() or gdc_wait is None:
         return False
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
         return False

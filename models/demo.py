@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kernels.runtime import interpreted
 from models.engine import (
     MODELS,
     Engine,
@@ -27,7 +28,6 @@ from models.engine import (
     validate,
 )
 from models.engine.compare import random_requests, run_arms
-from models.layers.triton_attention import interpreted
 from resplan import Backend
 
 

@@ -31,7 +31,7 @@ class KernelImpl(enum.Enum):
     @classmethod
     def default(cls, device: torch.device) -> KernelImpl:
         """Triton where it can run (CUDA, or TRITON_INTERPRET=1), else the references."""
-        if device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        if device.type == "cuda" or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):  # kernels.runtime
             return cls.TRITON
         return cls.REFERENCE
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from kernels.runtime import interpreted
 from models.engine import EngineConfig, Order, Planning, build_adapter
 from models.engine.compare import check_pools, random_requests, run_arms
-from models.layers.triton_attention import interpreted
 from resplan import Backend
 
 R, H = Planning.RESIDENT, Planning.HOST

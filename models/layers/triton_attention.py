@@ -7,17 +7,11 @@ CTAs). Runs compiled on CUDA and, under ``TRITON_INTERPRET=1``, on the CPU (how 
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from kernels.paged_decode import device_sms, paged_decode, workspace_elements
+from kernels.runtime import interpreted
 from resplan.records import Backend
-
-
-def interpreted() -> bool:
-    """Whether Triton kernels run in the interpreter (TRITON_INTERPRET set): how they run on a CPU."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 class TritonDecode:
