@@ -87,7 +87,7 @@ def run_arms(
 
 
 def check_pools(engine: Engine) -> None:
-    """Assert the engine's page bookkeeping (tests; it walks every handle)."""
+    """Assert the engine's page bookkeeping and the scheduler's kept decode rows (tests; it walks every handle)."""
     for key, pool in engine.page_pools.items():
         s, held = engine.streams.kv[key], engine.n_pages[key]
         cols = np.arange(s.pages.shape[1])
@@ -98,3 +98,5 @@ def check_pools(engine: Engine) -> None:
         free = pool.free_pages()
         assert not np.isin(free, live).any(), f"pool {key!r}: a held page is also free"
         assert free.size + live.size == pool.capacity, f"pool {key!r}: {free.size} free + {live.size} held"
+    sch = engine.scheduler  # the kept decode rows are the ones a fresh computation picks
+    assert np.array_equal(sch.decode_rows(), sch._compute_decode_rows()), "the scheduler kept stale decode rows"

@@ -113,17 +113,25 @@ class Scheduler:
         self.offloaded: list[int] = []  # OFFLOADED handles, oldest offload first
         self.admit_quota: int | None = None  # after a refused admit: admissions left until a request finishes
         self.admitted = 0
+        self._rows: np.ndarray | None = None  # decode_rows() until a transition changes what it depends on
 
     # -- choosing a step ---------------------------------------------------------------------------------------------
     def decode_rows(self) -> np.ndarray:
-        """[n] handles of the decode rows of the next step, in arrival order."""
+        """[n] handles of the decode rows of the next step, in arrival order (read-only; kept between calls until a
+        transition changes the statuses, or under TURNS the last runs, it depends on)."""
+        if self._rows is None:
+            self._rows = self._compute_decode_rows()
+            self._rows.flags.writeable = False
+        return self._rows
+
+    def _compute_decode_rows(self) -> np.ndarray:
         dec = np.flatnonzero(self.status == _DECODING)
         if dec.size > self.max_bucket:
             if self.order is Order.ARRIVAL:
                 dec = dec[np.argsort(self.arrival[dec], kind="stable")[: self.max_bucket]]
             else:
                 dec = dec[np.lexsort((self.arrival[dec], self.last_run[dec]))[: self.max_bucket]]
-        return dec[np.argsort(self.arrival[dec], kind="stable")].astype(np.int64, copy=False)
+        return dec[np.argsort(self.arrival[dec], kind="stable")].astype(np.int64)
 
     def bucket(self, n: int) -> int:
         return int(self._bucket_of[n - 1]) if n else 0
@@ -168,6 +176,7 @@ class Scheduler:
 
     # -- transitions (the engine calls these as it carries a step out) -----------------------------------------------
     def admit(self, h: int, pend: Pending) -> None:
+        self._rows = None
         self.waiting.remove(pend)
         self.status[h] = Status.PREFILLING
         self.arrival[h] = pend.arrival
@@ -181,6 +190,7 @@ class Scheduler:
 
     def unadmit(self, h: int, pend: Pending) -> None:
         """Undo ``admit`` (a refused admit is rolled back): the request is the head of the queue again."""
+        self._rows = None
         self.status[h] = Status.FREE
         self.prefilling.remove(h)
         self.waiting.appendleft(pend)
@@ -189,6 +199,7 @@ class Scheduler:
             self.admit_quota += 1
 
     def prefilled_chunk(self, chunk: Chunk, seq: int) -> None:
+        self._rows = None
         h = chunk.handle
         self.prefilled[h] = chunk.start + chunk.n
         self.last_run[h] = seq
@@ -198,8 +209,11 @@ class Scheduler:
 
     def ran(self, rows: np.ndarray, seq: int) -> None:
         self.last_run[rows] = seq
+        if self.order is Order.TURNS:  # ARRIVAL picks rows by arrival alone
+            self._rows = None
 
     def finish(self, h: int) -> None:
+        self._rows = None
         if self.status[h] == Status.PREFILLING:
             self.prefilling.remove(h)
         self.status[h] = Status.FREE
@@ -207,6 +221,7 @@ class Scheduler:
         self.admit_quota = None  # what a refusal waited for may be free now
 
     def offload(self, h: int) -> None:
+        self._rows = None
         self.resume[h] = self.status[h]
         if self.status[h] == Status.PREFILLING:
             self.prefilling.remove(h)
@@ -214,6 +229,7 @@ class Scheduler:
         self.offloaded.append(h)
 
     def reload(self, h: int) -> None:
+        self._rows = None
         self.offloaded.remove(h)
         self.status[h] = self.resume[h]
         if self.status[h] == Status.PREFILLING:
