@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.pdl import gdc_launch_dependents, gdc_wait, launch_options
+from kernels.pdl import launch_options, pdl_wait
 
 
 @triton.jit
@@ -61,9 +61,7 @@ def _attn_prep_kernel(
     BLOCK: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    if PDL:  # kernels/pdl.py: nothing the step's earlier kernels write is touched before the wait
-        gdc_launch_dependents()
-        gdc_wait()
+    pdl_wait(PDL)  # kernels/pdl.py: nothing the step's earlier kernels write is touched before the wait
     r = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
     DT: tl.constexpr = qkv_ptr.dtype.element_ty

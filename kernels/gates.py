@@ -11,16 +11,14 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.pdl import gdc_launch_dependents, gdc_wait, launch_options
+from kernels.pdl import launch_options, pdl_wait
 
 BLOCK_SILU = 1024
 
 
 @triton.jit
 def _silu_mul_kernel(gu_ptr, out_ptr, gu_b, out_b, INTER: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    if PDL:  # kernels/pdl.py: nothing the step's earlier kernels write is touched before the wait
-        gdc_launch_dependents()
-        gdc_wait()
+    pdl_wait(PDL)  # kernels/pdl.py: nothing the step's earlier kernels write is touched before the wait
     r = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = offs < INTER
@@ -50,9 +48,7 @@ def silu_mul(gu: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
 def _sigmoid_gate_kernel(
     o_ptr, qkv_ptr, out_ptr, o_b, o_h, qkv_b, out_b, D: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr
 ):
-    if PDL:  # kernels/pdl.py: nothing the step's earlier kernels write is touched before the wait
-        gdc_launch_dependents()
-        gdc_wait()
+    pdl_wait(PDL)  # kernels/pdl.py: nothing the step's earlier kernels write is touched before the wait
     r = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     offs = tl.arange(0, BLOCK)

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.pdl import gdc_launch_dependents, gdc_wait, launch_options
+from kernels.pdl import launch_options, pdl_wait
 from models.layers.gdn import L2_EPS as _L2_EPS
 
 L2_EPS = tl.constexpr(_L2_EPS)
@@ -67,9 +67,7 @@ def _gdn_decode_kernel(
     PREP: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    if PDL:  # kernels/pdl.py: nothing the step's earlier kernels write is touched before the wait
-        gdc_launch_dependents()
-        gdc_wait()
+    pdl_wait(PDL)  # kernels/pdl.py: nothing the step's earlier kernels write is touched before the wait
     r = tl.program_id(0)
     h = tl.program_id(1)
     vb = tl.program_id(2)
@@ -188,9 +186,7 @@ def _conv1d_decode_kernel(
     BLOCK_K: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    if PDL:  # kernels/pdl.py: nothing the step's earlier kernels write is touched before the wait
-        gdc_launch_dependents()
-        gdc_wait()
+    pdl_wait(PDL)  # kernels/pdl.py: nothing the step's earlier kernels write is touched before the wait
     r = tl.program_id(0)
     cb = tl.program_id(1)
     slot = tl.load(slot_ptr + r).to(tl.int64)

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.pdl import gdc_launch_dependents, gdc_wait, launch_options
+from kernels.pdl import launch_options, pdl_wait
 
 MAX_ROWS = 16  # more rows than this: the GEMM is no longer a weight stream; use cuBLAS
 
@@ -54,9 +54,7 @@ def _gemv_kernel(
     # The first weight tile: weights are constant through the step, so under PDL it streams in while the kernel
     # before this one finishes (kernels/pdl.py); x, written by that kernel, is read only after the wait.
     w = tl.load(rows + offs_k[None, :], mask=mn[:, None] & mk[None, :], other=0.0)  # [BLOCK_N, BLOCK_K]
-    if PDL:
-        gdc_launch_dependents()
-        gdc_wait()
+    pdl_wait(PDL)
     if DOT:  # noqa: SIM108 (a static branch of the kernel)
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     else:

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.pdl import gdc_launch_dependents, gdc_wait, launch_options
+from kernels.pdl import launch_options, pdl_wait
 
 
 @triton.jit
@@ -38,9 +38,7 @@ def _add_rms_norm_kernel(
     ZERO_CENTERED: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    if PDL:  # kernels/pdl.py: nothing the step's earlier kernels write is touched before the wait
-        gdc_launch_dependents()
-        gdc_wait()
+    pdl_wait(PDL)  # kernels/pdl.py: nothing the step's earlier kernels write is touched before the wait
     r = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     m = offs < N
@@ -110,9 +108,7 @@ def _gated_rms_norm_kernel(
     BLOCK: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    if PDL:  # kernels/pdl.py: nothing the step's earlier kernels write is touched before the wait
-        gdc_launch_dependents()
-        gdc_wait()
+    pdl_wait(PDL)  # kernels/pdl.py: nothing the step's earlier kernels write is touched before the wait
     r = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     offs = tl.arange(0, BLOCK)

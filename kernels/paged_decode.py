@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.pdl import gdc_launch_dependents, gdc_wait, launch_options
+from kernels.pdl import launch_options, pdl_wait
 
 MIN_SPLIT_TOKENS = 32  # fewer tokens than this a program: the partials cost more than they split
 PROGRAMS_PER_SM = 2  # split until (rows x KV heads x splits) reaches this many programs per SM
@@ -60,9 +60,7 @@ def _split_kernel(
     SPLIT: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    if PDL:  # kernels/pdl.py: nothing the step's earlier kernels write is touched before the wait
-        gdc_launch_dependents()
-        gdc_wait()
+    pdl_wait(PDL)  # kernels/pdl.py: nothing the step's earlier kernels write is touched before the wait
     row = tl.program_id(0).to(tl.int64)
     kh = tl.program_id(1)
     s = tl.program_id(2)
@@ -118,9 +116,7 @@ def _combine_kernel(
     BLOCK_S: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    if PDL:  # kernels/pdl.py: nothing the step's earlier kernels write is touched before the wait
-        gdc_launch_dependents()
-        gdc_wait()
+    pdl_wait(PDL)  # kernels/pdl.py: nothing the step's earlier kernels write is touched before the wait
     row = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     kh, g = h // G, h % G

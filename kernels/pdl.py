@@ -21,6 +21,8 @@ import functools
 import os
 
 import torch
+import triton
+import triton.language as tl
 
 from kernels.runtime import interpreted
 
@@ -56,6 +58,16 @@ def set_enabled(value: bool | None) -> None:
     """Force PDL on (where supported) or off; None restores the default. Affects launches from now on."""
     global _override
     _override = value
+
+
+@triton.jit
+def pdl_wait(PDL: tl.constexpr):
+    """In a kernel launched with ``launch_options()``: under PDL, let the next kernel launch and wait for the previous
+    one to complete (its writes visible); without PDL nothing (the branch is static). Every PDL kernel calls it
+    before its first access to memory another kernel of the step writes."""
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
 
 
 def launch_options() -> dict:
