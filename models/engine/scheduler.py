@@ -131,7 +131,7 @@ class Scheduler:
                 dec = dec[np.argsort(self.arrival[dec], kind="stable")[: self.max_bucket]]
             else:
                 dec = dec[np.lexsort((self.arrival[dec], self.last_run[dec]))[: self.max_bucket]]
-        return dec[np.argsort(self.arrival[dec], kind="stable")].astype(np.int64)
+        return dec[np.argsort(self.arrival[dec], kind="stable")].astype(np.int64, copy=False)
 
     def bucket(self, n: int) -> int:
         return int(self._bucket_of[n - 1]) if n else 0
