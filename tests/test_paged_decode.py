@@ -13,7 +13,15 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from kernels.paged_decode import MIN_SPLIT_TOKENS, num_splits, paged_decode, workspace_elements  # noqa: E402
+from kernels.paged_decode import (  # noqa: E402
+    CPU_SMS,
+    MIN_SPLIT_TOKENS,
+    device_sms,
+    num_splits,
+    paged_decode,
+    split_tokens,
+    workspace_elements,
+)
 from models.layers.paged import paged_decode_attention  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -78,6 +86,9 @@ def test_all_rows_empty_give_zeros():
 
 
 def test_split_heuristic_fills_the_gpu_and_keeps_splits_long():
+    assert split_tokens(1, 2, 768, 132) == MIN_SPLIT_TOKENS  # 132 splits a row allowed: the 32-token floor binds
+    assert split_tokens(16, 2, 768, 132) == 96  # 8 splits a row allowed: 768 / 8, a multiple of 32
+    assert device_sms(torch.device("cpu")) == CPU_SMS
     assert num_splits(1, 2, 768, 132) == 768 // MIN_SPLIT_TOKENS  # one row: as many splits as 32-token pieces
     assert num_splits(64, 2, 768, 132) == 2  # 128 programs: two splits fill 2 programs an SM
     assert num_splits(128, 2, 768, 132) == 1  # 256 programs already: one split
