@@ -78,6 +78,8 @@ def main() -> None:
     ap.add_argument("--xqa-pdl", default="auto", choices=["auto", "on", "off"],
                     help="XQA's programmatic dependent launch (auto: FlashInfer's default, on for sm_90)")
     a = ap.parse_args()
+    if not set(a.pdl.split(",")) <= {"on", "off"}:
+        ap.error(f"--pdl takes on, off or on,off; got {a.pdl!r}")
     if not torch.cuda.is_available():
         raise SystemExit("decode_profile measures CUDA graphs: it needs a GPU")
     dev, dt, ps = torch.device("cuda"), torch.bfloat16, a.page_size
