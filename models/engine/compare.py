@@ -74,11 +74,13 @@ def run_arms(
     arms: Sequence[Planning] = (Planning.RESIDENT, Planning.HOST),
     on_step: Callable[[Engine], None] | None = None,
     make_on_step: Callable[[Planning, Engine], Callable[[Engine], None] | None] | None = None,
+    per_arm: dict[Planning, dict] | None = None,
 ) -> dict[Planning, ArmRun]:
-    """Serve ``requests`` in one fresh engine per arm (``config`` with its planning set to the arm)."""
+    """Serve ``requests`` in one fresh engine per arm (``config`` with its planning set to the arm, and the arm's
+    ``per_arm`` fields, e.g. ``{Planning.RESIDENT: dict(overlap=True)}``)."""
     out = {}
     for arm in arms:
-        engine = Engine(adapter, attrs.evolve(config, planning=arm))
+        engine = Engine(adapter, attrs.evolve(config, planning=arm, **(per_arm or {}).get(arm, {})))
         cb = make_on_step(arm, engine) if make_on_step is not None else on_step
         t0 = time.perf_counter()
         results = engine.run(requests, on_step=cb)

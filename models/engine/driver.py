@@ -22,6 +22,16 @@ One step:
    crossing pages, and (resident arm, decode step) plan it. The next step reuses that plan when it runs the same rows
    in the same bucket with no planner transition in between.
 
+Input ids: a step's sampled tokens stay on the device (``tokens_all``); a resident graph takes each row's input id
+from there when the row ran in the last replayed step (``src`` = its position), else from a host id (a row that
+prefilled, or last ran earlier). The host copies ``(ids, src)`` only when they change: a steady step copies none.
+
+**Overlap** (``EngineConfig(overlap=True)``; the resident arm with a plan-free attention): since a decode step's
+inputs are on the device, step N+1 is launched before step N's tokens are read, and the host reads them while the
+device runs N+1. A request whose last token is in flight is RETIRED, so no later step runs it past its length; a
+request that stops on a token at N has run N+1 too, and that token is dropped (rows are matched by the admission
+serial they were launched with). A step with prefill work, or none at all, first lands the step in flight (drain).
+
 The pre-plan's staged crossings name pages. Whatever gives pages back (a refused admit's rollback, an offload, a
 finish) drops the pre-plan if its program names one of them: otherwise a retried step with the same rows would reuse
 it and write its token into a page the row no longer holds (the seed's refused-admit bug).
@@ -69,6 +79,8 @@ from resplan import (
     row_check,
 )
 
+_RETIRING = int(Status.RETIRING)
+
 
 class Planning(enum.Enum):
     RESIDENT = "resident"  # decode steps planned through resplan: rows live in the device store
@@ -104,6 +116,7 @@ class EngineConfig:
     dtype: str = "float32"  # model weights and KV caches: float32, bfloat16
     attention: Backend = Backend.TORCH  # decode attention: TORCH, FA2 or XQA (CUDA), TRITON (CUDA, or interpreted)
     timing: bool = False  # per-step ITL samples and GPU graph time (CUDA events); costs a little host time
+    overlap: bool = False  # launch each decode step before reading the last one's tokens (resident, plan-free)
 
 
 @attrs.define
@@ -123,12 +136,15 @@ class EngineStats:
     new_rows: int = 0  # resident: rows that took a slot
     crossings: int = 0  # resident: block-table cells staged because a row's token opened a page
     displacements: int = 0  # resident: requests that lost their slot to a step
-    h2d_copies: int = 0  # decode steps: planning H2D (flush program, or the host fill's one copy)
+    h2d_copies: int = 0  # decode steps: planning H2D (flush program, or the host fill's) and input-ids copies
     h2d_bytes: int = 0
+    ids_copies: int = 0  # decode steps whose input ids (and sources) changed, so the host copied them
+    overlapped: int = 0  # decode steps launched before the previous decode step's tokens were read
+    discarded: int = 0  # rows a step ran for a request that had stopped on a token meanwhile (overlap)
     empty_flushes: int = 0  # resident decode steps that issued no H2D at all
     plan_ns: int = 0  # decode steps: plan + flush (resident) or fill + copy (host), wherever it ran
     attn_plan_ns: int = 0  # decode steps: the attention library's host plan (fa2), with its table build
-    launch_ns: int = 0  # decode steps: input ids copy + graph replay launch
+    launch_ns: int = 0  # decode steps: input ids copy (if any) + graph replay launch + token readback enqueue
     wait_ns: int = 0  # decode steps: waiting for the sampled tokens (the GPU finishing the step)
     decode_ns: int = 0  # decode steps: wall time of the whole step() (compose, admit, plan, replay, emit, pre-plan)
     decode_rows: int = 0  # decode steps: real rows (tokens) they produced
@@ -157,6 +173,17 @@ class Live:
 
 
 @attrs.frozen(eq=False)
+class InFlight:
+    """A launched step whose sampled tokens the host has not read yet."""
+
+    rows: np.ndarray  # [n] handles, in the step's row order
+    serial: np.ndarray  # [n] their admissions' serials at launch: a row whose serial changed since is dropped
+    bucket: int
+    parity: int  # which pinned readback buffer and events it uses
+    decode: bool  # a pure decode step (its phases count in the stats)
+
+
+@attrs.frozen(eq=False)
 class PrePlan:
     """The next decode step, planned early. Valid while rows, bucket and planner state are what it was made for."""
 
@@ -175,6 +202,12 @@ class Engine:
         self.adapter = adapter
         self.config = cfg
         self.resident = cfg.planning is Planning.RESIDENT
+        if cfg.overlap and not (self.resident and cfg.attention is not Backend.FA2):
+            raise ValueError(
+                "overlap needs the resident arm and a plan-free attention (TORCH, XQA, TRITON): the host arm builds "
+                "each step's inputs from the last step's tokens, and fa2's plan() rewrites a pinned workspace that "
+                "the step in flight may still be copying from"
+            )
         self.device = torch.device(cfg.device)
         ps = cfg.page_size
         self.max_seq_len = min(cfg.max_seq_len, adapter.max_context)
@@ -214,10 +247,7 @@ class Engine:
         self.state: PlannerState | None = build_planner(self.layout, plans, H) if self.resident else None
         self.executor = Executor(self.layout, self.buckets, self.device)
         self.sampler = Sampler(adapter.vocab_size, self.device)
-        i64 = dict(dtype=torch.int64, device=self.device)
-        self.ids = {b: torch.zeros(b, **i64) for b in self.buckets}  # [b] input token ids, filled by the host
-        self.tokens = {b: torch.zeros(b, **i64) for b in self.buckets}  # [b] sampled tokens, written in the graph
-        self._ids_host = torch.zeros(self.buckets[-1], dtype=torch.int64, pin_memory=self.device.type == "cuda")
+        self._make_io()
         # the engine takes a page exactly when a token opens it, so no stream holds a page past its used columns
         self.fills = {b: HostFill(self.layout, self.executor.buffers[b], exact_pages=True) for b in self.buckets}
         self.attn = self._make_attention()
@@ -242,9 +272,38 @@ class Engine:
         self._seq = 0
         self._txn: AdmitTxn | None = None  # crossing pages taken early for the next step
         self._preplan: PrePlan | None = None
+        self.serial = np.zeros(H, np.int64)  # bumped by every admit and finish of a handle
+        self.issued = np.zeros(H, np.int64)  # tokens launched (generated or in flight)
+        self._inflight: InFlight | None = None
         self.on_finish: Callable[[Result], None] | None = None
-        if self.device.type == "cuda":
-            self._ev0, self._ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def _make_io(self) -> None:
+        """The step's input ids and sampled tokens, on the device and in pinned host buffers (two of each, used by
+        alternate launches: a buffer is rewritten only after the launch before last has landed)."""
+        B, cuda = self.buckets[-1], self.device.type == "cuda"
+        i64 = dict(dtype=torch.int64, device=self.device)
+        self.tokens_all = torch.zeros(B, **i64)  # [B] the last replayed step's sampled tokens, in its row order
+        self.tokens = {b: self.tokens_all[:b] for b in self.buckets}  # [b] written by bucket b's graphs
+        self.idsrc = {b: torch.zeros(2, b, **i64) for b in self.buckets}  # [2, b]: host ids; src (-1: host id)
+        self.ids = {b: self.idsrc[b][0] for b in self.buckets}  # [b] a host-planned graph's input ids
+        self._idsrc_now = {b: np.zeros((2, b), np.int64) for b in self.buckets}  # what idsrc[b] holds
+        self._idsrc_now_ids = {b: self._idsrc_now[b][0] for b in self.buckets}  # views made once (hot path)
+        flat = [torch.zeros(2 * B, dtype=torch.int64, pin_memory=cuda) for _ in range(2)]
+        self._idsrc_host = [{b: t[: 2 * b].view(2, b) for b in self.buckets} for t in flat]
+        self._idsrc_host_np = [{b: v.numpy() for b, v in d.items()} for d in self._idsrc_host]
+        self._ids_host = [{b: d[b][0] for b in self.buckets} for d in self._idsrc_host]
+        self._ids_host_np = [{b: d[b][0] for b in self.buckets} for d in self._idsrc_host_np]
+        toks = [torch.zeros(B, dtype=torch.int64, pin_memory=cuda) for _ in range(2)]
+        self._tok_host = [{b: t[:b] for b in self.buckets} for t in toks]
+        self._tok_np = [t.numpy() for t in toks]
+        self._landed = [torch.cuda.Event() if cuda else None for _ in range(2)]
+        self._timers = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda
+                        else None for _ in range(2)]  # fmt: skip
+        self._parity = 0
+        H = self.config.max_running
+        self._tok_pos = np.full(H, -1, np.int64)  # each handle's position in tokens_all, -1 when not there
+        self._last_rows = np.zeros(0, np.int64)  # the rows of the step that wrote tokens_all
+        self._arange = np.arange(B, dtype=np.int64)
 
     @classmethod
     def build(cls, model: str, config: EngineConfig | None = None, seed: int = 0) -> Engine:
@@ -302,12 +361,15 @@ class Engine:
 
     def _step_fn(self, b: int, greedy: bool, resident: bool) -> Callable[[], None]:
         """One decode step of bucket b: (resident: scatter + gather rows,) forward, sample, (resident: commit)."""
-        ex, bufs, ids, out = self.executor, self.executor.buffers[b], self.ids[b], self.tokens[b]
+        ex, bufs, host_ids, out = self.executor, self.executor.buffers[b], self.ids[b], self.tokens[b]
+        src, last = self.idsrc[b][1], self.tokens_all
         attn = self.attn[b]
 
         def fn() -> None:
+            ids = host_ids
             if resident:
                 ex.before_forward(b)
+                ids = torch.where(src >= 0, last[src.clamp(min=0)], host_ids)  # [b] last step's token, or the host's
             logits = self.adapter.decode(self.model_state, ids, bufs, attn)  # [b, V]
             out.copy_(logits.argmax(-1) if greedy else self.sampler(logits, bufs.sampler, bufs.positions))
             if resident:
@@ -362,6 +424,12 @@ class Engine:
             return False
         t0 = time.perf_counter_ns()
         self._reload()
+        if self._inflight is not None and not self._runs_overlapped():
+            self._drain()  # (the pre-plan drains ahead of such a step; a reload can still make one)
+            self.stats.decode_ns += time.perf_counter_ns() - t0  # the wait belongs to the decode step it lands
+            t0 = time.perf_counter_ns()
+            if not self.has_work():
+                return True
         batch, chunks = self._admit_step()
         if batch.host_planned:
             self._host_step(batch, chunks)
@@ -373,6 +441,15 @@ class Engine:
         if not batch.host_planned:  # the loop's whole iteration: a pre-plan is work a later decode step saves
             self.stats.decode_ns += time.perf_counter_ns() - t0
         return True
+
+    def _runs_overlapped(self) -> bool:
+        """Whether the next step may run with a step in flight: decode rows only (compose is pure), and no request
+        waiting for the handle or pages a retiring one gives back when it lands (it is admitted a step earlier)."""
+        sch = self.scheduler
+        if sch.waiting and (sch.status == _RETIRING).any():
+            return False
+        nxt = sch.compose(self._free())
+        return nxt.rows.size > 0 and not nxt.host_planned
 
     def _next_seq(self) -> int:
         self._seq += 1
@@ -391,6 +468,9 @@ class Engine:
                     f"({len(self.scheduler.offloaded)} offloaded), free pages {self._free()}"
                 )
             if self._relieve_pressure(batch):
+                continue
+            if self._inflight is not None and batch.host_planned:  # an offload made room for an admission
+                self._drain()
                 continue
             txn, self._txn = (self._txn or AdmitTxn()), None
             admitted = 0
@@ -448,6 +528,9 @@ class Engine:
         """Handle, prompt (and context) pages, recurrent slot; each may refuse. Returns the handle."""
         h = self.handles.take()
         txn.admitted.append(h)
+        self.serial[h] += 1
+        self.issued[h] = 0
+        self._tok_pos[h] = -1
         self.scheduler.admit(h, pend)
         self.live[h] = Live(pend)
         st = self.streams
@@ -560,33 +643,90 @@ class Engine:
             self.stats.reloads += 1
 
     # -- running steps -------------------------------------------------------------------------------------------
-    def _replay(self, graph: Graph, b: int, rows: np.ndarray, decode: bool) -> np.ndarray:
-        """Fill the step's input ids, replay, read the sampled tokens back: [n] int64. ``decode``: a pure decode step,
-        whose phases (launch, wait, GPU time) the stats count; a mixed step's replay is not counted."""
-        n = rows.size
-        ids = self._ids_host[:b]
-        a = ids.numpy()
-        a[:n] = self.last_token[rows]
-        a[n:] = 0
+    def _launch(self, graph: Graph, b: int, rows: np.ndarray, resident: bool, decode: bool) -> InFlight:
+        """Copy the step's input ids (a resident graph: only if they changed), replay, enqueue the sampled tokens'
+        readback. ``decode``: a pure decode step, whose phases (launch, wait, GPU time) the stats count."""
+        n, k = rows.size, self._parity
+        self._parity ^= 1
         st = self.stats
         t0 = time.perf_counter_ns()
-        self.ids[b].copy_(ids, non_blocking=True)
-        timed = self.config.timing and self.device.type == "cuda"
-        if timed:
-            self._ev0.record()
+        if resident:
+            self._stage_idsrc(b, rows, k)
+        else:
+            assert self._inflight is None, "a host-planned step's ids are the host's: land the step in flight first"
+            a = self._ids_host_np[k][b]
+            a[:n] = self.last_token[rows]
+            a[n:] = 0
+            self._idsrc_now_ids[b][:] = a
+            self.ids[b].copy_(self._ids_host[k][b], non_blocking=True)
+            if decode:
+                st.h2d_copies += 1
+                st.h2d_bytes += 8 * b
+        timer = self._timers[k] if self.config.timing and decode else None
+        if timer is not None:
+            timer[0].record()
         graph.replay()
-        if timed:
-            self._ev1.record()
-        t1 = time.perf_counter_ns()
-        tokens = self.tokens[b][:n].cpu().numpy().copy()  # waits for the step
+        if timer is not None:
+            timer[1].record()
+        self._tok_host[k][b].copy_(self.tokens[b], non_blocking=True)
+        if self._landed[k] is not None:
+            self._landed[k].record()
+        self._tok_pos[self._last_rows] = -1  # tokens_all now holds this step's tokens
+        self._tok_pos[rows] = self._arange[:n]
+        self._last_rows = rows
+        self.issued[rows] += 1
         if decode:
-            st.launch_ns += t1 - t0
-            st.wait_ns += time.perf_counter_ns() - t1
-            if timed:
-                st.gpu_ms += self._ev0.elapsed_time(self._ev1)
+            st.launch_ns += time.perf_counter_ns() - t0
         st.rows_decoded += n
         st.padded_rows += b - n
-        return tokens
+        return InFlight(rows, self.serial[rows], b, k, decode)
+
+    def _stage_idsrc(self, b: int, rows: np.ndarray, k: int) -> None:
+        """A resident step's (host ids, src): src = each row's position in the last replayed step's tokens, -1 for
+        a row not in it, whose id the host knows (it prefilled, or last ran in a step already read back). Copied to
+        the device only when it differs from what idsrc[b] holds."""
+        n = rows.size
+        src = self._tok_pos[rows]
+        now = self._idsrc_now[b]
+        if n == b and np.array_equal(now[1], src) and src.min() >= 0 and not now[0].any():
+            return  # steady: every row takes the token the last step sampled for it, as the device already has
+        new = self._idsrc_host_np[k][b]
+        new[1, :n] = src
+        new[1, n:] = -1
+        new[0, :n] = np.where(src < 0, self.last_token[rows], 0)
+        new[0, n:] = 0
+        if np.array_equal(now, new):
+            return
+        now[:] = new
+        self.idsrc[b].copy_(self._idsrc_host[k][b], non_blocking=True)
+        self.stats.h2d_copies += 1
+        self.stats.h2d_bytes += 16 * b
+        self.stats.ids_copies += 1
+
+    def _land(self, f: InFlight) -> None:
+        """Wait for a launched step's tokens and emit them (dropping rows whose request finished meanwhile)."""
+        st = self.stats
+        t0 = time.perf_counter_ns()
+        if self._landed[f.parity] is not None:
+            self._landed[f.parity].synchronize()
+        tokens = self._tok_np[f.parity][: f.rows.size].copy()
+        if f.decode:
+            st.wait_ns += time.perf_counter_ns() - t0
+            if self.config.timing and self._timers[f.parity] is not None:
+                st.gpu_ms += self._timers[f.parity][0].elapsed_time(self._timers[f.parity][1])
+        rows = f.rows
+        keep = self.serial[rows] == f.serial
+        if not keep.all():
+            st.discarded += int(np.count_nonzero(~keep))
+            rows, tokens = rows[keep], tokens[keep]
+        if rows.size:
+            self._emit(rows, tokens)
+
+    def _drain(self) -> None:
+        """Land the step in flight, if any."""
+        f, self._inflight = self._inflight, None
+        if f is not None:
+            self._land(f)
 
     def _advance(self, rows: np.ndarray) -> None:
         """The host advances its APPEND lengths by the rule the graph's commit follows."""
@@ -629,7 +769,7 @@ class Engine:
                 self.fills[b].build(self.streams, rows)
             self._plan_attention(b, self.fills[b])
             st.attn_plan_ns += time.perf_counter_ns() - t0
-        tokens = self._replay(self.graphs[b, not self.sampling[rows].any()], b, rows, decode=True)
+        f = self._launch(self.graphs[b, not self.sampling[rows].any()], b, rows, self.resident, decode=True)
         self._advance(rows)
         if self.resident:
             self.state = commit(self.state, seq)
@@ -638,7 +778,17 @@ class Engine:
         self.scheduler.ran(rows, seq)
         st.decode_steps += 1
         st.decode_rows += rows.size
-        self._emit(rows, tokens)
+        if not self.config.overlap:
+            self._land(f)
+            return
+        last = (self.issued[rows] >= self.max_tokens[rows]) | (self.prompt_len[rows] + self.issued[rows]
+                                                               >= self.max_seq_len)
+        if last.any():
+            self.scheduler.retire(rows[last])
+        prev, self._inflight = self._inflight, f
+        if prev is not None:
+            st.overlapped += 1
+            self._land(prev)
 
     def _row_check(self, rows: np.ndarray, b: int) -> None:
         bad = row_check(self.executor.store_numpy(), self.state, rows, self.streams, self.executor.buffers[b])
@@ -651,20 +801,20 @@ class Engine:
         self._preplan = None  # this step commits a new seq: a plan made before it is stale
         seq = self._next_seq()
         rows, b = batch.rows, batch.bucket
-        tokens = None
+        f = None
         if rows.size:
             self.fills[b].fill(self.streams, rows)
             self._plan_attention(b, self.fills[b])
-            tokens = self._replay(self.host_graphs[b, not self.sampling[rows].any()], b, rows, decode=False)
+            f = self._launch(self.host_graphs[b, not self.sampling[rows].any()], b, rows, False, decode=False)
             self._advance(rows)
             self.scheduler.ran(rows, seq)
         first_rows, first_tokens = self._prefill(chunks, seq)
         if self.resident:
             touched = np.concatenate([rows, np.array([c.handle for c in chunks], np.int64)])
             self.state = commit(mark_stale(self.state, touched), seq)
-        if rows.size:
+        if f is not None:
             self.stats.mixed_steps += 1
-            self._emit(rows, tokens)
+            self._land(f)
         else:
             self.stats.prefill_steps += 1
         if first_rows.size:
@@ -708,6 +858,7 @@ class Engine:
         hs = np.array([chunks[i].handle for i in ends], np.int64)
         if not ends:
             return hs, np.zeros(0, np.int64)
+        self.issued[hs] = 1
         cells = torch.from_numpy(st.sampler[hs]).to(self.device)  # [m, 4]
         pos = [inputs[i].pos_offset + chunks[i].start + chunks[i].n - 1 for i in ends]
         drawn = self.sampler(logits[ends], cells, torch.tensor(pos, dtype=torch.int64, device=self.device))
@@ -753,6 +904,12 @@ class Engine:
             self.streams.recurrent_slot[h] = 0
         self.handles.give(h)
         self.scheduler.finish(h)
+        self.serial[h] += 1  # a step in flight that ran it drops its token
+        self._tok_pos[h] = -1
+        if self._txn is not None:  # crossing pages taken early for it went back with its pages
+            self._txn.crossings = [c if not (c.handles == h).any() else attrs.evolve(
+                c, handles=c.handles[c.handles != h], cols=c.cols[c.handles != h], pages=c.pages[c.handles != h])
+                for c in self._txn.crossings]  # fmt: skip
         self.stats.finished += 1
         if self.on_finish is not None:
             self.on_finish(result)
@@ -760,6 +917,8 @@ class Engine:
     # -- pre-plan ------------------------------------------------------------------------------------------------
     def _preplan_next(self) -> None:
         """Take the next step's crossing pages now and, for a resident decode step, plan it."""
+        if self._inflight is not None and not self._runs_overlapped():
+            self._drain()  # its rows may finish: plan the step that follows with what they leave
         if not self.has_work():
             return
         batch = self.scheduler.compose(self._free())

@@ -2,8 +2,9 @@
 
 A request is waiting (submitted), then admitted (it holds a handle, a recurrent slot and the pages of its whole prompt)
 and PREFILLING in chunks, then DECODING one token a step until it finishes; under KV pressure it may be OFFLOADED
-(its pages copied to the host and given back) and later reloaded. Per-handle state is numpy, so choosing a steady
-step's rows is a few vectorised ops, never a Python loop over rows.
+(its pages copied to the host and given back) and later reloaded. An overlapped engine RETIRES a request whose last
+token is in a launched step whose tokens it has not read yet: no later step runs it. Per-handle state is numpy, so
+choosing a steady step's rows is a few vectorised ops, never a Python loop over rows.
 
 Decode order: ARRIVAL fills the bucket with the oldest decoding requests, which run to completion; TURNS runs the least
 recently run first, so rows take turns and (with fewer slots than requests) displace each other. A step with any
@@ -41,6 +42,7 @@ class Status(enum.IntEnum):
     PREFILLING = 1
     DECODING = 2
     OFFLOADED = 3
+    RETIRING = 4  # its last token is in a step still in flight: it runs no more, and finishes when that step lands
 
 
 _DECODING = int(Status.DECODING)  # the step path compares the status array with a plain int: 5x faster than the enum
@@ -211,6 +213,11 @@ class Scheduler:
         self.last_run[rows] = seq
         if self.order is Order.TURNS:  # ARRIVAL picks rows by arrival alone
             self._rows = None
+
+    def retire(self, hs: np.ndarray) -> None:
+        """DECODING handles whose last token a step in flight produces: no step after it runs them."""
+        self._rows = None
+        self.status[hs] = Status.RETIRING
 
     def finish(self, h: int) -> None:
         self._rows = None

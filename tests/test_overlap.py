@@ -1,0 +1,130 @@
+"""Overlapped decode: step N+1 launched before step N's tokens are read. The resident arm with overlap gives the
+host arm's tokens and schedule (no stop tokens: the same steps), drops the tokens of rows that had stopped on a token
+while the next step ran, and never runs a request past its length. Input ids stay on the device: a steady step copies
+none."""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+import pytest
+
+from models.engine import Engine, EngineConfig, Order, Planning, build_adapter
+from models.engine.compare import check_pools, random_requests, run_arms
+from models.engine.requests import Request, SamplingParams
+from resplan import Backend
+
+R, H = Planning.RESIDENT, Planning.HOST
+QWEN = build_adapter("qwen3_5-tiny", seed=0)
+BASE = EngineConfig(page_size=4, max_seq_len=32, row_check=True)
+PROMPTS = random_requests(QWEN, 32, prompt_len=(3, 12), gen_len=(3, 10), seed=1)
+OVERLAP = {R: dict(overlap=True)}
+
+CASES = {
+    "c1": dict(max_running=1),
+    "c8": dict(max_running=8),
+    "turns-c8-bucket2": dict(max_running=8, max_bucket=2, order=Order.TURNS),
+    "kv-pressure-c8": dict(max_running=8, num_pages=14),
+    "chunked-prefill-c4": dict(max_running=4, token_budget=5),
+    "context-bound-c4": dict(max_running=4, max_seq_len=16),  # rows end at the context, not at max_tokens
+}
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_overlapped_resident_matches_host(case):
+    cfg = attrs.evolve(BASE, **CASES[case])
+    runs = run_arms(QWEN, cfg, PROMPTS, per_arm=OVERLAP, make_on_step=lambda arm, e: check_pools)
+    res, host = runs[R], runs[H]
+    assert all(t is not None for t in res.tokens)
+    assert res.tokens == host.tokens
+    s, hs = res.engine.stats, host.engine.stats
+    assert (s.steps, s.decode_steps, s.mixed_steps, s.prefill_steps) == (
+        hs.steps, hs.decode_steps, hs.mixed_steps, hs.prefill_steps)  # fmt: skip
+    assert s.overlapped > 0 and s.discarded == 0
+    assert s.rows_decoded == hs.rows_decoded  # no request ran past its last token
+    assert s.row_checks == s.decode_steps and s.mismatches == 0, s.first_mismatches
+    assert res.engine._inflight is None and res.engine.scheduler.admitted == 0
+
+
+def test_rows_that_stopped_while_the_next_step_ran_are_dropped():
+    """12 requests through 4 handles (reused), each stopping on its second free-running token: the step after the
+    stop already ran the row; its token is dropped, and a handle's next request never sees it."""
+    cfg = attrs.evolve(BASE, max_running=4)
+    free = run_arms(QWEN, cfg, PROMPTS[:12], arms=(R,))[R].tokens
+    stopping = [attrs.evolve(r, sampling=attrs.evolve(r.sampling, stop_token_ids=(t[2],)))
+                for r, t in zip(PROMPTS[:12], free, strict=True) if len(t) > 3]  # fmt: skip
+    runs = run_arms(QWEN, cfg, stopping, per_arm=OVERLAP, make_on_step=lambda arm, e: check_pools)
+    assert runs[R].tokens == runs[H].tokens
+    for r, out in zip(stopping, runs[R].results, strict=True):
+        assert out.tokens[-1] == r.sampling.stop_token_ids[0] and out.finish_reason.value == "stop"
+    s = runs[R].engine.stats
+    assert s.discarded > 0 and s.overlapped > 0 and s.mismatches == 0
+    assert s.tokens == runs[H].engine.stats.tokens
+
+
+def test_the_next_step_launches_before_the_last_ones_tokens_are_read(monkeypatch):
+    log = []
+    launch, land = Engine._launch, Engine._land
+
+    def logged_launch(self, *a, **k):
+        f = launch(self, *a, **k)
+        log.append(("launch", id(f)))
+        return f
+
+    def logged_land(self, f):
+        log.append(("land", id(f)))
+        return land(self, f)
+
+    monkeypatch.setattr(Engine, "_launch", logged_launch)
+    monkeypatch.setattr(Engine, "_land", logged_land)
+    reqs = [Request(tuple(range(1, 6)), SamplingParams(max_tokens=6)) for _ in range(2)]
+    for overlap in (False, True):
+        log.clear()
+        e = Engine(QWEN, attrs.evolve(BASE, max_running=2, planning=R, overlap=overlap))
+        e.run(reqs)
+        kinds = [k for k, _ in log]
+        assert kinds.count("launch") == kinds.count("land") == e.stats.decode_steps == 5
+        if overlap:  # launch 1, launch 2, land 1, launch 3, land 2, ...: each land comes after the next launch
+            assert kinds == ["launch", "launch"] + ["land", "launch"] * 3 + ["land", "land"]
+            landed = [i for k, i in log if k == "land"]
+            assert landed == [i for k, i in log if k == "launch"]  # in launch order
+        else:
+            assert kinds == ["launch", "land"] * 5
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_steady_step_copies_no_input_ids(overlap):
+    """Four requests prefilled together, then 9 decode steps of the same rows: the first copies host ids (after a
+    prefill), the second the sources (every row's token is on the device), and the 7 steady ones nothing."""
+    reqs = [Request(tuple(range(i + 1, i + 7)), SamplingParams(max_tokens=10)) for i in range(4)]
+    e = Engine(QWEN, attrs.evolve(BASE, max_running=4, planning=R, overlap=overlap))
+    e.run(reqs)
+    s = e.stats
+    assert (s.prefill_steps, s.decode_steps) == (1, 9)
+    assert s.ids_copies == 2
+    host = Engine(QWEN, attrs.evolve(BASE, max_running=4, planning=H))
+    assert [r.tokens for r in host.run(reqs)] == [e.results[f"req-{i}"].tokens for i in range(4)]
+
+
+@pytest.mark.parametrize("kw", [dict(planning=H), dict(planning=R, attention=Backend.FA2)])
+def test_overlap_refuses_a_host_planned_arm(kw):
+    with pytest.raises(ValueError, match="overlap needs the resident arm"):
+        Engine(QWEN, attrs.evolve(BASE, overlap=True, **kw))
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_requests_arriving_between_steps_with_stop_tokens(seed):
+    """Random small engines (few slots and pages, TURNS or ARRIVAL, chunked prefill) and requests arriving over
+    steps, a third of them with a stop token: the overlapped resident arm gives the host arm's outputs."""
+    from test_engine_admit import _arrivals, _serve
+
+    cfg, reqs, arrive = _arrivals(seed)
+    rng = np.random.default_rng(seed)
+    reqs = [attrs.evolve(r, sampling=attrs.evolve(r.sampling, stop_token_ids=(int(rng.integers(0, 8)),)))
+            if rng.random() < 0.33 else r for r in reqs]  # fmt: skip
+    res = _serve(attrs.evolve(cfg, planning=R, overlap=True), reqs, arrive)
+    host = _serve(attrs.evolve(cfg, planning=H), reqs, arrive)
+    assert [res.results[r.request_id] for r in reqs] == [host.results[r.request_id] for r in reqs]
+    s = res.stats
+    assert s.row_checks == s.decode_steps and s.mismatches == 0, s.first_mismatches
+    assert res._inflight is None
