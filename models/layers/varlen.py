@@ -24,6 +24,7 @@ class Segments:
     seg: torch.Tensor  # [N] long: the chunk of each concatenated token
     pos: torch.Tensor  # [N] long: each token's stream position start_r + i
     last: torch.Tensor  # [R] long: index of each chunk's last token in the concatenation
+    all_fresh: bool = False  # every chunk starts its request's stream (start 0): it attends to its own tokens only
 
     @classmethod
     def build(cls, lens: Sequence[int], starts: Sequence[int], device) -> Segments:
@@ -37,7 +38,8 @@ class Segments:
         flat = torch.where(valid, offsets[:, None] + i[None, :], 0)
         seg = torch.repeat_interleave(torch.arange(len(lens_t), device=device), lens_t)  # [N]
         pos = starts_t[seg] + torch.arange(int(lens_t.sum()), device=device) - offsets[seg]
-        return cls(lens_t, starts_t, flat, valid, seg, pos, offsets + lens_t - 1)
+        fresh = all(int(s) == 0 for s in starts)
+        return cls(lens_t, starts_t, flat, valid, seg, pos, offsets + lens_t - 1, fresh)
 
     def pad(self, x: torch.Tensor) -> torch.Tensor:
         """[N, ...] -> [R, T_max, ...], zeros at padding."""
@@ -47,6 +49,21 @@ class Segments:
     def unpad(self, x: torch.Tensor) -> torch.Tensor:
         """[R, T_max, ...] -> [N, ...]."""
         return x[self.valid]
+
+
+def fresh_prefill_attention_batch(
+    q: torch.Tensor,  # [R, T_max, hq, d], chunk r's token i at stream position i (every chunk starts at 0)
+    k: torch.Tensor,  # [R, T_max, hk, d], the chunks' own keys, padded
+    v: torch.Tensor,  # [R, T_max, hk, d]
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of chunks that start their streams, over their own K/V: out [R, T_max, hq, d]. Padding sits
+    after each chunk's tokens, so a real query never sees it (causal); padding rows' outputs are not used. One fused
+    SDPA call (flash attention on the GPU) where the paged path gathers pages and materialises float32 scores."""
+    o = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, scale=scale,
+        enable_gqa=q.shape[2] != k.shape[2])  # fmt: skip
+    return o.transpose(1, 2)
 
 
 def paged_prefill_attention_batch(

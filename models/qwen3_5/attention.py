@@ -13,7 +13,7 @@ from models.layers.fused import decode_linear, fused_weight
 from models.layers.norms import ZeroCenteredRMSNorm
 from models.layers.paged import paged_decode_attention, write_kv
 from models.layers.rope import apply_partial_rope
-from models.layers.varlen import Segments, paged_prefill_attention_batch
+from models.layers.varlen import Segments, fresh_prefill_attention_batch, paged_prefill_attention_batch
 from models.qwen3_5.config import Qwen35Config
 
 
@@ -56,10 +56,14 @@ class GatedAttention(nn.Module):
         segs: Segments,
     ) -> torch.Tensor:
         """R chunks in one pass: K/V of every token written at write_loc, then each chunk attends causally over its
-        own stream (tokens 0 .. start_r + T_r - 1). [N, hidden]."""
+        own stream (tokens 0 .. start_r + T_r - 1); chunks that all start their streams attend over their own K/V.
+        [N, hidden]."""
         q, k, v, gate = self._qkv(x, cos, sin)
         write_kv(kv, write_loc, k, v)
-        o = paged_prefill_attention_batch(segs.pad(q), kv, page_table, segs, self.scale)  # [R, T_max, hq, d]
+        if segs.all_fresh:
+            o = fresh_prefill_attention_batch(segs.pad(q), segs.pad(k), segs.pad(v), self.scale)  # [R, T_max, hq, d]
+        else:
+            o = paged_prefill_attention_batch(segs.pad(q), kv, page_table, segs, self.scale)
         return self._out(segs.unpad(o), gate)
 
     def decode(
