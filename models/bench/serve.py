@@ -6,8 +6,11 @@
 Arms (``--arms``):
   host          every decode step rebuilds its buffers from the host streams (one H2D) and plans fa2 on the host
   resident-fa2  rows resident in the device store (resplan), fa2 still planned every step: isolates the table gain
-  resident-xqa  rows resident, FlashInfer XQA reads the gathered tables in the graph: no host plan at all
-  resident-triton  rows resident, our split-KV Triton attention reads them in the graph: no host plan either
+  resident-xqa  rows resident, FlashInfer XQA reads the gathered tables in the graph: no host plan at all; each
+                decode step is launched before the last one's tokens are read (EngineConfig.overlap)
+  resident-triton  the same with our split-KV Triton attention, which reads the tables in the graph too
+  resident-xqa-sync, resident-triton-sync  the same without overlap: the host reads each step's tokens before it
+                plans the next (isolates what planning alone gains)
   transformers  transformers' own Qwen3.5 ``generate`` with its cache (same weights), what a user would pick instead
 
 Every request has a ``--prompt-len`` random prompt and generates exactly ``--gen`` tokens (no stop token). Per cell
@@ -34,11 +37,13 @@ import torch
 from models.engine import Engine, EngineConfig, Planning, Request, SamplingParams, build_adapter
 from resplan import Backend
 
-ARMS = {
-    "host": (Planning.HOST, Backend.FA2),
-    "resident-fa2": (Planning.RESIDENT, Backend.FA2),
-    "resident-xqa": (Planning.RESIDENT, Backend.XQA),
-    "resident-triton": (Planning.RESIDENT, Backend.TRITON),
+ARMS = {  # planning, attention, overlap
+    "host": (Planning.HOST, Backend.FA2, False),
+    "resident-fa2": (Planning.RESIDENT, Backend.FA2, False),
+    "resident-xqa": (Planning.RESIDENT, Backend.XQA, True),
+    "resident-triton": (Planning.RESIDENT, Backend.TRITON, True),
+    "resident-xqa-sync": (Planning.RESIDENT, Backend.XQA, False),
+    "resident-triton-sync": (Planning.RESIDENT, Backend.TRITON, False),
 }
 
 
@@ -63,7 +68,7 @@ def frozen_heap():
 
 def engine_run(adapter, arm: str, c: int, args, seed: int, engine_cache: dict) -> dict:
     """One timed run of ``c`` requests in an engine of ``arm`` (built once per arm and cell, warmed up first)."""
-    planning, backend = ARMS[arm]
+    planning, backend, overlap = ARMS[arm]
     key = (arm, c)
     if key not in engine_cache:
         engine_cache.clear()
@@ -71,7 +76,7 @@ def engine_run(adapter, arm: str, c: int, args, seed: int, engine_cache: dict) -
         torch.cuda.empty_cache()
         cfg = EngineConfig(planning=planning, attention=backend, device="cuda", dtype="bfloat16", max_running=c,
                            page_size=args.page_size, max_seq_len=args.prompt_len + args.gen, timing=True,
-                           token_budget=args.token_budget)
+                           token_budget=args.token_budget, overlap=overlap)
         eng = Engine(adapter, cfg)
         eng.run(requests(adapter.vocab_size, c, args.prompt_len, 8, seed + 99))  # warm-up: JIT, allocator
         engine_cache[key] = eng
@@ -208,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="qwen3_5-0.8b", help="model(s), comma-separated (random weights)")
     ap.add_argument("--concurrency", default="1,16,64", help="concurrency cells, comma-separated")
-    ap.add_argument("--arms", default="host,resident-fa2,resident-xqa,resident-triton,transformers",
+    ap.add_argument("--arms", default="host,resident-fa2,resident-xqa-sync,resident-xqa,resident-triton,transformers",
                     help="arms, comma-separated")
     ap.add_argument("--transformers-c", default="1,16", help="cells where the transformers arm runs")
     ap.add_argument("--prompt-len", type=int, default=512)

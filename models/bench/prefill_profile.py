@@ -1,0 +1,75 @@
+"""Where an eager batched prefill spends its time on the GPU: wall time, GPU kernel time, and the top kernels.
+
+    python -m models.bench.prefill_profile --model qwen3_5-0.8b --prompt-len 512 --requests 1,16,64
+
+For each R, R prompts go through one ``prefill_batch`` pass (as the engine runs a step's chunks): the wall time
+(median of ``--repeats``, CUDA-synchronised), then one pass under ``torch.profiler``: the summed time of its CUDA
+kernels (the rest of the wall is the host dispatching them, or the GPU idle) and the kernels taking the most of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+
+from models.engine import build_adapter
+from models.qwen3_5 import PrefillChunk
+
+
+def profile(model, R: int, T: int, ps: int, repeats: int, top: int) -> str:
+    n_pages = -(-T // ps)
+    state = model.allocate_state(R * n_pages + 1, ps, R + 1, "cuda", torch.bfloat16)
+    gen = torch.Generator().manual_seed(R)
+    chunks = [PrefillChunk(torch.randint(0, model.cfg.vocab_size, (T,), generator=gen),
+                           torch.arange(1 + r * n_pages, 1 + (r + 1) * n_pages), start=0, rec_slot=1 + r)
+              for r in range(R)]  # fmt: skip
+    run = lambda: model.prefill_batch(state, chunks)  # noqa: E731
+    run()
+    torch.cuda.synchronize()
+    walls = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        run()
+        torch.cuda.synchronize()
+        walls.append(time.perf_counter() - t0)
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
+        run()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    gpu_us = sum(e.self_device_time_total for e in kernels)
+    launches = sum(e.count for e in kernels)
+    wall = float(np.median(walls))
+    lines = [f"## R = {R} prompts of {T} tokens\n",
+             f"wall {wall * 1e3:.1f} ms (median of {repeats}; {R * T / wall:.0f} tok/s), GPU kernels "
+             f"{gpu_us / 1e3:.1f} ms in {launches} launches\n",
+             "| kernel | launches | GPU ms | share |", "|---|---|---|---|"]
+    for e in sorted(kernels, key=lambda e: -e.self_device_time_total)[:top]:
+        lines.append(f"| `{e.key[:90]}` | {e.count} | {e.self_device_time_total / 1e3:.2f} | "
+                     f"{e.self_device_time_total / max(gpu_us, 1):.0%} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="qwen3_5-0.8b")
+    ap.add_argument("--prompt-len", type=int, default=512)
+    ap.add_argument("--page-size", type=int, default=16)
+    ap.add_argument("--requests", default="1,16,64", help="prompts a pass, comma-separated")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--top", type=int, default=12, help="kernels listed per pass")
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("prefill_profile measures the GPU: run it on the H200")
+    model = build_adapter(a.model, seed=0, device="cuda", dtype=torch.bfloat16).model
+    print(f"# Eager batched prefill on {torch.cuda.get_device_name()}: {a.model}, bf16\n")
+    with torch.no_grad():
+        for R in (int(r) for r in a.requests.split(",")):
+            print(profile(model, R, a.prompt_len, a.page_size, a.repeats, a.top), flush=True)
+
+
+if __name__ == "__main__":
+    main()
