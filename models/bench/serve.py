@@ -83,7 +83,8 @@ def engine_run(adapter, arm: str, c: int, args, seed: int, engine_cache: dict) -
     eng = engine_cache[key]
     before = {k: getattr(eng.stats, k) for k in ("decode_steps", "plan_ns", "attn_plan_ns", "launch_ns", "wait_ns",
                                                    "decode_ns", "gpu_ms", "h2d_copies", "h2d_bytes", "tokens",
-                                                   "empty_flushes", "mixed_steps", "decode_rows")}
+                                                   "empty_flushes", "mixed_steps", "decode_rows", "prefill_ns",
+                                                   "prefill_passes")}
     eng.stats.itl.clear()
     reqs = requests(adapter.vocab_size, c, args.prompt_len, args.gen, seed)
     torch.cuda.synchronize()
@@ -103,6 +104,7 @@ def engine_run(adapter, arm: str, c: int, args, seed: int, engine_cache: dict) -
         plan_us=us(d["plan_ns"]), attn_plan_us=us(d["attn_plan_ns"]), launch_us=us(d["launch_ns"]),
         wait_us=us(d["wait_ns"]), gpu_us=d["gpu_ms"] * 1e3 / steps, h2d_copies=d["h2d_copies"] / steps,
         h2d_bytes=d["h2d_bytes"] / steps, empty_flush_frac=d["empty_flushes"] / steps,
+        prefill_ms=d["prefill_ns"] / max(d["prefill_passes"], 1) / 1e6, prefill_passes=d["prefill_passes"],
         tokens=[r.tokens for r in results],
     )
 
@@ -250,7 +252,9 @@ def main(argv: list[str] | None = None) -> None:
                     r.update(model=model, round=rnd)
                     runs.append(r)
                     print(f"{model} c={c} round {rnd} {arm:13s} {r['tokps']:9.0f} tok/s  ITL p50 "
-                          f"{r['itl_p50_ms']:.2f} ms  TTFT p50 {r['ttft_p50_ms']:.0f} ms", flush=True)
+                          f"{r['itl_p50_ms']:.2f} ms  TTFT p50 {r['ttft_p50_ms']:.0f} ms  prefill "
+                          f"{r.get('prefill_ms', float('nan')):.1f} ms a pass ({r.get('prefill_passes', 0)})",
+                          flush=True)
             cache.clear()
         del adapter
         gc.collect()

@@ -142,6 +142,8 @@ class EngineStats:
     overlapped: int = 0  # decode steps launched before the previous decode step's tokens were read
     discarded: int = 0  # rows a step ran for a request that had stopped on a token meanwhile (overlap)
     empty_flushes: int = 0  # resident decode steps that issued no H2D at all
+    prefill_passes: int = 0  # eager prefill passes (one a step with prefill work)
+    prefill_ns: int = 0  # their wall time: inputs, the pass, first-token sampling and readback
     plan_ns: int = 0  # decode steps: plan + flush (resident) or fill + copy (host), wherever it ran
     attn_plan_ns: int = 0  # decode steps: the attention library's host plan (fa2), with its table build
     launch_ns: int = 0  # decode steps: input ids copy (if any) + graph replay launch + token readback enqueue
@@ -808,7 +810,10 @@ class Engine:
             f = self._launch(self.host_graphs[b, not self.sampling[rows].any()], b, rows, False, decode=False)
             self._advance(rows)
             self.scheduler.ran(rows, seq)
+        t0 = time.perf_counter_ns()
         first_rows, first_tokens = self._prefill(chunks, seq)
+        self.stats.prefill_ns += time.perf_counter_ns() - t0
+        self.stats.prefill_passes += 1
         if self.resident:
             touched = np.concatenate([rows, np.array([c.handle for c in chunks], np.int64)])
             self.state = commit(mark_stale(self.state, touched), seq)

@@ -138,7 +138,7 @@ class Qwen35Model(nn.Module):
         h, _ = self._prefill_pass(state, [PrefillChunk(token_ids, pages, start, rec_slot, pos_offset)])
         return self.lm_head(self.model.norm(h))  # [T, V]
 
-    @torch.no_grad()
+    @torch.inference_mode()  # cheaper per operation than no_grad: prefill dispatches thousands
     def prefill_batch(self, state: Qwen35State, chunks: Sequence[PrefillChunk]) -> torch.Tensor:
         """Several requests' chunks in one eager pass, each as ``prefill`` runs it: the logits of each chunk's last
         token [R, V]. Requests (their recurrent slots) must be distinct."""
