@@ -151,11 +151,12 @@ def gated_delta_chunked(
     G = g.cumsum(-1)  # [h, n, c]
     decay = (G[..., :, None] - G[..., None, :]).masked_fill(~lower, float("-inf")).exp()  # [h, n, c, c]
     A = (beta[..., :, None] * (k @ k.transpose(-1, -2)) * decay).tril(-1)  # strictly lower
-    M = A + torch.eye(c, dtype=A.dtype, device=A.device)
-    rhs = torch.cat([beta[..., None] * v, (beta * G.exp())[..., None] * k], dim=-1)  # [h, n, c, dv + dk]
-    sol = torch.linalg.solve_triangular(M, rhs, upper=False, unitriangular=True)
-    dv = v.shape[-1]
-    W, Y = sol[..., :dv], sol[..., dv:]  # u = W - Y S0
+    eye = torch.eye(c, dtype=A.dtype, device=A.device)
+    # M^-1 once (c right-hand sides), then two products: a batched triangular solve costs in proportion to its
+    # right-hand sides, and [v | k] has dv + dk of them (58 ms of a 64-prompt prefill on the H200 solving for those)
+    Minv = torch.linalg.solve_triangular(A + eye, eye.expand_as(A), upper=False, unitriangular=True)
+    W = Minv @ (beta[..., None] * v)  # [h, n, c, dv]
+    Y = Minv @ ((beta * G.exp())[..., None] * k)  # [h, n, c, dk]: u = W - Y S0
     attn = (q @ k.transpose(-1, -2)) * decay  # [h, n, c, c], lower incl. diagonal
     qG = q * G.exp()[..., None]  # [h, n, c, dk]
     kT = (k * (G[..., -1:] - G).exp()[..., None]).transpose(-1, -2)  # [h, n, dk, c], e^{G_c - G_j} k_j
@@ -165,5 +166,5 @@ def gated_delta_chunked(
         u = torch.baddbmm(Wi, Yi, state, alpha=-1.0)  # [h, c, dv] = W - Y S  (fused: an eager step is ~5 launches)
         outs.append(torch.baddbmm(torch.bmm(qi, state), ai, u))  # qG S + attn u
         state = torch.baddbmm(li * state, ki, u)  # e^{G_c} S + kT u
-    o = torch.stack(outs, dim=1).reshape(h, n * c, dv)[:, :T]
+    o = torch.stack(outs, dim=1).reshape(h, n * c, v.shape[-1])[:, :T]
     return o.transpose(0, 1), state  # [T, h, dv], [h, dk, dv]
