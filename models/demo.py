@@ -78,6 +78,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--attention", choices=["torch", "triton"], default="torch",
                     help="decode attention: plain torch, or our plan-free split-KV Triton kernel (on a CPU it runs in "
                          "Triton's interpreter: set TRITON_INTERPRET=1)")
+    ap.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
+                    help="resident arm: launch each decode step before reading the last one's tokens (the host arm "
+                         "always reads them first: it builds the next step's inputs from them)")
     ap.add_argument("--row-check", action=argparse.BooleanOptionalAction, default=True,
                     help="after every resident decode step, compare every row it read with the host streams")
     ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature, 0 = greedy")
@@ -144,7 +147,9 @@ def summary(engines: dict[Planning, tuple[Engine, float]]) -> str:
             ("displacements", f"{s.displacements}" if e.resident else "-"),
             ("H2D copies / decode step", f"{s.h2d_copies / d:.2f}"),
             ("H2D bytes / decode step", f"{s.h2d_bytes / d:.1f}"),
-            ("decode steps with no H2D", f"{s.empty_flushes}" if e.resident else "0"),
+            ("decode steps with no planning H2D", f"{s.empty_flushes}" if e.resident else "0"),
+            ("input-id copies", f"{s.ids_copies}" if e.resident else f"{s.decode_steps} (every decode step)"),
+            ("overlapped steps (rows dropped)", f"{s.overlapped} ({s.discarded})" if e.config.overlap else "off"),
             ("planner us / decode step", f"{s.plan_ns / d / 1e3:.1f}"),
             ("pre-plans (reused / dropped)", f"{s.preplans} ({s.preplan_hits} / {s.preplan_drops})"
              if e.resident else "-"),
@@ -189,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"resplan demo: {args.model} (random weights, seed {args.seed}), {args.requests} requests, "
           f"c={args.concurrency}, prompts {args.prompt_len[0]}-{args.prompt_len[1]} tokens, "
           f"{args.gen_len[0]}-{args.gen_len[1]} new tokens, {how}", flush=True)
-    runs = run_arms(adapter, cfg, requests, args.arms, make_on_step=progress(args, requests))
+    runs = run_arms(adapter, cfg, requests, args.arms, make_on_step=progress(args, requests),
+                    per_arm={Planning.RESIDENT: dict(overlap=args.overlap)})
     e0 = next(iter(runs.values())).engine
     print(f"order {e0.config.order.value}, buckets {e0.buckets}, page size {e0.config.page_size}, "
           f"pages {[p.num_pages for p in e0.page_pools.values()]}, token budget {e0.config.token_budget}, "
@@ -208,8 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"same tokens in {' and '.join(a.value for a in arms)}: {same}/{len(requests)} requests"
               + ("" if ok else "  <-- MISMATCH"))
     print(summary({arm: (r.engine, r.wall_s) for arm, r in runs.items()}))
-    print("H2D: what planning sends (resident: the flush program; host: the bucket's buffers, one copy); both arms "
-          "also copy the input token ids, 8 B a row, every step that decodes.")
+    print("H2D per decode step: resident, the flush program and, when they changed, the input ids and their sources "
+          "(a steady step: none); host, the bucket's buffers and the input ids (two copies).")
     mismatches = sum(r.engine.stats.mismatches for r in runs.values())
     return 0 if ok and mismatches == 0 else 1
 

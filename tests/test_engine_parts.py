@@ -153,7 +153,7 @@ def test_demo_help_names_every_option(capsys):
     text = capsys.readouterr().out
     for opt in ("--model", "--arms", "--concurrency", "--requests", "--prompt-len", "--gen-len", "--page-size",
                 "--num-pages", "--max-seq-len", "--order", "--max-bucket", "--token-budget", "--row-check", "--seed",
-                "--temperature", "--top-p", "--top-k", "--progress", "--attention"):
+                "--temperature", "--top-p", "--top-k", "--progress", "--attention", "--overlap"):
         assert opt in text
 
 
@@ -166,3 +166,5 @@ def test_demo_runs_both_arms(capsys):
     out = capsys.readouterr().out
     assert "same tokens in resident and host: 5/5 requests" in out
     assert "row check (steps, mismatches)" in out
+    overlapped = next(line for line in out.splitlines() if line.startswith("overlapped steps"))
+    assert int(overlapped.split()[-3]) > 0 and overlapped.split()[-1] == "off"  # resident overlaps, host never
