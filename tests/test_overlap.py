@@ -8,26 +8,17 @@ from __future__ import annotations
 import attrs
 import numpy as np
 import pytest
+from test_engine import BASE, PROMPTS, QWEN  # the engine tests' model, config and prompts
+from test_engine import CASES as ENGINE_CASES
 
-from models.engine import Engine, EngineConfig, Order, Planning, build_adapter
-from models.engine.compare import check_pools, random_requests, run_arms
+from models.engine import Engine, Planning
+from models.engine.compare import check_pools, run_arms
 from models.engine.requests import Request, SamplingParams
 from resplan import Backend
 
 R, H = Planning.RESIDENT, Planning.HOST
-QWEN = build_adapter("qwen3_5-tiny", seed=0)
-BASE = EngineConfig(page_size=4, max_seq_len=32, row_check=True)
-PROMPTS = random_requests(QWEN, 32, prompt_len=(3, 12), gen_len=(3, 10), seed=1)
 OVERLAP = {R: dict(overlap=True)}
-
-CASES = {
-    "c1": dict(max_running=1),
-    "c8": dict(max_running=8),
-    "turns-c8-bucket2": dict(max_running=8, max_bucket=2, order=Order.TURNS),
-    "kv-pressure-c8": dict(max_running=8, num_pages=14),
-    "chunked-prefill-c4": dict(max_running=4, token_budget=5),
-    "context-bound-c4": dict(max_running=4, max_seq_len=16),  # rows end at the context, not at max_tokens
-}
+CASES = {**ENGINE_CASES, "context-bound-c4": dict(max_running=4, max_seq_len=16)}  # rows end at the context
 
 
 @pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
