@@ -911,10 +911,8 @@ class Engine:
         self.scheduler.finish(h)
         self.serial[h] += 1  # a step in flight that ran it drops its token
         self._tok_pos[h] = -1
-        if self._txn is not None:  # crossing pages taken early for it went back with its pages
-            self._txn.crossings = [c if not (c.handles == h).any() else attrs.evolve(
-                c, handles=c.handles[c.handles != h], cols=c.cols[c.handles != h], pages=c.pages[c.handles != h])
-                for c in self._txn.crossings]  # fmt: skip
+        # (a crossing page taken early for it, with the pre-plan, went back with its pages; the admit transaction
+        # still lists it, and a rollback skips it: it checks the page is still the handle's last one)
         self.stats.finished += 1
         if self.on_finish is not None:
             self.on_finish(result)
