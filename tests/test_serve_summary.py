@@ -30,3 +30,11 @@ def test_ratios_against_host_are_paired_by_round():
     assert per_token == f"{(lo + hi) / 2:.2f}x [{lo:.2f}-{hi:.2f}]"
     decode = [c for c, h in zip(cols, header, strict=True) if h == "vs host"][1]
     assert decode == f"{(1.25 + 1.2) / 2:.2f}x [1.20-1.25]"
+
+
+def test_the_host_yardstick_times_a_steady_planner_step():
+    from models.bench.serve import planner_yardstick
+
+    text = planner_yardstick(200)
+    us = float(text.split("step ")[1].split(" us")[0])
+    assert text.startswith("planner steady 64-row step") and 0 < us < 10_000

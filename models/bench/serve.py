@@ -139,6 +139,15 @@ def transformers_run(adapter, c: int, args, seed: int) -> dict:
                 tokens=[tuple(t) for t in out[:, ids.shape[1] :].tolist()])
 
 
+def planner_yardstick(steps: int = 5000) -> str:
+    """This machine's host speed, for the report: the planner benchmark's steady 64-row step (the ratios depend on the
+    host CPU, since the host arm's planning is host time and the GPU graphs are not)."""
+    from models.bench.planner import scenario
+
+    r = scenario("steady-64", 64, 0, False, steps)
+    return f"planner steady 64-row step {r['median']:.1f} us (median of {steps}; `python -m models.bench.planner`)"
+
+
 def summarize(runs: list[dict], arms: list[str]) -> tuple[str, list[dict]]:
     """Per cell and arm: median [min-max] over rounds, and ratios against host."""
     rows, lines = [], []
@@ -235,6 +244,8 @@ def main(argv: list[str] | None = None) -> None:
     cells = [int(c) for c in args.concurrency.split(",")]
     hf_cells = {int(c) for c in args.transformers_c.split(",")}
     args.out.mkdir(parents=True, exist_ok=True)
+    host_speed = planner_yardstick()
+    print(f"host yardstick: {host_speed}", flush=True)
     runs: list[dict] = []
     for model in args.model.split(","):
         adapter = build_adapter(model, seed=args.seed, device="cuda", dtype=torch.bfloat16)
@@ -262,7 +273,8 @@ def main(argv: list[str] | None = None) -> None:
     table, rows = summarize(runs, arms)
     head = (f"Serving benchmark on {torch.cuda.get_device_name()} (torch {torch.__version__}): prompts "
             f"{args.prompt_len} tokens, {args.gen} new tokens each, page size {args.page_size}, {args.rounds} rounds "
-            "with the arm order alternated, random weights (bf16).\n\nCommand: `python -m models.bench.serve "
+            f"with the arm order alternated, random weights (bf16). Host yardstick: {host_speed}.\n\n"
+            "Command: `python -m models.bench.serve "
             + " ".join(argv if argv is not None else __import__("sys").argv[1:]) + "`\n\n")
     (args.out / "results.md").write_text(head + table + "\n")
     (args.out / "results.json").write_text(json.dumps(dict(rows=rows, runs=[{k: v for k, v in r.items()
