@@ -88,7 +88,7 @@ _EMPTY = np.zeros(0, np.int32)
 _EMPTY.flags.writeable = False
 
 
-@attrs.frozen(eq=False, slots=True)
+@attrs.frozen(eq=False, slots=False)  # a dict class: its frozen __init__ (13 fields) is ~0.8 us cheaper, per plan
 class FlushProgram:
     """What the executor does before one replay, and nothing else.
 

@@ -73,7 +73,7 @@ class Ledger:
     taken_count: int
 
 
-@attrs.frozen(eq=False, slots=True)
+@attrs.frozen(eq=False, slots=False)  # a dict class: its frozen __init__ is ~0.4 us cheaper, per plan and commit
 class PlannerState:
     """The ledger, each slot's last reader, sequence numbers, and the slot row each bucket last uploaded.
 
