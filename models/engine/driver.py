@@ -79,8 +79,6 @@ from resplan import (
     row_check,
 )
 
-_RETIRING = int(Status.RETIRING)
-
 
 class Planning(enum.Enum):
     RESIDENT = "resident"  # decode steps planned through resplan: rows live in the device store
@@ -448,7 +446,7 @@ class Engine:
         """Whether the next step may run with a step in flight: decode rows only (compose is pure), and no request
         waiting for the handle or pages a retiring one gives back when it lands (it is admitted a step earlier)."""
         sch = self.scheduler
-        if sch.waiting and (sch.status == _RETIRING).any():
+        if sch.waiting and sch.retiring():
             return False
         nxt = sch.compose(self._free())
         return nxt.rows.size > 0 and not nxt.host_planned
@@ -783,8 +781,7 @@ class Engine:
         if not self.config.overlap:
             self._land(f)
             return
-        last = (self.issued[rows] >= self.max_tokens[rows]) | (self.prompt_len[rows] + self.issued[rows]
-                                                               >= self.max_seq_len)
+        last = self._out_of_room(rows, self.issued[rows])
         if last.any():
             self.scheduler.retire(rows[last])
         prev, self._inflight = self._inflight, f
@@ -886,10 +883,14 @@ class Engine:
         self.last_token[rows] = tokens
         self.stats.tokens += rows.size
         stop = (self.stop[rows] == tokens[:, None]).any(1)
-        done = stop | (g >= self.max_tokens[rows]) | (self.prompt_len[rows] + g >= self.max_seq_len)
+        done = stop | self._out_of_room(rows, g)
         if done.any():
             for i in np.flatnonzero(done).tolist():
                 self._finish(int(rows[i]), FinishReason.STOP if stop[i] else FinishReason.LENGTH)
+
+    def _out_of_room(self, rows: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        """[n] bool: with ``tokens`` generated, the row has no token left (max_tokens) or no context left."""
+        return (tokens >= self.max_tokens[rows]) | (self.prompt_len[rows] + tokens >= self.max_seq_len)
 
     def _finish(self, h: int, reason: FinishReason) -> None:
         live = self.live.pop(h)
