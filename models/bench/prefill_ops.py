@@ -33,6 +33,17 @@ class CountOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def prefill_inputs(model, R: int, T: int, ps: int, device, dtype: torch.dtype, seed: int = 0):
+    """A state with room for R prompts of T random tokens, and their chunks (each on its own pages and slot)."""
+    n_pages = -(-T // ps)
+    state = model.allocate_state(R * n_pages + 1, ps, R + 1, device, dtype)
+    gen = torch.Generator().manual_seed(seed)
+    chunks = [PrefillChunk(torch.randint(0, model.cfg.vocab_size, (T,), generator=gen),
+                           torch.arange(1 + r * n_pages, 1 + (r + 1) * n_pages), start=0, rec_slot=1 + r)
+              for r in range(R)]  # fmt: skip
+    return state, chunks
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="qwen3_5-0.8b")
@@ -45,14 +56,7 @@ def main() -> None:
     dt = torch.float32 if a.device == "cpu" else torch.bfloat16
     model = build_adapter(a.model, seed=0, device=a.device, dtype=dt).model
     T, ps, R = a.prompt_len, a.page_size, a.requests
-    n_pages = -(-T // ps)
-    state = model.allocate_state(R * n_pages + 1, ps, R + 1, a.device, dt)
-    gen = torch.Generator().manual_seed(0)
-    chunks = [
-        PrefillChunk(torch.randint(0, model.cfg.vocab_size, (T,), generator=gen),
-                     torch.arange(1 + r * n_pages, 1 + (r + 1) * n_pages), start=0, rec_slot=1 + r)
-        for r in range(R)
-    ]  # fmt: skip
+    state, chunks = prefill_inputs(model, R, T, ps, a.device, dt)
 
     def run() -> None:
         if R == 1:

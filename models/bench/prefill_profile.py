@@ -15,8 +15,8 @@ import time
 import numpy as np
 import torch
 
+from models.bench.prefill_ops import prefill_inputs
 from models.engine import build_adapter
-from models.qwen3_5 import PrefillChunk
 
 
 def grad_mode(name: str):
@@ -25,12 +25,7 @@ def grad_mode(name: str):
 
 
 def profile(model, R: int, T: int, ps: int, repeats: int, top: int, modes: list[str]) -> str:
-    n_pages = -(-T // ps)
-    state = model.allocate_state(R * n_pages + 1, ps, R + 1, "cuda", torch.bfloat16)
-    gen = torch.Generator().manual_seed(R)
-    chunks = [PrefillChunk(torch.randint(0, model.cfg.vocab_size, (T,), generator=gen),
-                           torch.arange(1 + r * n_pages, 1 + (r + 1) * n_pages), start=0, rec_slot=1 + r)
-              for r in range(R)]  # fmt: skip
+    state, chunks = prefill_inputs(model, R, T, ps, "cuda", torch.bfloat16, seed=R)
     raw = type(model).prefill_batch.__wrapped__  # without its decorator: each mode sets its own
 
     def run(mode: str = modes[0]) -> None:
