@@ -58,22 +58,20 @@ def causal_conv1d_prefill_batch(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``causal_conv1d_prefill`` for R chunks at once. x [R, T_max, C] (chunk r's first lens[r] rows real, padding
     after); conv_state [R, C, K]; lens [R] long -> out [R, T_max, C] in x's dtype (padding rows junk) and the new
-    states [R, C, K]: the last K inputs of each chunk's real rows, xs[r, :, T_r : T_r + K] of
-    xs = cat(conv_state, x^T) [R, C, K + T_max]."""
+    states [R, C, K]: the last K inputs of each chunk's real rows, xs[r, T_r : T_r + K] of
+    xs = cat(conv_state^T, x) [R, K + T_max, C]. On CUDA the conv is one Triton kernel (kernels.conv1d_prefill)."""
     R, K = x.shape[0], conv_state.shape[-1]
-    if x.is_cuda:  # one Triton kernel over channels-last inputs (kernels.conv1d_prefill)
+    xs = torch.cat([conv_state.transpose(1, 2).to(weight.dtype), x.to(weight.dtype)], dim=1)  # [R, K+T_max, C]
+    if x.is_cuda:
         from kernels.conv1d_prefill import conv1d_prefill
 
-        xs = torch.cat([conv_state.transpose(1, 2).to(x.dtype), x], dim=1)  # [R, K + T_max, C]
-        out = conv1d_prefill(xs, weight, x.shape[1])  # [R, T_max, C]
-        idx = lens[:, None] + torch.arange(K, device=x.device)[None, :]  # [R, K]: xs rows T_r .. T_r + K - 1
-        new_state = xs.gather(1, idx[:, :, None].expand(R, K, xs.shape[2])).transpose(1, 2)  # [R, C, K]
-        return out, new_state.to(conv_state.dtype)
-    xs = torch.cat([conv_state.to(weight.dtype), x.transpose(1, 2).to(weight.dtype)], dim=-1)  # [R, C, K+T_max]
-    out = F.conv1d(xs, weight[:, None, :], groups=weight.shape[0])[:, :, 1:]  # [R, C, T_max]
-    idx = lens[:, None] + torch.arange(K, device=x.device)[None, :]  # [R, K]: xs columns T_r .. T_r + K - 1
-    new_state = xs.gather(2, idx[:, None, :].expand(R, xs.shape[1], K))
-    return F.silu(out).transpose(1, 2).to(x.dtype), new_state.to(conv_state.dtype)
+        out = conv1d_prefill(xs, weight, x.shape[1])  # [R, T_max, C], silu applied
+    else:
+        out = F.conv1d(xs.transpose(1, 2), weight[:, None, :], groups=weight.shape[0])[:, :, 1:]  # [R, C, T_max]
+        out = F.silu(out).transpose(1, 2)
+    idx = lens[:, None] + torch.arange(K, device=x.device)[None, :]  # [R, K]: xs rows T_r .. T_r + K - 1
+    new_state = xs.gather(1, idx[:, :, None].expand(R, K, xs.shape[2])).transpose(1, 2)  # [R, C, K]
+    return out.to(x.dtype), new_state.to(conv_state.dtype)
 
 
 def causal_conv1d_step(
