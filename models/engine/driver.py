@@ -424,13 +424,11 @@ class Engine:
             return False
         t0 = time.perf_counter_ns()
         self._reload()
-        if self._inflight is not None and not self._runs_overlapped():
-            self._drain()  # (the pre-plan drains ahead of such a step; a reload can still make one)
-            self.stats.decode_ns += time.perf_counter_ns() - t0  # the wait belongs to the decode step it lands
-            t0 = time.perf_counter_ns()
-            if not self.has_work():
-                return True
-        batch, chunks = self._admit_step()
+        admitted, landed_ns = self._admit_step()
+        if admitted is None:  # landing the step in flight finished the last requests
+            self.stats.decode_ns += time.perf_counter_ns() - t0
+            return True
+        batch, chunks = admitted
         if batch.host_planned:
             self._host_step(batch, chunks)
         else:
@@ -440,16 +438,17 @@ class Engine:
             self._preplan_next()
         if not batch.host_planned:  # the loop's whole iteration: a pre-plan is work a later decode step saves
             self.stats.decode_ns += time.perf_counter_ns() - t0
+        else:  # the wait for a decode step landed before this one belongs to that decode step
+            self.stats.decode_ns += landed_ns
         return True
 
-    def _runs_overlapped(self) -> bool:
-        """Whether the next step may run with a step in flight: decode rows only (compose is pure), and no request
-        waiting for the handle or pages a retiring one gives back when it lands (it is admitted a step earlier)."""
-        sch = self.scheduler
-        if sch.waiting and sch.retiring():
+    def _must_land(self, batch: Batch) -> bool:
+        """A step is in flight and ``batch`` may not run beside it: it has prefill work or no decode rows, or a request
+        waits for the handle or pages a retiring one gives back when it lands (so it is admitted a step earlier)."""
+        if self._inflight is None:
             return False
-        nxt = sch.compose(self._free())
-        return nxt.rows.size > 0 and not nxt.host_planned
+        sch = self.scheduler
+        return batch.rows.size == 0 or batch.host_planned or bool(sch.waiting and sch.retiring())
 
     def _next_seq(self) -> int:
         self._seq += 1
@@ -458,19 +457,26 @@ class Engine:
     def _free(self) -> dict[str, int]:
         return {k: p.free for k, p in self.page_pools.items()}
 
-    def _admit_step(self) -> tuple[Batch, tuple[Chunk, ...]]:
-        """Compose and admit the step, offloading under KV pressure and rolling back refused admits."""
+    def _admit_step(self) -> tuple[tuple[Batch, tuple[Chunk, ...]] | None, int]:
+        """Compose and admit the step, landing a step in flight it may not run beside, offloading under KV pressure
+        and rolling back refused admits. Returns (batch, chunks), or None when landing left no work; and the
+        nanoseconds spent landing."""
+        landed_ns = 0
         while True:
             batch = self.scheduler.compose(self._free())
+            if self._must_land(batch):  # (an offload below can make room for an admission: composed again, it lands)
+                t = time.perf_counter_ns()
+                self._drain()
+                landed_ns += time.perf_counter_ns() - t
+                if not self.has_work():
+                    return None, landed_ns
+                continue
             if batch.empty:
                 raise RuntimeError(
                     f"engine stalled: {len(self.scheduler.waiting)} waiting, {self.scheduler.admitted} admitted "
                     f"({len(self.scheduler.offloaded)} offloaded), free pages {self._free()}"
                 )
             if self._relieve_pressure(batch):
-                continue
-            if self._inflight is not None and batch.host_planned:  # an offload made room for an admission
-                self._drain()
                 continue
             txn, self._txn = (self._txn or AdmitTxn()), None
             admitted = 0
@@ -481,7 +487,7 @@ class Engine:
                     h = self._admit(pend, txn)
                     chunks.append(Chunk(h, 0, n, n == len(pend.request.prompt)))
                     admitted += 1
-                return batch, tuple(chunks)
+                return (batch, tuple(chunks)), landed_ns
             except AdmitRefused:
                 self._rollback(txn)
                 self.stats.refused_admits += 1
@@ -921,11 +927,12 @@ class Engine:
     # -- pre-plan ------------------------------------------------------------------------------------------------
     def _preplan_next(self) -> None:
         """Take the next step's crossing pages now and, for a resident decode step, plan it."""
-        if self._inflight is not None and not self._runs_overlapped():
-            self._drain()  # its rows may finish: plan the step that follows with what they leave
+        batch = self.scheduler.compose(self._free())
+        if self._must_land(batch):  # its rows may finish: plan the step that follows with what they leave
+            self._drain()
+            batch = self.scheduler.compose(self._free())
         if not self.has_work():
             return
-        batch = self.scheduler.compose(self._free())
         rows = batch.rows
         if rows.size == 0:
             return
