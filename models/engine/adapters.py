@@ -100,6 +100,17 @@ class Adapter:
         return torch.stack([self.prefill(state, c.ids, c.pages, c.start, c.rec_slot, c.read_lens, c.pos_offset)[-1]
                             for c in chunks])  # fmt: skip
 
+    capturable_prefill = False  # whether prefill_inputs / prefill_forward split prefill_last into a capturable pass
+
+    def prefill_inputs(self, state, chunks: list[PrefillInput]):
+        """``prefill_last``'s chunks as one pass's device inputs: a record with ``key`` (what fixes its shapes),
+        ``tokens`` and ``tensors()``, that ``prefill_forward`` runs with no host sync."""
+        raise NotImplementedError(f"{self.name}: no capturable prefill pass")
+
+    def prefill_forward(self, state, batch) -> torch.Tensor:
+        """The pass over ``prefill_inputs``' record: ``prefill_last``'s logits [R, V]. Graph-safe."""
+        raise NotImplementedError(f"{self.name}: no capturable prefill pass")
+
     def decode(self, state, ids: torch.Tensor, bufs: StepBuffers, attn=None) -> torch.Tensor:
         """One token a row from the static buffers, graph-safe: ids [b] -> logits [b, V]. ``attn``: the bucket's
         decode attention (FlashInfer on the GPU); None = plain torch."""
@@ -133,9 +144,17 @@ class QwenAdapter(Adapter):
 
     def prefill_last(self, state, chunks):
         """All chunks in one pass (``Qwen35Model.prefill_batch``)."""
-        return self.model.prefill_batch(
+        return self.prefill_forward(state, self.prefill_inputs(state, chunks))
+
+    capturable_prefill = True
+
+    def prefill_inputs(self, state, chunks):
+        return self.model.prefill_inputs(
             state, [PrefillChunk(c.ids, c.pages[KV_POOL], c.start, c.rec_slot, c.pos_offset) for c in chunks]
         )
+
+    def prefill_forward(self, state, batch):
+        return self.model.prefill_forward(state, batch)
 
     def decode(self, state, ids, bufs, attn=None):
         return self.model.decode(state, ids, bufs, attn)

@@ -24,6 +24,7 @@ class Segments:
     seg: torch.Tensor  # [N] long: the chunk of each concatenated token
     pos: torch.Tensor  # [N] long: each token's stream position start_r + i
     last: torch.Tensor  # [R] long: index of each chunk's last token in the concatenation
+    unflat: torch.Tensor  # [N] long: index of each concatenated token in the padded [R * T_max] rows
     all_fresh: bool = False  # every chunk starts its request's stream (start 0): it attends to its own tokens only
 
     @classmethod
@@ -37,9 +38,15 @@ class Segments:
         valid = i[None, :] < lens_t[:, None]
         flat = torch.where(valid, offsets[:, None] + i[None, :], 0)
         seg = torch.repeat_interleave(torch.arange(len(lens_t), device=device), lens_t)  # [N]
-        pos = starts_t[seg] + torch.arange(int(lens_t.sum()), device=device) - offsets[seg]
+        within = torch.arange(int(lens_t.sum()), device=device) - offsets[seg]  # [N] i of each token in its chunk
+        pos = starts_t[seg] + within
+        unflat = seg * valid.shape[1] + within
         fresh = all(int(s) == 0 for s in starts)
-        return cls(lens_t, starts_t, flat, valid, seg, pos, offsets + lens_t - 1, fresh)
+        return cls(lens_t, starts_t, flat, valid, seg, pos, offsets + lens_t - 1, unflat, fresh)
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """Every tensor field, in declaration order."""
+        return self.lens, self.starts, self.flat, self.valid, self.seg, self.pos, self.last, self.unflat
 
     def pad(self, x: torch.Tensor) -> torch.Tensor:
         """[N, ...] -> [R, T_max, ...], zeros at padding."""
@@ -47,8 +54,8 @@ class Segments:
         return out * self.valid.view(*self.valid.shape, *([1] * (x.dim() - 1))).to(out.dtype)
 
     def unpad(self, x: torch.Tensor) -> torch.Tensor:
-        """[R, T_max, ...] -> [N, ...]."""
-        return x[self.valid]
+        """[R, T_max, ...] -> [N, ...]: a gather by index (a boolean mask would sync with the host: not capturable)."""
+        return x.flatten(0, 1)[self.unflat]
 
 
 def fresh_prefill_attention_batch(

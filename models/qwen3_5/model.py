@@ -38,6 +38,32 @@ class PrefillChunk:
     pos_offset: int = 0
 
 
+@attrs.frozen
+class PrefillBatch:
+    """One prefill pass's device inputs, R chunks of N tokens in all. Passes of one ``key`` have the same shapes."""
+
+    ids: torch.Tensor  # [N] long
+    segs: Segments
+    page_table: torch.Tensor  # [R, W] long, each request's pages in order, 0 past them
+    write_loc: torch.Tensor  # [N] long, each token's flat KV slot
+    offsets: torch.Tensor  # [R] long, each request's position offset
+    slots: torch.Tensor  # [R] long, each request's recurrent slot
+
+    @property
+    def key(self) -> tuple[int, int, int, int, bool]:
+        """(R, N, T_max, W, all_fresh): what fixes the pass's shapes and its one host branch."""
+        R, T_max = self.segs.valid.shape
+        return R, self.ids.shape[0], T_max, self.page_table.shape[1], self.segs.all_fresh
+
+    @property
+    def tokens(self) -> int:
+        return self.ids.shape[0]
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """Every input tensor, in a fixed order (a captured pass copies a new batch's into its own)."""
+        return (self.ids, *self.segs.tensors(), self.page_table, self.write_loc, self.offsets, self.slots)
+
+
 def _check_chunk(state: Qwen35State, T: int, n_pages: int, start: int, rec_slot: int) -> None:
     """A prefill chunk's arguments, refused with the reason."""
     if T == 0 or start < 0:
@@ -135,19 +161,18 @@ class Qwen35Model(nn.Module):
         pos_offset: int = 0,
     ) -> torch.Tensor:
         """One request's chunk, eager: logits [T, V]. Writes its K/V and leaves the GDN state in ``rec_slot``."""
-        h, _ = self._prefill_pass(state, [PrefillChunk(token_ids, pages, start, rec_slot, pos_offset)])
+        h = self._prefill_pass(state, self.prefill_inputs(state, [PrefillChunk(token_ids, pages, start, rec_slot,
+                                                                               pos_offset)]))  # fmt: skip
         return self.lm_head(self.model.norm(h))  # [T, V]
 
     @torch.inference_mode()  # cheaper per operation than no_grad: prefill dispatches thousands
     def prefill_batch(self, state: Qwen35State, chunks: Sequence[PrefillChunk]) -> torch.Tensor:
         """Several requests' chunks in one eager pass, each as ``prefill`` runs it: the logits of each chunk's last
         token [R, V]. Requests (their recurrent slots) must be distinct."""
-        h, segs = self._prefill_pass(state, chunks)
-        return self.lm_head(self.model.norm(h[segs.last]))  # [R, V]
+        return self.prefill_forward(state, self.prefill_inputs(state, chunks))
 
-    def _prefill_pass(self, state: Qwen35State, chunks: Sequence[PrefillChunk]) -> tuple[torch.Tensor, Segments]:
-        """The layers over R chunks: row-wise work once over all N tokens; the conv, delta rule and attention per
-        chunk, batched over the chunks padded to the longest. Returns the final hidden states [N, hidden]."""
+    def prefill_inputs(self, state: Qwen35State, chunks: Sequence[PrefillChunk]) -> PrefillBatch:
+        """The chunks checked and laid out as one pass's device inputs (host work: the only part that reads them)."""
         device = self.lm_head.weight.device
         ps = state.page_size
         for c in chunks:
@@ -162,18 +187,31 @@ class Qwen35Model(nn.Module):
         write_loc = page_table[segs.seg, segs.pos // ps] * ps + segs.pos % ps  # [N]
         offsets = torch.tensor([c.pos_offset for c in chunks], dtype=torch.long, device=device)
         slots = torch.tensor([c.rec_slot for c in chunks], dtype=torch.long, device=device)  # [R]
+        return PrefillBatch(ids, segs, page_table, write_loc, offsets, slots)
+
+    @torch.inference_mode()
+    def prefill_forward(self, state: Qwen35State, batch: PrefillBatch) -> torch.Tensor:
+        """The pass over ``batch``: the logits of each chunk's last token [R, V]. No host sync, every shape fixed by
+        ``batch.key``: capturable, and one captured pass serves every batch of its key (engine/prefill_graphs.py)."""
+        h = self._prefill_pass(state, batch)
+        return self.lm_head(self.model.norm(h[batch.segs.last]))  # [R, V]
+
+    def _prefill_pass(self, state: Qwen35State, batch: PrefillBatch) -> torch.Tensor:
+        """The layers over R chunks: row-wise work once over all N tokens; the conv, delta rule and attention per
+        chunk, batched over the chunks padded to the longest. Returns the final hidden states [N, hidden]."""
+        segs = batch.segs
         fresh = segs.starts == 0
-        h = self.model.embed_tokens(ids)  # [N, hidden]
-        cos, sin = self.rotary(segs.pos + offsets[segs.seg], h.dtype)  # [N, rot]
+        h = self.model.embed_tokens(batch.ids)  # [N, hidden]
+        cos, sin = self.rotary(segs.pos + batch.offsets[segs.seg], h.dtype)  # [N, rot]
         for i, layer in enumerate(self.model.layers):
             x = layer.input_layernorm(h)
             j = self._pool_index[i]
             if layer.is_linear:
-                h = h + layer.linear_attn.prefill(x, state.conv[j], state.ssm[j], slots, fresh, segs)
+                h = h + layer.linear_attn.prefill(x, state.conv[j], state.ssm[j], batch.slots, fresh, segs)
             else:
-                h = h + layer.self_attn.prefill(x, state.kv[j], page_table, write_loc, cos, sin, segs)
+                h = h + layer.self_attn.prefill(x, state.kv[j], batch.page_table, batch.write_loc, cos, sin, segs)
             h = layer.ffn(h)
-        return h, segs
+        return h
 
     def fuse_projections(self) -> Qwen35Model:
         """Fuse each layer's same-input projections into one weight (views; see models.layers.fused). Call after
