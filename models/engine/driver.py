@@ -44,6 +44,7 @@ import itertools
 import math
 import time
 from collections.abc import Callable, Iterable
+from functools import partial
 
 import attrs
 import numpy as np
@@ -52,6 +53,7 @@ import torch
 from models.engine.adapters import Adapter, PrefillInput
 from models.engine.host_arm import HostFill
 from models.engine.pools import AdmitRefused, AdmitTxn, Crossing, PagePool, handle_pool, recurrent_pool
+from models.engine.prefill_graphs import PrefillGraphs
 from models.engine.requests import FinishReason, InvalidRequest, Limits, Request, Result, validate
 from models.engine.sampler import Sampler
 from models.engine.scheduler import Batch, Chunk, Order, Pending, Scheduler, Status, decode_buckets
@@ -115,6 +117,8 @@ class EngineConfig:
     attention: Backend = Backend.TORCH  # decode attention: TORCH, FA2 or XQA (CUDA), TRITON (CUDA, or interpreted)
     timing: bool = False  # per-step ITL samples and GPU graph time (CUDA events); costs a little host time
     overlap: bool = False  # launch each decode step before reading the last one's tokens (resident, plan-free)
+    prefill_graphs: int = attrs.field(default=0, validator=attrs.validators.ge(0))  # prefill shapes kept captured
+    prefill_graph_tokens: int = attrs.field(default=8192, validator=_positive)  # longer passes stay eager
 
 
 @attrs.define
@@ -208,6 +212,8 @@ class Engine:
                 "each step's inputs from the last step's tokens, and fa2's plan() rewrites a pinned workspace that "
                 "the step in flight may still be copying from"
             )
+        if cfg.prefill_graphs and not adapter.capturable_prefill:
+            raise ValueError(f"prefill_graphs: {adapter.name} has no capturable prefill pass; use prefill_graphs=0")
         self.device = torch.device(cfg.device)
         ps = cfg.page_size
         self.max_seq_len = min(cfg.max_seq_len, adapter.max_context)
@@ -252,6 +258,11 @@ class Engine:
         self.fills = {b: HostFill(self.layout, self.executor.buffers[b], exact_pages=True) for b in self.buckets}
         self.attn = self._make_attention()
         self.host_graphs, self.graphs = self._capture()
+        self.prefill_graphs = (
+            PrefillGraphs(partial(adapter.prefill_forward, self.model_state), self.device, cfg.prefill_graphs,
+                          cfg.prefill_graph_tokens)
+            if cfg.prefill_graphs else None
+        )  # fmt: skip
         # -- per-handle request state --------------------------------------------------------------------------------
         self.gen = np.zeros(H, np.int64)  # tokens generated
         self.t_first = np.zeros(H)  # wall clock of each handle's first token
@@ -855,7 +866,10 @@ class Engine:
                 read_lens={k: int(st.kv[k].lengths[h]) for k in self.read_keys},
                 pos_offset=int(st.pos_offset[h]),
             ))  # fmt: skip
-        logits = self.adapter.prefill_last(self.model_state, inputs)  # [R, V]
+        if self.prefill_graphs is None:
+            logits = self.adapter.prefill_last(self.model_state, inputs)  # [R, V]
+        else:
+            logits = self.prefill_graphs.run(self.adapter.prefill_inputs(self.model_state, inputs))
         for chunk in chunks:
             for k in self.append_keys:
                 st.kv[k].lengths[chunk.handle] = chunk.start + chunk.n

@@ -1,0 +1,201 @@
+"""Captured prefill passes (models/engine/prefill_graphs.py): a pass replayed over a copy of new inputs gives what the
+eager pass gives (logits, K/V and recurrent state), keys are kept and evicted as documented, and an engine serving
+its prefills from them gives the eager engine's tokens. On the CPU a replay re-runs the captured callable over the
+copied inputs, so these tests hold the copy-in path (every input copied, nothing read from the first batch); the
+GPU tests (test_engine_gpu.py) run real CUDA graphs."""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+import pytest
+import torch
+from test_engine import BASE, QWEN
+
+from models.engine import Engine, EngineConfig, build_adapter
+from models.engine.compare import random_requests, run_arms
+from models.engine.prefill_graphs import PrefillGraphs
+from models.layers.varlen import Segments
+from models.qwen3_5 import PrefillChunk
+
+MODEL = QWEN.model
+PS, PAGES, SLOTS = 4, 64, 8
+
+
+def _state():
+    return MODEL.allocate_state(PAGES, PS, SLOTS, "cpu", torch.float32)
+
+
+def _chunks(rng, lens, starts=None) -> list[PrefillChunk]:
+    """Chunks of random tokens on distinct random pages and distinct slots (1..): chunk r covers starts[r] + lens[r]."""
+    starts = starts or [0] * len(lens)
+    need = [-(-(s + n) // PS) for s, n in zip(starts, lens, strict=True)]
+    pages = rng.permutation(np.arange(1, PAGES))[: sum(need)]
+    slots = rng.permutation(np.arange(1, SLOTS))[: len(lens)]
+    out, at = [], 0
+    for n, s, k, slot in zip(lens, starts, need, slots, strict=True):
+        ids = torch.from_numpy(rng.integers(0, MODEL.cfg.vocab_size, n))
+        out.append(PrefillChunk(ids, torch.from_numpy(pages[at : at + k]), s, int(slot), int(rng.integers(0, 3))))
+        at += k
+    return out
+
+
+def _randomize(state, seed):
+    """Fill the state's pools with random values (what earlier chunks would have left)."""
+    g = torch.Generator().manual_seed(seed)
+    for t in (*state.kv, *state.conv, *state.ssm):
+        t.copy_(torch.randn(t.shape, generator=g, dtype=t.dtype))
+
+
+def _pools(state):
+    return [t.clone() for t in (*state.kv, *state.conv, *state.ssm)]
+
+
+@pytest.mark.parametrize("starts", [None, [0, 5, 2]], ids=["fresh", "continuing"])
+def test_a_replayed_pass_equals_the_eager_pass_on_new_inputs(starts):
+    """Batch A captures its key; batch B (same shapes; other tokens, pages, slots, offsets) replays it: logits and
+    every pool equal eager passes of A then B from the same starting state."""
+    rng = np.random.default_rng(0)
+    lens = [6, 3, 6]
+    a, b = _chunks(rng, lens, starts), _chunks(rng, lens, starts)
+    graphed, eager = _state(), _state()
+    _randomize(graphed, 1)
+    _randomize(eager, 1)
+    graphs = PrefillGraphs(lambda batch: MODEL.prefill_forward(graphed, batch), "cpu", capacity=2, max_tokens=64)
+    batch_a, batch_b = MODEL.prefill_inputs(graphed, a), MODEL.prefill_inputs(graphed, b)
+    assert batch_a.key == batch_b.key and batch_a.key[-1] is (starts is None)
+    torch.testing.assert_close(graphs.run(batch_a), MODEL.prefill_batch(eager, a), rtol=0, atol=0)
+    assert (graphs.stats.captures, graphs.stats.replays) == (1, 0)
+    torch.testing.assert_close(graphs.run(batch_b), MODEL.prefill_batch(eager, b), rtol=0, atol=0)
+    assert graphs.stats.replays == 1
+    for x, y in zip(_pools(graphed), _pools(eager), strict=True):
+        torch.testing.assert_close(x, y, rtol=0, atol=0)
+
+
+def test_keys_are_kept_up_to_capacity_and_long_passes_stay_eager():
+    rng = np.random.default_rng(1)
+    state = _state()
+    calls = []
+
+    def forward(batch):
+        calls.append(batch.key)
+        return MODEL.prefill_forward(state, batch)
+
+    graphs = PrefillGraphs(forward, "cpu", capacity=2, max_tokens=12)
+    keys = []
+    for lens in ([4], [5], [4], [6], [5], [13]):
+        batch = MODEL.prefill_inputs(state, _chunks(rng, lens))
+        keys.append(batch.key)
+        graphs.run(batch)
+    s = graphs.stats
+    # [4] eager+capture, [5] eager+capture, [4] replay, [6] evicts [5], [5] eager+capture (evicts [4]), [13] too long
+    assert (s.captures, s.replays, s.evictions, s.eager) == (4, 1, 2, 5)
+    assert list(graphs.graphs) == [keys[3], keys[4]]
+    with pytest.raises(ValueError, match="capacity"):
+        PrefillGraphs(forward, "cpu", capacity=0, max_tokens=12)
+
+
+def test_unpad_gathers_the_valid_rows_in_order():
+    rng = np.random.default_rng(2)
+    for _ in range(5):
+        lens = rng.integers(1, 9, rng.integers(1, 5)).tolist()
+        segs = Segments.build(lens, [0] * len(lens), "cpu")
+        x = torch.randn(len(lens), max(lens), 3)
+        torch.testing.assert_close(segs.unpad(x), x[segs.valid], rtol=0, atol=0)
+        n = sum(lens)
+        torch.testing.assert_close(segs.unpad(segs.pad(torch.arange(n)[:, None].float())).squeeze(1),
+                                   torch.arange(n).float())  # fmt: skip
+
+
+EQUAL = random_requests(QWEN, 24, prompt_len=(7, 7), gen_len=(2, 6), seed=4)  # one prompt length: keys repeat
+
+
+@pytest.mark.parametrize("case", [dict(max_running=1), dict(max_running=3), dict(max_running=4, token_budget=5)],
+                         ids=["c1", "c3", "chunked-c4"])  # fmt: skip
+def test_an_engine_on_prefill_graphs_gives_the_eager_engines_tokens(case):
+    cfg = attrs.evolve(BASE, **case)
+    eager = run_arms(QWEN, cfg, EQUAL)
+    graphed = run_arms(QWEN, attrs.evolve(cfg, prefill_graphs=3, prefill_graph_tokens=64), EQUAL)
+    for arm in eager:
+        assert graphed[arm].tokens == eager[arm].tokens
+        assert graphed[arm].engine.prefill_graphs.stats.replays > 0
+        assert graphed[arm].engine.stats.mismatches == 0
+
+
+def test_an_engine_refuses_prefill_graphs_for_a_model_without_a_capturable_pass():
+    whisper = build_adapter("whisper-test", seed=0)
+    with pytest.raises(ValueError, match="capturable"):
+        Engine(whisper, EngineConfig(page_size=4, max_seq_len=64, prefill_graphs=2))
+
+
+# -- on the GPU: real CUDA graphs ------------------------------------------------------------------------------------
+
+
+def _cuda():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("starts", [None, [0, 40, 17]], ids=["fresh", "continuing"])
+def test_a_replayed_cuda_graph_pass_equals_the_eager_pass_at_0_8b_shape(starts):
+    """The 0.8B shape in bf16: batch A's pass captured, batch B's replayed over a copy of its inputs; logits and pools
+    equal two eager passes of A then B (the same kernels on the same values)."""
+    _cuda()
+    adapter = build_adapter("qwen3_5-0.8b", seed=0, device="cuda", dtype=torch.bfloat16)
+    model = adapter.model
+    rng = np.random.default_rng(3)
+    lens = [96, 33, 70]
+    starts = starts or [0, 0, 0]
+    ps, pages, slots = 16, 64, 8
+
+    def chunks():
+        need = [-(-(s + n) // ps) for s, n in zip(starts, lens, strict=True)]
+        perm = rng.permutation(np.arange(1, pages))[: sum(need)]
+        out, at = [], 0
+        for n, s, k, slot in zip(lens, starts, need, rng.permutation(np.arange(1, slots))[:3], strict=True):
+            ids = torch.from_numpy(rng.integers(0, model.cfg.vocab_size, n))
+            out.append(PrefillChunk(ids, torch.from_numpy(perm[at : at + k]), s, int(slot), int(rng.integers(0, 3))))
+            at += k
+        return out
+
+    states = [model.allocate_state(pages, ps, slots, "cuda", torch.bfloat16) for _ in range(2)]
+    for st in states:
+        _randomize_cuda(st, 1)
+    graphed, eager = states
+    graphs = PrefillGraphs(lambda batch: model.prefill_forward(graphed, batch), "cuda", capacity=2, max_tokens=4096)
+    for i, c in enumerate((chunks(), chunks())):
+        got = graphs.run(model.prefill_inputs(graphed, c)).clone()
+        want = model.prefill_batch(eager, c)
+        assert graphs.stats.replays == i
+        print(f"\npass {i}: max |logits diff| {(got.float() - want.float()).abs().max().item():.3g}")
+        torch.testing.assert_close(got, want)
+        assert torch.equal(got.argmax(-1), want.argmax(-1))
+    for x, y in zip(_pools(graphed), _pools(eager), strict=True):
+        torch.testing.assert_close(x, y)
+
+
+def _randomize_cuda(state, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    for t in (*state.kv, *state.conv, *state.ssm):
+        t.copy_(torch.randn(t.shape, generator=g, device="cuda", dtype=torch.float32).to(t.dtype) * 0.1)
+
+
+@pytest.mark.gpu
+def test_an_engine_on_cuda_prefill_graphs_gives_the_eager_engines_tokens():
+    """0.8B shape, XQA in both arms' resident engine and fa2 in the host arm: equal-length prompts (their passes share
+    keys) served from captured prefill passes give the eager engine's tokens."""
+    _cuda()
+    adapter = build_adapter("qwen3_5-0.8b", seed=0, device="cuda", dtype=torch.bfloat16)
+    reqs = random_requests(adapter, 24, prompt_len=(64, 64), gen_len=(4, 12), seed=6)
+    from resplan import Backend
+
+    cfg = EngineConfig(device="cuda", dtype="bfloat16", attention=Backend.XQA, max_running=4, page_size=16,
+                       max_seq_len=128)  # fmt: skip
+    eager = run_arms(adapter, cfg, reqs)
+    graphed = run_arms(adapter, attrs.evolve(cfg, prefill_graphs=4), reqs)
+    for arm in eager:
+        assert graphed[arm].tokens == eager[arm].tokens
+        s = graphed[arm].engine.prefill_graphs.stats
+        print(f"\n{arm}: prefill graphs {s}")
+        assert s.replays > 0
