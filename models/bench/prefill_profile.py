@@ -5,6 +5,9 @@
 For each R, R prompts go through one ``prefill_batch`` pass (as the engine runs a step's chunks): the wall time
 (median of ``--repeats``, CUDA-synchronised), then one pass under ``torch.profiler``: the summed time of its CUDA
 kernels (the rest of the wall is the host dispatching them, or the GPU idle) and the kernels taking the most of it.
+``--modes`` times several ways of running the same pass, alternated: ``inference`` (eager under inference_mode, what
+``prefill_batch`` does), ``no_grad`` (eager), ``graph`` (the pass captured once and replayed, inputs built and copied
+in each time: what an engine with ``prefill_graphs`` does, models/engine/prefill_graphs.py).
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ import torch
 
 from models.bench.prefill_ops import prefill_inputs
 from models.engine import build_adapter
+from models.engine.prefill_graphs import PrefillGraphs
+
+MODES = ("inference", "no_grad", "graph")
 
 
 def grad_mode(name: str):
@@ -26,11 +32,15 @@ def grad_mode(name: str):
 
 def profile(model, R: int, T: int, ps: int, repeats: int, top: int, modes: list[str]) -> str:
     state, chunks = prefill_inputs(model, R, T, ps, "cuda", torch.bfloat16, seed=R)
-    raw = type(model).prefill_batch.__wrapped__  # without its decorator: each mode sets its own
+    raw = type(model).prefill_forward.__wrapped__  # without its decorator: each mode sets its own
+    graphs = PrefillGraphs(lambda batch: model.prefill_forward(state, batch), "cuda", capacity=1, max_tokens=1 << 30)
 
     def run(mode: str = modes[0]) -> None:
+        if mode == "graph":
+            graphs.run(model.prefill_inputs(state, chunks))
+            return
         with grad_mode(mode):
-            raw(model, state, chunks)
+            raw(model, state, model.prefill_inputs(state, chunks))
 
     walls = {m: [] for m in modes}
     for m in modes:
@@ -69,14 +79,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--requests", default="1,16,64", help="prompts a pass, comma-separated")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--top", type=int, default=12, help="kernels listed per pass")
-    ap.add_argument("--modes", default="inference", help="autograd modes timed, alternated: inference, no_grad")
+    ap.add_argument("--modes", default="inference",
+                    help=f"ways to run the pass, timed alternated (the first is profiled): {', '.join(MODES)}")
     a = ap.parse_args(argv)
-    if set(a.modes.split(",")) - {"inference", "no_grad"}:
-        raise SystemExit(f"--modes takes inference and no_grad, got {a.modes!r}")
+    if set(a.modes.split(",")) - set(MODES):
+        raise SystemExit(f"--modes takes {', '.join(MODES)}, got {a.modes!r}")
     if not torch.cuda.is_available():
         raise SystemExit("prefill_profile measures the GPU: run it on the H200")
     model = build_adapter(a.model, seed=0, device="cuda", dtype=torch.bfloat16).model
-    print(f"# Eager batched prefill on {torch.cuda.get_device_name()}: {a.model}, bf16\n")
+    print(f"# Batched prefill on {torch.cuda.get_device_name()}: {a.model}, bf16\n")
     with torch.no_grad():
         for R in (int(r) for r in a.requests.split(",")):
             print(profile(model, R, a.prompt_len, a.page_size, a.repeats, a.top, a.modes.split(",")), flush=True)

@@ -76,7 +76,8 @@ def engine_run(adapter, arm: str, c: int, args, seed: int, engine_cache: dict) -
         torch.cuda.empty_cache()
         cfg = EngineConfig(planning=planning, attention=backend, device="cuda", dtype="bfloat16", max_running=c,
                            page_size=args.page_size, max_seq_len=args.prompt_len + args.gen, timing=True,
-                           token_budget=args.token_budget, overlap=overlap)
+                           token_budget=args.token_budget, overlap=overlap, prefill_graphs=args.prefill_graphs,
+                           prefill_graph_tokens=args.prefill_graph_tokens)
         eng = Engine(adapter, cfg)
         eng.run(requests(adapter.vocab_size, c, args.prompt_len, 8, seed + 99))  # warm-up: JIT, allocator
         engine_cache[key] = eng
@@ -232,6 +233,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=2, help="rounds; the arm order alternates between rounds")
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--token-budget", type=int, default=None, help="prefill tokens a step (default: whole prompts)")
+    ap.add_argument("--prefill-graphs", type=int, default=4,
+                    help="prefill pass shapes kept as CUDA graphs, in every engine arm alike (0: eager prefill)")
+    ap.add_argument("--prefill-graph-tokens", type=int, default=8192,
+                    help="passes of more tokens than this stay eager (GPU-bound already)")
     ap.add_argument("--out", type=Path, required=True, help="folder for results.md, results.json, tokps.png")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
@@ -273,7 +278,9 @@ def main(argv: list[str] | None = None) -> None:
     table, rows = summarize(runs, arms)
     head = (f"Serving benchmark on {torch.cuda.get_device_name()} (torch {torch.__version__}): prompts "
             f"{args.prompt_len} tokens, {args.gen} new tokens each, page size {args.page_size}, {args.rounds} rounds "
-            f"with the arm order alternated, random weights (bf16). Host yardstick: {host_speed}.\n\n"
+            f"with the arm order alternated, random weights (bf16). Prefill passes of <= {args.prefill_graph_tokens} "
+            f"tokens replayed from CUDA graphs in every engine arm: {'yes' if args.prefill_graphs else 'no'} "
+            f"({args.prefill_graphs} shapes kept). Host yardstick: {host_speed}.\n\n"
             "Command: `python -m models.bench.serve "
             + " ".join(argv if argv is not None else __import__("sys").argv[1:]) + "`\n\n")
     (args.out / "results.md").write_text(head + table + "\n")
