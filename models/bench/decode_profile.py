@@ -21,6 +21,7 @@ import torch
 
 import kernels.gemv
 import kernels.pdl
+import models.layers.fused
 from models.engine import build_adapter
 from models.engine.sampler import Sampler
 from models.layers.flashinfer_attention import XQADecode
@@ -77,7 +78,12 @@ def main() -> None:
     ap.add_argument("--pdl", default="on", help="our kernels' programmatic dependent launch: on, off, or on,off (A/B)")
     ap.add_argument("--xqa-pdl", default="auto", choices=["auto", "on", "off"],
                     help="XQA's programmatic dependent launch (auto: FlashInfer's default, on for sm_90)")
+    ap.add_argument("--silu-mul", default="fold",
+                    help="SwiGLU's silu_mul folded into the down GEMM's weight stream or a kernel of its own: fold, "
+                         "split, or fold,split (A/B)")
     a = ap.parse_args()
+    if not set(a.silu_mul.split(",")) <= {"fold", "split"}:
+        ap.error(f"--silu-mul takes fold, split or fold,split; got {a.silu_mul!r}")
     if not set(a.pdl.split(",")) <= {"on", "off"}:
         ap.error(f"--pdl takes on, off or on,off; got {a.pdl!r}")
     if not torch.cuda.is_available():
@@ -111,10 +117,14 @@ def main() -> None:
         bufs = _bufs(layout, b, a.ctx, ps, W, num_pages, dev, rng)
         ids = torch.randint(0, model.cfg.vocab_size, (b,), device=dev)
         out = torch.empty(b, dtype=torch.int64, device=dev)
-        for path, pdl_on in ((p, m == "on") for p in a.paths.split(",") for m in a.pdl.split(",")):
+        variants = [(p, m == "on", f) for p in a.paths.split(",") for m in a.pdl.split(",")
+                    for f in a.silu_mul.split(",")]  # fmt: skip
+        for path, pdl_on, silu in variants:
             model.fused_decode = {"fused": True, "torch": False}[path]
             kernels.pdl.set_enabled(pdl_on)
+            models.layers.fused.FOLD_SILU_MUL = silu == "fold"
             label = path + ("" if pdl_on and kernels.pdl.enabled() else " (no PDL)")
+            label += " (silu_mul split)" if silu == "split" and path == "fused" else ""
 
             def step(ids=ids, bufs=bufs, out=out) -> None:
                 logits = model.decode(state, ids, bufs, attn)

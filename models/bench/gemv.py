@@ -7,6 +7,11 @@ lm_head), and every row count M, a CUDA graph of ``--layers`` calls on distinct 
 holds, as in a real step) is replayed; reported: us per call (median replay / layers) and the weight bytes streamed
 per second. Prints the best Triton configuration per shape and a ``GEMV_CONFIGS`` literal of the shapes where Triton
 beats cuBLAS by more than 5% (M == 1 on the CUDA cores, M > 1 with tl.dot, chosen by the sum over the M measured).
+
+Then SwiGLU's down projection with silu_mul folded into the weight stream (``kernels.gemv.gemv_silu_mul``, what
+``forward_fused`` runs where gemv wins) against the two launches it replaces (``silu_mul`` then ``gemv``, or then
+cuBLAS), each from the gate|up output gu [M, 2K]: the best configuration of each, and the fused kernel at the two-step
+path's best configuration (decode_linear shares one ``GEMV_CONFIGS`` entry between them).
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ import itertools
 import torch
 import torch.nn.functional as F
 
-from kernels.gemv import gemv
+from kernels.gates import silu_mul
+from kernels.gemv import gemv, gemv_silu_mul
 from models.bench.timing import replay_us
 from models.engine import build_adapter
 from resplan import Graph
@@ -46,6 +52,48 @@ def _time_us(fn, layers: int, iters: int) -> float:
     return replay_us(Graph(fn, torch.device("cuda")), iters) / layers
 
 
+def _configs(dot: bool, quick: bool) -> list[tuple[int, int, int, int]]:
+    """The (block_n, block_k, warps, stages) searched for a path (tl.dot needs block_n >= 16); ``quick``: a few."""
+    space = DOT_SPACE if dot else ROW_SPACE
+    if quick:
+        space = {k: v[:2] for k, v in space.items()}
+    return [cfg for cfg in itertools.product(*space.values()) if not (dot and cfg[0] < 16)]
+
+
+def _sweep(fn, configs, copies: int, iters: int, what: str) -> dict[tuple, float]:
+    """us per call of ``fn(cfg)`` (a graph of ``copies`` calls) for every configuration the compiler accepts."""
+    results = {}
+    for cfg in configs:
+        try:
+            results[cfg] = _time_us(lambda cfg=cfg: fn(cfg), copies, iters)
+        except Exception as e:  # a configuration the compiler refuses (shared memory, registers)
+            print(f"<!-- {what} {cfg}: {type(e).__name__} -->")
+    return results
+
+
+def _fused_down(model, rows: list[int], a, dev, dt) -> None:
+    """SwiGLU's down GEMM from gu: silu_mul + cuBLAS, silu_mul + gemv, and gemv_silu_mul (one launch)."""
+    N, K = model.model.layers[0].mlp.down_proj.weight.shape
+    copies = a.layers
+    ws = [torch.randn(N, K, device=dev, dtype=dt) * 0.02 for _ in range(copies)]
+    print("\n# SwiGLU down projection from gu [M, 2K]: silu_mul folded into the weight stream (gemv_silu_mul)\n")
+    print("| M | N | K | silu_mul + cuBLAS us | silu_mul + gemv us | config | fused us | config | fused at gemv's "
+          "config us |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    for M in rows:
+        gu = torch.randn(M, 2 * K, device=dev, dtype=dt)
+        configs = _configs(M > 1, a.quick)
+        t_cu = _time_us(lambda gu=gu: [F.linear(silu_mul(gu), w) for w in ws], copies, a.iters)
+        two = _sweep(lambda cfg, gu=gu: [gemv(silu_mul(gu), w, config=cfg) for w in ws], configs, copies, a.iters,
+                     f"silu_mul+gemv {M} {N} {K}")  # fmt: skip
+        one = _sweep(lambda cfg, gu=gu: [gemv_silu_mul(gu, w, config=cfg) for w in ws], configs, copies, a.iters,
+                     f"gemv_silu_mul {M} {N} {K}")  # fmt: skip
+        c2, t2 = min(two.items(), key=lambda kv: kv[1])
+        c1, t1 = min(one.items(), key=lambda kv: kv[1])
+        at = f"{one[c2]:.1f}" if c2 in one else "-"
+        print(f"| {M} | {N} | {K} | {t_cu:.1f} | {t2:.1f} | {c2} | {t1:.1f} | {c1} | {at} |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="qwen3_5-0.8b")
@@ -71,19 +119,9 @@ def main() -> None:
         for M in rows:
             x = torch.randn(M, K, device=dev, dtype=dt)
             dot = M > 1
-            space = DOT_SPACE if dot else ROW_SPACE
-            if a.quick:
-                space = {k: v[:2] for k, v in space.items()}
             t_cu = _time_us(lambda x=x, ws=ws: [F.linear(x, w) for w in ws], copies, a.iters)
-            results = {}
-            for cfg in itertools.product(*space.values()):
-                if dot and cfg[0] < 16:
-                    continue
-                try:
-                    results[cfg] = _time_us(lambda x=x, ws=ws, cfg=cfg: [gemv(x, w, config=cfg) for w in ws], copies,
-                                            a.iters)  # fmt: skip
-                except Exception as e:  # a configuration the compiler refuses (shared memory, registers)
-                    print(f"<!-- {M} {N} {K} {cfg}: {type(e).__name__} -->")
+            results = _sweep(lambda cfg, x=x, ws=ws: [gemv(x, w, config=cfg) for w in ws], _configs(dot, a.quick),
+                             copies, a.iters, f"{M} {N} {K}")  # fmt: skip
             cfg, t = min(results.items(), key=lambda kv: kv[1])
             print(f"| {M} | {N} | {K} | {t_cu:.1f} | {gb / t_cu * 1e3:.2f} | {t:.1f} | {gb / t * 1e3:.2f} | {cfg} |",
                   flush=True)  # fmt: skip
@@ -104,6 +142,7 @@ def main() -> None:
         line = f"    {key}: {cfg},  # {t:.1f} vs cuBLAS {cublas[key]:.1f} us (summed over M)"
         print(("#" + line[1:] if verdict else line) + verdict)
     print("}")
+    _fused_down(model, rows, a, dev, dt)
 
 
 if __name__ == "__main__":

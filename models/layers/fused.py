@@ -55,3 +55,20 @@ def decode_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         if gemv_wins(x.shape[0], w.shape[0], w.shape[1]):
             return gemv(x, w)
     return F.linear(x, w)
+
+
+FOLD_SILU_MUL = True  # decode_silu_mul_linear folds silu_mul into the weight stream where it runs (benches turn it off)
+
+
+def decode_silu_mul_linear(gu: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """(silu(gu[:, :K]) * gu[:, K:]) @ w[N, K]^T for a decode step (gu [M, 2K], SwiGLU's gate|up output): on CUDA where
+    it was measured faster, one kernel with silu_mul folded into its loads (kernels.gemv.gemv_silu_mul, equal to the
+    two-step value bit for bit); else kernels.gates.silu_mul then ``decode_linear``."""
+    from kernels.gates import silu_mul
+
+    if gu.is_cuda:
+        from kernels.gemv import gemv_silu_mul, silu_mul_fold_wins
+
+        if FOLD_SILU_MUL and silu_mul_fold_wins(gu.shape[0], w.shape[0], w.shape[1]):
+            return gemv_silu_mul(gu, w)
+    return decode_linear(silu_mul(gu), w)

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.layers.fused import decode_linear, fused_weight
+from models.layers.fused import decode_linear, decode_silu_mul_linear, fused_weight
 
 
 class SwiGLU(nn.Module):
@@ -26,7 +26,7 @@ class SwiGLU(nn.Module):
         return fused_weight(self, "gate_up", self.gate_proj, self.up_proj)
 
     def forward_fused(self, x: torch.Tensor) -> torch.Tensor:
-        """The same map in three kernels: one gate|up GEMM, silu_mul, down GEMM (Triton; CUDA or the interpreter)."""
-        from kernels.gates import silu_mul
-
-        return decode_linear(silu_mul(decode_linear(x, self.gate_up_weight())), self.down_proj.weight)
+        """The same map in two kernels where the weight stream serves the down GEMM: one gate|up GEMM, then the down
+        GEMM with silu_mul folded into its input loads; elsewhere three (gate|up GEMM, silu_mul, down GEMM). Triton;
+        CUDA or the interpreter (models.layers.fused.decode_silu_mul_linear)."""
+        return decode_silu_mul_linear(decode_linear(x, self.gate_up_weight()), self.down_proj.weight)
