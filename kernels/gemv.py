@@ -93,14 +93,15 @@ def _gemv_kernel(
 # defaults serve a caller that forces gemv on an unlisted shape; decode_linear uses listed shapes only.
 DEFAULT_CONFIG = {False: (2, 1024, 4, 3), True: (32, 128, 4, 4)}
 GEMV_CONFIGS: dict[tuple[bool, int, int], tuple[int, int, int, int]] = {  # (dot, N, K) -> config
-    (False, 7168, 1024): (2, 1024, 4, 1),  # 5.6 vs cuBLAS 6.7 us
-    (False, 1024, 3584): (2, 1024, 4, 3),  # 5.5 vs 8.0
-    (False, 8224, 1024): (2, 1024, 4, 3),  # 6.1 vs 7.0
-    (False, 1024, 2048): (2, 1024, 4, 1),  # 3.7 vs 12.8
-    (False, 5120, 1024): (4, 512, 4, 1),  # 4.8 vs 5.6
-    (False, 248320, 1024): (2, 1024, 4, 3),  # 119.6 vs 130.2
-    (True, 8224, 1024): (32, 128, 4, 4),  # 13.5 vs 14.3 (M = 4 plus M = 16)
-    (True, 1024, 2048): (16, 256, 4, 4),  # 12.0 vs 14.3
+    (False, 7168, 1024): (16, 512, 4, 3),  # 4.8 vs cuBLAS 6.5 us
+    (False, 1024, 3584): (2, 1024, 8, 3),  # 4.5 vs 7.9
+    (False, 8224, 1024): (8, 512, 4, 3),  # 4.9 vs 7.1
+    (False, 1024, 2048): (2, 1024, 4, 1),  # 2.8 vs 13.0
+    (False, 5120, 1024): (8, 512, 8, 3),  # 3.9 vs 5.6
+    (False, 248320, 1024): (8, 512, 4, 3),  # 121.0 vs 131.3
+    (True, 7168, 1024): (64, 256, 4, 4),  # 12.3 vs 13.5 (M = 4 plus M = 16)
+    (True, 8224, 1024): (64, 256, 4, 4),  # 13.4 vs 14.2
+    (True, 1024, 2048): (16, 256, 4, 4),  # 10.4 vs 14.6
 }
 # gemv_silu_mul (SwiGLU's down GEMM with silu_mul in its loads), where it was measured against silu_mul + gemv: one
 # row only (at 4 and 16 rows the folded tl.dot path measured ~30 us against ~8, so decode keeps two launches there)
