@@ -30,7 +30,7 @@ def grad_mode(name: str):
     return torch.inference_mode() if name == "inference" else torch.no_grad()
 
 
-def profile(model, R: int, T: int, ps: int, repeats: int, top: int, modes: list[str]) -> str:
+def profile(model, R: int, T: int, ps: int, repeats: int, top: int, modes: list[str], by_op: bool = False) -> str:
     state, chunks = prefill_inputs(model, R, T, ps, "cuda", torch.bfloat16, seed=R)
     raw = type(model).prefill_forward.__wrapped__  # without its decorator: each mode sets its own
     graphs = PrefillGraphs(lambda batch: model.prefill_forward(state, batch), "cuda", capacity=1, max_tokens=1 << 30)
@@ -68,7 +68,26 @@ def profile(model, R: int, T: int, ps: int, repeats: int, top: int, modes: list[
     for e in sorted(kernels, key=lambda e: -e.self_device_time_total)[:top]:
         lines.append(f"| `{e.key[:90]}` | {e.count} | {e.self_device_time_total / 1e3:.2f} | "
                      f"{e.self_device_time_total / max(gpu_us, 1):.0%} |")
+    if by_op:
+        lines += ["", *op_table(lambda: raw(model, state, model.prefill_inputs(state, chunks)), top)]
     return "\n".join(lines) + "\n"
+
+
+def op_table(run, top: int) -> list[str]:
+    """The torch operators (with their input shapes) whose own kernels take the most GPU time in one eager pass."""
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.inference_mode(), torch.profiler.profile(activities=acts, record_shapes=True) as prof:
+        run()
+        torch.cuda.synchronize()
+    ops = [e for e in prof.key_averages(group_by_input_shape=True)
+           if e.device_type == torch.autograd.DeviceType.CPU and e.self_device_time_total > 0]  # fmt: skip
+    total = sum(e.self_device_time_total for e in ops)
+    lines = [f"Eager pass by operator (its own kernels' GPU time; {total / 1e3:.1f} ms in all):\n",
+             "| operator | input shapes | calls | GPU ms | share |", "|---|---|---|---|---|"]
+    for e in sorted(ops, key=lambda e: -e.self_device_time_total)[:top]:
+        lines.append(f"| `{e.key}` | `{str(e.input_shapes)[:80]}` | {e.count} | {e.self_device_time_total / 1e3:.2f} | "
+                     f"{e.self_device_time_total / max(total, 1):.0%} |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -79,6 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--requests", default="1,16,64", help="prompts a pass, comma-separated")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--top", type=int, default=12, help="kernels listed per pass")
+    ap.add_argument("--by-op", action="store_true", help="also the torch operators taking the most GPU time (eager)")
     ap.add_argument("--modes", default="inference",
                     help=f"ways to run the pass, timed alternated (the first is profiled): {', '.join(MODES)}")
     a = ap.parse_args(argv)
@@ -90,7 +110,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"# Batched prefill on {torch.cuda.get_device_name()}: {a.model}, bf16\n")
     with torch.no_grad():
         for R in (int(r) for r in a.requests.split(",")):
-            print(profile(model, R, a.prompt_len, a.page_size, a.repeats, a.top, a.modes.split(",")), flush=True)
+            report = profile(model, R, a.prompt_len, a.page_size, a.repeats, a.top, a.modes.split(","), a.by_op)
+            print(report, flush=True)
 
 
 if __name__ == "__main__":
