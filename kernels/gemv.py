@@ -8,6 +8,14 @@ uses ``tl.dot``. Configurations are chosen per shape by ``models/bench/gemv.py``
 ``gemv_silu_mul`` is the same stream for SwiGLU's down projection with ``kernels.gates.silu_mul`` folded into its input
 loads (the kernel's ``SILU_MUL``): x is never written, each program forms its x tiles from the gate|up output gu [M, 2K]
 as ``silu(g) * u``, rounded to gu's dtype exactly as silu_mul stores them, so the result is gemv's bit for bit.
+
+``gemv_add_rms_norm`` is the one-row stream with the pre-norm before it (``kernels.norms.add_rms_norm_``) folded in (the
+kernel's ``NORM``): every program loads the whole residual row, forms s = round(h + delta) and its rstd as the norm
+kernel does, program 0 stores s into a second residual buffer (not h: the other programs still read h), and each x tile
+is round(s * rstd * (1 + nw)). Same operations as add_rms_norm_ then gemv: bit for bit in the interpreter. Compiled,
+the row's float32 sum of squares is reduced in the order of its layout, which follows the warp count: at the norm
+kernel's 4 warps the layouts agree (by the sm_90 TTGIR, K = 1024 bf16), at another count rstd may move by an ulp and
+an x element by one rounding. The residual s is bit for bit either way.
 """
 
 from __future__ import annotations
@@ -33,13 +41,42 @@ def _silu_mul_load(ptrs, K, mask, SILU_MUL: tl.constexpr):
 
 
 @triton.jit
-def _gemv_tile(acc, w, x_ptr, x_m, K, offs_m, offs_k, mm, mk, DOT: tl.constexpr, SILU_MUL: tl.constexpr):
-    """acc += x[:, k-tile] @ w_tile^T: [BLOCK_M, BLOCK_N] by tl.dot, or [BLOCK_N] on the CUDA cores for one row."""
+def _residual_load(h_ptr, d_ptr, offs, mask, HAS_DELTA: tl.constexpr):
+    """s = h + delta at ``offs`` of one row, rounded to h's dtype as kernels.norms.add_rms_norm_ stores it (h alone
+    without delta); masked entries are 0."""
+    h = tl.load(h_ptr + offs, mask=mask, other=0.0)
+    if HAS_DELTA:
+        d = tl.load(d_ptr + offs, mask=mask, other=0.0)
+        h = (h.to(tl.float32) + d.to(tl.float32)).to(h_ptr.dtype.element_ty)
+    return h
+
+
+@triton.jit
+def _normed_load(h_ptr, d_ptr, nw_ptr, offs, mask, rstd, HAS_DELTA: tl.constexpr, ZERO_CENTERED: tl.constexpr):
+    """The NORM x tile at ``offs``: round(s * rstd * (1 + nw)) (or * nw), as add_rms_norm_ stores its output."""
+    s = _residual_load(h_ptr, d_ptr, offs, mask, HAS_DELTA).to(tl.float32)
+    nw = tl.load(nw_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if ZERO_CENTERED:
+        nw = nw + 1.0
+    return (s * rstd * nw).to(h_ptr.dtype.element_ty)
+
+
+@triton.jit
+def _gemv_tile(
+    acc, w, x_ptr, x_m, K, offs_m, offs_k, mm, mk, d_ptr, nw_ptr, rstd,
+    DOT: tl.constexpr, SILU_MUL: tl.constexpr, NORM: tl.constexpr, HAS_DELTA: tl.constexpr,
+    ZERO_CENTERED: tl.constexpr,
+):  # fmt: skip
+    """acc += x[:, k-tile] @ w_tile^T: [BLOCK_M, BLOCK_N] by tl.dot, or [BLOCK_N] on the CUDA cores for one row (where
+    NORM forms the x tile from the residual row, ``delta`` and the norm weight)."""
     if DOT:
         ptrs = x_ptr + offs_m[:, None] * x_m + offs_k[None, :]
         x = _silu_mul_load(ptrs, K, mm[:, None] & mk[None, :], SILU_MUL)  # [BLOCK_M, BLOCK_K]
         return tl.dot(x, tl.trans(w), acc)
-    x = _silu_mul_load(x_ptr + offs_k, K, mk, SILU_MUL).to(tl.float32)  # [BLOCK_K]
+    if NORM:
+        x = _normed_load(x_ptr, d_ptr, nw_ptr, offs_k, mk, rstd, HAS_DELTA, ZERO_CENTERED).to(tl.float32)
+    else:
+        x = _silu_mul_load(x_ptr + offs_k, K, mk, SILU_MUL).to(tl.float32)  # [BLOCK_K]
     return acc + tl.sum(w.to(tl.float32) * x[None, :], axis=1)
 
 
@@ -54,11 +91,19 @@ def _gemv_kernel(
     x_m,
     w_n,
     y_m,
+    d_ptr,  # NORM: delta [1, K]
+    nw_ptr,  # NORM: the norm weight [K]
+    ho_ptr,  # NORM: where program 0 stores s = round(h + delta) [1, K]
+    eps,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     DOT: tl.constexpr,
     SILU_MUL: tl.constexpr,
+    NORM: tl.constexpr,
+    HAS_DELTA: tl.constexpr,
+    ZERO_CENTERED: tl.constexpr,
+    NORM_BLOCK: tl.constexpr,  # NORM: next_power_of_2(K), the whole row
     PDL: tl.constexpr,
 ):
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -72,16 +117,29 @@ def _gemv_kernel(
     # before this one finishes (kernels/pdl.py); x (or gu), written by that kernel, is read only after the wait.
     w = tl.load(rows + offs_k[None, :], mask=mn[:, None] & mk[None, :], other=0.0)  # [BLOCK_N, BLOCK_K]
     pdl_wait(PDL)
+    if NORM:  # one row: s = round(h + delta) and its rstd, as kernels.norms.add_rms_norm_ computes them
+        tl.static_assert(not DOT, "NORM serves one row")
+        offs = tl.arange(0, NORM_BLOCK)
+        mr = offs < K
+        s = _residual_load(x_ptr, d_ptr, offs, mr, HAS_DELTA)
+        sf = s.to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(sf * sf, axis=0) / K + eps)
+        # program 0 stores the updated residual (a mask at block shape: the interpreter refuses a scalar one)
+        tl.store(ho_ptr + offs, s, mask=mr & ((offs * 0 + tl.program_id(0)) == 0))
+    else:
+        rstd = 0.0
     if DOT:  # noqa: SIM108 (a static branch of the kernel)
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     else:
         acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    acc = _gemv_tile(acc, w, x_ptr, x_m, K, offs_m, offs_k, mm, mk, DOT, SILU_MUL)
+    acc = _gemv_tile(acc, w, x_ptr, x_m, K, offs_m, offs_k, mm, mk, d_ptr, nw_ptr, rstd,
+                     DOT, SILU_MUL, NORM, HAS_DELTA, ZERO_CENTERED)  # fmt: skip
     for k0 in range(BLOCK_K, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mk = offs_k < K
         w = tl.load(rows + offs_k[None, :], mask=mn[:, None] & mk[None, :], other=0.0)
-        acc = _gemv_tile(acc, w, x_ptr, x_m, K, offs_m, offs_k, mm, mk, DOT, SILU_MUL)
+        acc = _gemv_tile(acc, w, x_ptr, x_m, K, offs_m, offs_k, mm, mk, d_ptr, nw_ptr, rstd,
+                         DOT, SILU_MUL, NORM, HAS_DELTA, ZERO_CENTERED)  # fmt: skip
     if DOT:
         dst = y_ptr + offs_m[:, None] * y_m + offs_n[None, :]
         tl.store(dst, acc.to(y_ptr.dtype.element_ty), mask=mm[:, None] & mn[None, :])
@@ -108,6 +166,14 @@ GEMV_CONFIGS: dict[tuple[bool, int, int], tuple[int, int, int, int]] = {  # (dot
 SILU_MUL_CONFIGS: dict[tuple[bool, int, int], tuple[int, int, int, int]] = {
     (False, 1024, 3584): (2, 1024, 8, 1),  # 5.7 (7.6 at gemv's config)
 }
+# gemv_add_rms_norm (a GEMM with the pre-norm before it in its loads), one row only: the GDN in_proj, the MLP gate|up
+# and the attention qkv GEMMs of Qwen3.5-0.8B. Not yet measured: gemv's one-row configs as a start. Not the lm_head
+# (248320 columns: its ~31k programs would each re-read the row)
+NORM_CONFIGS: dict[tuple[bool, int, int], tuple[int, int, int, int]] = {
+    (False, 8224, 1024): (8, 512, 4, 3),
+    (False, 7168, 1024): (16, 512, 4, 3),
+    (False, 5120, 1024): (8, 512, 8, 3),  # 8 warps: rstd reduced in another order than add_rms_norm_'s (module doc)
+}
 
 
 def gemv_wins(rows: int, n: int, k: int) -> bool:
@@ -119,6 +185,11 @@ def gemv_wins(rows: int, n: int, k: int) -> bool:
 def silu_mul_fold_wins(rows: int, n: int, k: int) -> bool:
     """Whether ``gemv_silu_mul`` was measured faster than silu_mul + gemv for this down GEMM (``SILU_MUL_CONFIGS``)."""
     return 1 <= rows <= MAX_ROWS and (rows > 1, n, k) in SILU_MUL_CONFIGS
+
+
+def norm_fold_wins(rows: int, n: int, k: int) -> bool:
+    """Whether ``gemv_add_rms_norm`` serves this GEMM: one row, a shape in ``NORM_CONFIGS``."""
+    return rows == 1 and (False, n, k) in NORM_CONFIGS
 
 
 def gemv(
@@ -133,7 +204,7 @@ def gemv(
     M, K = x.shape
     N = w.shape[0]
     assert w.shape == (N, K) and x.stride(-1) == 1 and w.stride(-1) == 1, (x.shape, w.shape)
-    return _launch(x, w, out, config, M, N, K, silu_mul=False)
+    return _launch(x, w, out, config, M, N, K)
 
 
 def gemv_silu_mul(
@@ -149,8 +220,37 @@ def gemv_silu_mul(
     return _launch(gu, w, out, config, M, N, K, silu_mul=True)
 
 
-def _launch(x, w, out, config, M: int, N: int, K: int, silu_mul: bool) -> torch.Tensor:
-    """Run _gemv_kernel over ``x`` ([M, K], or with ``silu_mul`` gu [M, 2K]) and ``w`` [N, K] into ``out``."""
+def gemv_add_rms_norm(
+    h_in: torch.Tensor,  # [1, K], the residual stream before this norm; only read
+    delta: torch.Tensor | None,  # [1, K], the last sublayer's output, or None
+    norm_weight: torch.Tensor,  # [K]
+    eps: float,
+    w: torch.Tensor,  # [N, K], unit column stride
+    h_out: torch.Tensor,  # [1, K], h_in's dtype, not h_in's memory: receives round(h_in + delta)
+    out: torch.Tensor | None = None,  # [1, N] contiguous, h_in's dtype unless given
+    config: tuple[int, int, int, int] | None = None,  # (block_n, block_k, num_warps, num_stages)
+    zero_centered: bool = True,
+) -> torch.Tensor:
+    """h_out = s = round(h_in + delta); y = round(s * rsqrt(mean(s^2) + eps) * (1 + nw)) @ w^T, in one launch: the
+    value of ``gemv(add_rms_norm_(h, delta, nw, eps), w)`` with ``h`` updated into h_out instead of in place."""
+    M, K = h_in.shape
+    N = w.shape[0]
+    assert M == 1, f"gemv_add_rms_norm serves one row, got {M}"
+    assert w.shape == (N, K) and h_in.stride(-1) == 1 and w.stride(-1) == 1, (h_in.shape, w.shape)
+    assert norm_weight.shape == (K,) and norm_weight.stride(0) == 1, norm_weight.shape
+    assert h_out.shape == (1, K) and h_out.stride(-1) == 1 and h_out.dtype == h_in.dtype, (h_out.shape, h_out.dtype)
+    # every program reads the whole row of h_in (and delta) while program 0 writes h_out: they must not share memory
+    assert h_out.data_ptr() != h_in.data_ptr(), "h_out must be another buffer than h_in"
+    if delta is not None:
+        assert delta.shape == (1, K) and delta.stride(-1) == 1, (delta.shape, h_in.shape)
+        assert h_out.data_ptr() != delta.data_ptr(), "h_out must be another buffer than delta"
+    norm = (h_in if delta is None else delta, norm_weight, h_out, float(eps), zero_centered, delta is not None)
+    return _launch(h_in, w, out, config, M, N, K, norm=norm)
+
+
+def _launch(x, w, out, config, M: int, N: int, K: int, silu_mul: bool = False, norm: tuple | None = None):
+    """Run _gemv_kernel over ``x`` ([M, K], or with ``silu_mul`` gu [M, 2K]) and ``w`` [N, K] into ``out``; ``norm``:
+    (delta, norm weight, h_out, eps, zero_centered, has_delta) of gemv_add_rms_norm, x being its h_in."""
     assert M <= MAX_ROWS, f"gemv serves <= {MAX_ROWS} rows, got {M}"
     if out is None:
         out = torch.empty(M, N, dtype=x.dtype, device=x.device)
@@ -158,11 +258,13 @@ def _launch(x, w, out, config, M: int, N: int, K: int, silu_mul: bool) -> torch.
     if M == 0:
         return out
     dot = M > 1
-    table = SILU_MUL_CONFIGS if silu_mul else GEMV_CONFIGS
+    table = NORM_CONFIGS if norm else SILU_MUL_CONFIGS if silu_mul else GEMV_CONFIGS
     block_n, block_k, warps, stages = config or table.get((dot, N, K), DEFAULT_CONFIG[dot])
+    d, nw, h_out, eps, zero_centered, has_delta = norm or (x, x, x, 0.0, False, False)
     _gemv_kernel[(triton.cdiv(N, block_n),)](
-        x, w, out, M, N, K, x.stride(0), w.stride(0), out.stride(0),
-        BLOCK_M=16 if dot else 1, BLOCK_N=block_n, BLOCK_K=block_k, DOT=dot, SILU_MUL=silu_mul,
+        x, w, out, M, N, K, x.stride(0), w.stride(0), out.stride(0), d, nw, h_out, eps,
+        BLOCK_M=16 if dot else 1, BLOCK_N=block_n, BLOCK_K=block_k, DOT=dot, SILU_MUL=silu_mul, NORM=norm is not None,
+        HAS_DELTA=has_delta, ZERO_CENTERED=zero_centered, NORM_BLOCK=triton.next_power_of_2(K) if norm else 1,
         num_warps=warps, num_stages=stages, **launch_options(),
     )  # fmt: skip
     return out

@@ -81,9 +81,13 @@ def main() -> None:
     ap.add_argument("--silu-mul", default="fold",
                     help="SwiGLU's silu_mul folded into the down GEMM's weight stream or a kernel of its own: fold, "
                          "split, or fold,split (A/B)")
+    ap.add_argument("--norm", default="fold",
+                    help="each sublayer's pre-norm folded into its first GEMM's weight stream (one row, NORM_CONFIGS "
+                         "shapes) or a kernel of its own: fold, split, or fold,split (A/B)")
     a = ap.parse_args()
-    if not set(a.silu_mul.split(",")) <= {"fold", "split"}:
-        ap.error(f"--silu-mul takes fold, split or fold,split; got {a.silu_mul!r}")
+    for flag, value in (("--silu-mul", a.silu_mul), ("--norm", a.norm)):
+        if not set(value.split(",")) <= {"fold", "split"}:
+            ap.error(f"{flag} takes fold, split or fold,split; got {value!r}")
     if not set(a.pdl.split(",")) <= {"on", "off"}:
         ap.error(f"--pdl takes on, off or on,off; got {a.pdl!r}")
     if not torch.cuda.is_available():
@@ -117,14 +121,16 @@ def main() -> None:
         bufs = _bufs(layout, b, a.ctx, ps, W, num_pages, dev, rng)
         ids = torch.randint(0, model.cfg.vocab_size, (b,), device=dev)
         out = torch.empty(b, dtype=torch.int64, device=dev)
-        variants = [(p, m == "on", f) for p in a.paths.split(",") for m in a.pdl.split(",")
-                    for f in a.silu_mul.split(",")]  # fmt: skip
-        for path, pdl_on, silu in variants:
+        variants = [(p, m == "on", f, n) for p in a.paths.split(",") for m in a.pdl.split(",")
+                    for f in a.silu_mul.split(",") for n in a.norm.split(",")]  # fmt: skip
+        for path, pdl_on, silu, norm in variants:
             model.fused_decode = {"fused": True, "torch": False}[path]
             kernels.pdl.set_enabled(pdl_on)
             models.layers.fused.FOLD_SILU_MUL = silu == "fold"
+            models.layers.fused.FOLD_NORM = norm == "fold"
             label = path + ("" if pdl_on and kernels.pdl.enabled() else " (no PDL)")
             label += " (silu_mul split)" if silu == "split" and path == "fused" else ""
+            label += " (norm split)" if norm == "split" and path == "fused" else ""
 
             def step(ids=ids, bufs=bufs, out=out) -> None:
                 logits = model.decode(state, ids, bufs, attn)

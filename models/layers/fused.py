@@ -5,10 +5,15 @@ each ``linear.weight`` at its block of W (a view), so ``state_dict``/``load_stat
 storage and the fused GEMM ``x @ W^T`` sees every later weight update. The fusion is cached on ``owner`` and rebuilt
 if a weight no longer lives in W (after ``.to()``, or a replaced parameter). Building allocates, so it must not happen
 inside a CUDA-graph capture: call the model's ``fuse_projections()`` first (``build_adapter`` does).
+
+Decode's GEMM dispatch is here too: ``decode_linear`` (the Triton weight stream where it was measured faster than
+cuBLAS), and the forms with the op before the GEMM folded into its loads: ``decode_silu_mul_linear`` (SwiGLU's
+silu_mul) and ``decode_normed_linear`` (the pre-norm, with the residual stream ``Residual`` it updates).
 """
 
 from __future__ import annotations
 
+import attrs
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -72,3 +77,72 @@ def decode_silu_mul_linear(gu: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         if FOLD_SILU_MUL and silu_mul_fold_wins(gu.shape[0], w.shape[0], w.shape[1]):
             return gemv_silu_mul(gu, w)
     return decode_linear(silu_mul(gu), w)
+
+
+FOLD_NORM = True  # decode_normed_linear folds the pre-norm into the weight stream where it runs (benches turn it off)
+
+
+@attrs.define(eq=False)
+class Residual:
+    """The decode step's residual stream ``h`` [b, hidden] and a spare buffer of its shape. ``add_rms_norm_`` updates
+    ``h`` in place; a pre-norm folded into the GEMM after it (kernels.gemv.gemv_add_rms_norm) cannot, its other
+    programs still reading h, so it writes h + delta into the spare buffer, which becomes ``h`` (``swap``). Read ``h``
+    after every sublayer; never keep a reference to an earlier one. Graph-safe: which buffer is current depends on
+    shapes and flags only, and the spare is allocated (once, at capture) the first time a fold needs it."""
+
+    h: torch.Tensor  # [b, hidden]
+    spare: torch.Tensor | None = None  # [b, hidden], h's dtype; allocated on first use
+
+    def take_spare(self) -> torch.Tensor:
+        """The buffer that is not ``h`` (allocated the first time)."""
+        if self.spare is None:
+            self.spare = torch.empty_like(self.h)
+        return self.spare
+
+    def swap(self) -> None:
+        """The spare buffer now holds the stream: make it ``h``."""
+        self.h, self.spare = self.take_spare(), self.h
+
+
+@attrs.frozen(eq=False)
+class PendingNorm:
+    """A pre-norm not yet applied: h <- round(h + delta) on the stream, x = rms_norm(h) * (1 + weight) (or * weight);
+    its one consumer (``decode_normed_linear``) applies it, alone or folded into its GEMM. Apply it once."""
+
+    res: Residual
+    delta: torch.Tensor | None  # [b, hidden], the last sublayer's output, or None
+    weight: torch.Tensor  # [hidden]
+    eps: float
+    zero_centered: bool = True
+
+    def apply(self) -> torch.Tensor:
+        """add_rms_norm_ on the stream (h updated in place): x [b, hidden]."""
+        from kernels.norms import add_rms_norm_
+
+        return add_rms_norm_(self.res.h, self.delta, self.weight, self.eps, zero_centered=self.zero_centered)
+
+
+def norm_folds(p: PendingNorm, w: torch.Tensor) -> bool:
+    """Whether ``decode_normed_linear(p, w)`` runs as one kernel (gemv_add_rms_norm): on CUDA, ``FOLD_NORM``, one row
+    and a shape where the fold is configured (``kernels.gemv.NORM_CONFIGS``)."""
+    if not (FOLD_NORM and p.res.h.is_cuda):
+        return False
+    from kernels.gemv import norm_fold_wins
+
+    return norm_fold_wins(p.res.h.shape[0], w.shape[0], w.shape[1])
+
+
+def decode_normed_linear(x: torch.Tensor | PendingNorm, w: torch.Tensor) -> torch.Tensor:
+    """x @ w[N, K]^T for a decode step, where x [b, K] may be a pre-norm not yet applied (``PendingNorm``): where
+    ``norm_folds``, one kernel with the norm in its loads (kernels.gemv.gemv_add_rms_norm; the residual moves to the
+    stream's spare buffer), else add_rms_norm_ (the residual updated in place) then ``decode_linear``. Both leave the
+    updated residual in ``x.res.h``."""
+    if isinstance(x, torch.Tensor):
+        return decode_linear(x, w)
+    if norm_folds(x, w):
+        from kernels.gemv import gemv_add_rms_norm
+
+        y = gemv_add_rms_norm(x.res.h, x.delta, x.weight, x.eps, w, x.res.take_spare(), zero_centered=x.zero_centered)
+        x.res.swap()
+        return y
+    return decode_linear(x.apply(), w)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.layers.fused import decode_linear, fused_weight
+from models.layers.fused import PendingNorm, decode_linear, decode_normed_linear, fused_weight
 from models.layers.norms import ZeroCenteredRMSNorm
 from models.layers.paged import paged_decode_attention, write_kv
 from models.layers.rope import apply_partial_rope
@@ -92,7 +92,7 @@ class GatedAttention(nn.Module):
 
     def decode_fused(
         self,
-        x: torch.Tensor,  # [b, hidden]
+        x: torch.Tensor | PendingNorm,  # [b, hidden], or the pre-norm that makes it (folded into the qkv GEMM)
         kv: torch.Tensor,  # [num_pages, 2, ps, hk, d]
         block_table: torch.Tensor,  # [b, W] int32
         seq_lens: torch.Tensor,  # [b] int32
@@ -106,7 +106,7 @@ class GatedAttention(nn.Module):
         from kernels.attention_prep import attention_prep_
         from kernels.gates import sigmoid_gate_mul
 
-        qkv = decode_linear(x, self.qkv_weight())  # [b, hq 2d + 2 hk d]
+        qkv = decode_normed_linear(x, self.qkv_weight())  # [b, hq 2d + 2 hk d]
         q = attention_prep_(qkv, self.q_norm.weight, self.k_norm.weight, cos, sin, kv, write_loc, self.n_heads,
                             self.q_norm.eps)  # fmt: skip
         if attn is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.layers.fused import decode_linear, fused_weight
+from models.layers.fused import PendingNorm, decode_linear, decode_normed_linear, fused_weight
 from models.layers.gdn import (
     causal_conv1d_prefill_batch,
     causal_conv1d_step,
@@ -137,7 +137,7 @@ class GatedDeltaNet(nn.Module):
 
     def decode_fused(
         self,
-        x: torch.Tensor,  # [b, hidden]
+        x: torch.Tensor | PendingNorm,  # [b, hidden], or the pre-norm that makes it (folded into the input GEMM)
         conv_pool: torch.Tensor,  # [slots, C, K]
         ssm_pool: torch.Tensor,  # [slots, hv, dk, dv]
         slots: torch.Tensor,  # [b] int32, 0 (sink) for padding rows
@@ -147,14 +147,14 @@ class GatedDeltaNet(nn.Module):
         from kernels.gdn_decode import conv1d_decode_step_, gdn_decode_raw_step_
         from kernels.norms import gated_rms_norm
 
-        b, C, kd, vd, hv = x.shape[0], self.conv_dim, self.key_dim, self.value_dim, self.hv
-        p = decode_linear(x, self.in_weight())  # [b, C | vd | hv | hv]
+        p = decode_normed_linear(x, self.in_weight())  # [b, C | vd | hv | hv]
+        b, C, kd, vd, hv = p.shape[0], self.conv_dim, self.key_dim, self.value_dim, self.hv
         mixed = conv1d_decode_step_(conv_pool, slots, p[:, :C], self.conv_weight)  # [b, C]: q | k | v
         q = mixed[:, :kd].view(b, self.hk, self.dk)
         k = mixed[:, kd : 2 * kd].view(b, self.hk, self.dk)
         v = mixed[:, 2 * kd :].view(b, hv, self.dv)
         beta_raw, a_raw = p[:, C + vd : C + vd + hv], p[:, C + vd + hv :]
-        o = torch.empty(b, hv, self.dv, dtype=torch.float32, device=x.device)  # [b, hv, dv]
+        o = torch.empty(b, hv, self.dv, dtype=torch.float32, device=p.device)  # [b, hv, dv]
         gdn_decode_raw_step_(ssm_pool, slots, q, k, v, a_raw, beta_raw, self.A_log, self.dt_bias, o)
         y = gated_rms_norm(o, p[:, C : C + vd], self.norm.weight, self.norm.eps)  # [b, vd]
         return decode_linear(y, self.out_proj.weight)

@@ -12,7 +12,7 @@ import attrs
 import torch
 from torch import nn
 
-from models.layers.fused import decode_linear
+from models.layers.fused import PendingNorm, Residual, decode_linear
 from models.layers.mlp import SwiGLU
 from models.layers.norms import ZeroCenteredRMSNorm
 from models.layers.paged import allocate_kv
@@ -253,23 +253,26 @@ class Qwen35Model(nn.Module):
 
     def _decode_fused(self, state: Qwen35State, input_ids: torch.Tensor, bufs, attn) -> torch.Tensor:
         """``decode`` with each residual add folded into the next norm (add_rms_norm_) and the fused layer forms:
-        about ten kernels a layer instead of some fifty. Same math; roundings differ only where a kernel keeps
-        float32 across what the torch path rounds (tests/test_qwen3_5_vs_transformers.py holds it to transformers)."""
+        about ten kernels a layer instead of some fifty, two fewer at one row where each sublayer's pre-norm folds
+        into its first GEMM (models.layers.fused.decode_normed_linear; the residual stream then alternates between two
+        buffers, ``Residual``). Same math; roundings differ only where a kernel keeps float32 across what the torch
+        path rounds (tests/test_qwen3_5_vs_transformers.py holds it to transformers)."""
         from kernels.norms import add_rms_norm_
 
         block_table, seq_lens = bufs.block_tables[KV_POOL], bufs.seq_lens[KV_POOL]  # [b, W], [b]
         write_loc, slots = bufs.write_loc[KV_POOL], bufs.recurrent_slots  # [b], [b]
-        h = self.model.embed_tokens(input_ids)  # [b, hidden], the residual stream, updated in place
-        cos, sin = self.rotary(bufs.positions, h.dtype)  # [b, rot]
-        delta = None  # the last sublayer's output, added into h by the next norm
+        res = Residual(self.model.embed_tokens(input_ids))  # res.h [b, hidden], the residual stream
+        cos, sin = self.rotary(bufs.positions, res.h.dtype)  # [b, rot]
+        delta = None  # the last sublayer's output, added into the stream by the next norm
         for i, layer in enumerate(self.model.layers):
-            x = add_rms_norm_(h, delta, layer.input_layernorm.weight, layer.input_layernorm.eps)
+            # each sublayer's input: its pre-norm, applied by its first projection (alone, or folded into the GEMM)
+            x = PendingNorm(res, delta, layer.input_layernorm.weight, layer.input_layernorm.eps)
             j = self._pool_index[i]
             if layer.is_linear:
                 delta = layer.linear_attn.decode_fused(x, state.conv[j], state.ssm[j], slots)
             else:
                 delta = layer.self_attn.decode_fused(x, state.kv[j], block_table, seq_lens, write_loc, cos, sin, attn)
-            x = add_rms_norm_(h, delta, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps)
+            x = PendingNorm(res, delta, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps)
             delta = layer.mlp.forward_fused(x)
-        x = add_rms_norm_(h, delta, self.model.norm.weight, self.model.norm.eps)
+        x = add_rms_norm_(res.h, delta, self.model.norm.weight, self.model.norm.eps)  # not folded: see NORM_CONFIGS
         return decode_linear(x, self.lm_head.weight)  # [b, V]
