@@ -103,8 +103,8 @@ class Adapter:
     capturable_prefill = False  # whether prefill_inputs / prefill_forward split prefill_last into a capturable pass
 
     def prefill_inputs(self, state, chunks: list[PrefillInput]):
-        """``prefill_last``'s chunks as one pass's device inputs: a record with ``key`` (what fixes its shapes),
-        ``tokens`` and ``tensors()``, that ``prefill_forward`` runs with no host sync."""
+        """``prefill_last``'s chunks as one pass's device inputs: an attrs record with ``key`` (what fixes its shapes)
+        and ``tokens``, whose tensor fields are every input ``prefill_forward`` reads; that forward has no host sync."""
         raise NotImplementedError(f"{self.name}: no capturable prefill pass")
 
     def prefill_forward(self, state, batch) -> torch.Tensor:

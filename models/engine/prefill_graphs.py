@@ -2,8 +2,9 @@
 
 An eager pass of one 512-token prompt through Qwen3.5-0.8B launches ~3,900 kernels for ~13 ms of GPU work and takes
 50-90 ms of host time; replayed from a CUDA graph it costs about its GPU time. A pass is capturable when the adapter
-splits it into host-side inputs (``prefill_inputs``: a record with ``key``, ``tokens`` and ``tensors()``) and a
-forward with no host sync whose every shape follows from ``key`` (``prefill_forward``). Then:
+splits it into host-side inputs (``prefill_inputs``: an attrs record with ``key`` and ``tokens`` whose tensor fields,
+nested records included, are the pass's inputs) and a forward with no host sync whose every shape follows from
+``key`` (``prefill_forward``). Then:
 
 * the first pass of a key runs eagerly (its result is the answer; it also initialises what a capture must not: the
   Triton JIT, cuBLAS handles, lazily built tables) and is then captured over a private copy of its inputs;
@@ -75,7 +76,7 @@ class PrefillGraphs:
             self._capture(batch)
             return logits
         self.graphs.move_to_end(batch.key)
-        for dst, src in zip(hit.inputs.tensors(), batch.tensors(), strict=True):
+        for dst, src in zip(_tensors(hit.inputs), _tensors(batch), strict=True):
             dst.copy_(src, non_blocking=True)
         hit.graph.replay()
         self.stats.replays += 1
@@ -94,6 +95,18 @@ class PrefillGraphs:
         # warmup=0: the eager pass above was the warm-up; a second run would apply the pass to the state twice
         self.graphs[batch.key] = _Captured(Graph(step, self.device, warmup=0), inputs, out)
         self.stats.captures += 1
+
+
+def _tensors(record) -> list[torch.Tensor]:
+    """An attrs record's tensor fields, nested records included, in declaration order (every input of its pass)."""
+    out = []
+    for f in attrs.fields(type(record)):
+        v = getattr(record, f.name)
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+        elif attrs.has(type(v)):
+            out += _tensors(v)
+    return out
 
 
 def _clone(record):

@@ -44,10 +44,6 @@ class Segments:
         fresh = all(int(s) == 0 for s in starts)
         return cls(lens_t, starts_t, flat, valid, seg, pos, offsets + lens_t - 1, unflat, fresh)
 
-    def tensors(self) -> tuple[torch.Tensor, ...]:
-        """Every tensor field, in declaration order."""
-        return self.lens, self.starts, self.flat, self.valid, self.seg, self.pos, self.last, self.unflat
-
     def pad(self, x: torch.Tensor) -> torch.Tensor:
         """[N, ...] -> [R, T_max, ...], zeros at padding."""
         out = x[self.flat]

@@ -59,10 +59,6 @@ class PrefillBatch:
     def tokens(self) -> int:
         return self.ids.shape[0]
 
-    def tensors(self) -> tuple[torch.Tensor, ...]:
-        """Every input tensor, in a fixed order (a captured pass copies a new batch's into its own)."""
-        return (self.ids, *self.segs.tensors(), self.page_table, self.write_loc, self.offsets, self.slots)
-
 
 def _check_chunk(state: Qwen35State, T: int, n_pages: int, start: int, rec_slot: int) -> None:
     """A prefill chunk's arguments, refused with the reason."""
