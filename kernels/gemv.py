@@ -176,20 +176,26 @@ NORM_CONFIGS: dict[tuple[bool, int, int], tuple[int, int, int, int]] = {
 }
 
 
+def _listed(table: dict, rows: int, n: int, k: int) -> bool:
+    """The GEMM of ``rows`` rows is in ``table`` for its path (one row, or 2-16 rows)."""
+    return 1 <= rows <= MAX_ROWS and (rows > 1, n, k) in table
+
+
 def gemv_wins(rows: int, n: int, k: int) -> bool:
     """Whether the weight stream was measured faster than cuBLAS for this GEMM: a shape in ``GEMV_CONFIGS`` for its
     path (one row, or 2-16 rows). Shapes never benchmarked (another model's) stay on cuBLAS."""
-    return 1 <= rows <= MAX_ROWS and (rows > 1, n, k) in GEMV_CONFIGS
+    return _listed(GEMV_CONFIGS, rows, n, k)
 
 
 def silu_mul_fold_wins(rows: int, n: int, k: int) -> bool:
     """Whether ``gemv_silu_mul`` was measured faster than silu_mul + gemv for this down GEMM (``SILU_MUL_CONFIGS``)."""
-    return 1 <= rows <= MAX_ROWS and (rows > 1, n, k) in SILU_MUL_CONFIGS
+    return _listed(SILU_MUL_CONFIGS, rows, n, k)
 
 
 def norm_fold_wins(rows: int, n: int, k: int) -> bool:
-    """Whether ``gemv_add_rms_norm`` serves this GEMM: one row, a shape in ``NORM_CONFIGS``."""
-    return rows == 1 and (False, n, k) in NORM_CONFIGS
+    """Whether ``gemv_add_rms_norm`` serves this GEMM: one row (the table lists one-row shapes only), in
+    ``NORM_CONFIGS``."""
+    return _listed(NORM_CONFIGS, rows, n, k)
 
 
 def gemv(
