@@ -144,7 +144,7 @@ class EngineStats:
     overlapped: int = 0  # decode steps launched before the previous decode step's tokens were read
     discarded: int = 0  # rows a step ran for a request that had stopped on a token meanwhile (overlap)
     empty_flushes: int = 0  # resident decode steps that issued no H2D at all
-    prefill_passes: int = 0  # eager prefill passes (one a step with prefill work)
+    prefill_passes: int = 0  # prefill passes, eager or replayed (one a step with prefill work)
     prefill_ns: int = 0  # their wall time: inputs, the pass, first-token sampling and readback
     plan_ns: int = 0  # decode steps: plan + flush (resident) or fill + copy (host), wherever it ran
     attn_plan_ns: int = 0  # decode steps: the attention library's host plan (fa2), with its table build
