@@ -36,7 +36,10 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
     s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
     s = s.masked_fill(~mask, float("-inf"))
     p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # a row that sees no token (a padding row's empty context) -> 0
-    return torch.matmul(p, v.float())
+    # a key no query sees is cleared, not weighted by 0: its cell may hold anything (the sink page, a page's tail),
+    # and 0 * nan is nan
+    seen = mask.any(-2)[..., None]  # [b, 1, tk, 1]
+    return torch.matmul(p, v.float().masked_fill(~seen, 0.0))
 
 
 def paged_decode_attention(

@@ -47,7 +47,7 @@ class Segments:
     def pad(self, x: torch.Tensor) -> torch.Tensor:
         """[N, ...] -> [R, T_max, ...], zeros at padding."""
         out = x[self.flat]
-        return out * self.valid.view(*self.valid.shape, *([1] * (x.dim() - 1))).to(out.dtype)
+        return out.masked_fill(~self.valid.view(*self.valid.shape, *([1] * (x.dim() - 1))), 0)
 
     def unpad(self, x: torch.Tensor) -> torch.Tensor:
         """[R, T_max, ...] -> [N, ...]: a gather by index (a boolean mask would sync with the host: not capturable)."""

@@ -86,9 +86,9 @@ class GatedDeltaNet(nn.Module):
         beta = g = 0 (no update, no decay), which leaves every state as the real rows left it. [N, hidden]."""
         mixed, z, g, beta = self._project(x)  # [N, C], [N, hv, dv], [N, hv], [N, hv]
         R, T = segs.valid.shape
-        keep = (~fresh).to(conv_pool.dtype)[:, None, None]
-        conv0 = conv_pool[slots] * keep  # [R, C, K]
-        ssm0 = ssm_pool[slots].float() * keep.float()[..., None]  # [R, hv, dk, dv]
+        # a fresh chunk's slot is cleared, not multiplied by 0: it holds what its last owner left (0 * nan is nan)
+        conv0 = conv_pool[slots].masked_fill(fresh[:, None, None], 0)  # [R, C, K]
+        ssm0 = ssm_pool[slots].float().masked_fill(fresh[:, None, None, None], 0)  # [R, hv, dk, dv]
         mixed, conv1 = causal_conv1d_prefill_batch(segs.pad(mixed), conv0, self.conv_weight, segs.lens)
         q, k, v = self._split(mixed.reshape(R * T, self.conv_dim))  # [R T, hv, d] float32
 
