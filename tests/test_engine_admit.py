@@ -29,6 +29,7 @@ from models.engine import (
     build_adapter,
 )
 from models.engine.compare import check_pools, random_requests
+from models.engine.driver import HostPrePlan
 
 QWEN = build_adapter("qwen3_5-tiny", seed=0)
 PS = 4
@@ -37,10 +38,10 @@ A = Request([5, 17, 99], SamplingParams(max_tokens=12), request_id="A")
 W = Request([7, 8, 9, 10, 11], SamplingParams(max_tokens=4), request_id="W")
 
 
-def refused_admit(planning: Planning) -> tuple[Engine, int, int, int, int]:
+def refused_admit(planning: Planning, overlap: bool = False) -> tuple[Engine, int, int, int, int]:
     """Run A until the pre-admit took a crossing page for its next step, submit W, run the step whose admit is
     refused. Returns the engine, A's handle, the crossing column, the page given back, the page the retry took."""
-    e = Engine(QWEN, attrs.evolve(CFG, planning=planning))
+    e = Engine(QWEN, attrs.evolve(CFG, planning=planning, overlap=overlap))
     e.submit(A)
     while not (e._txn is not None and e._txn.crossings):
         e.step()
@@ -88,6 +89,28 @@ def test_without_the_drop_the_retried_step_writes_into_a_page_it_gave_back(monke
     assert (page.device, page.host) == (given_back, retried)
     wl = bad["kv.write_loc"]
     assert (wl.device // PS, wl.host // PS) == (given_back, retried)
+
+
+@pytest.mark.parametrize("check", [True, False], ids=["checked", "unchecked"])
+def test_a_refused_admit_makes_the_host_arms_early_fill_stale(check, monkeypatch):
+    """host-overlap fills (and copies) the next step's buffers while the step before runs: here A's row with the
+    crossing page p. The refused admit gives p back and the retry takes p', so the early fill must not be used: the
+    step fills again and writes at p'. Without the check of the rows' streams it writes into p, which A gave back."""
+    if not check:
+        monkeypatch.setattr(HostPrePlan, "of", staticmethod(lambda engine, rows: np.zeros(1)))
+    written, launch = [], Engine._launch
+
+    def logged_launch(self, graph, b, rows, *a, **k):  # the page the replay writes A's token into
+        written.append(int(self.executor.buffers[b].write_loc["kv"][0]) // PS)
+        return launch(self, graph, b, rows, *a, **k)
+
+    monkeypatch.setattr(Engine, "_launch", logged_launch)
+    e, h, col, given_back, retried = refused_admit(Planning.HOST, overlap=True)
+    assert e.stats.preplan_hits > 0
+    assert written[-1] == (retried if check else given_back)  # the retried step's launch
+    if check:
+        host, *_ = refused_admit(Planning.HOST)
+        assert {r.request_id: r for r in _finish(e)} == {r.request_id: r for r in _finish(host)}
 
 
 def _finish(e: Engine):

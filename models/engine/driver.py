@@ -26,11 +26,15 @@ Input ids: a step's sampled tokens stay on the device (``tokens_all``); a reside
 from there when the row ran in the last replayed step (``src`` = its position), else from a host id (a row that
 prefilled, or last ran earlier). The host copies ``(ids, src)`` only when they change: a steady step copies none.
 
-**Overlap** (``EngineConfig(overlap=True)``; the resident arm with a plan-free attention): since a decode step's
-inputs are on the device, step N+1 is launched before step N's tokens are read, and the host reads them while the
-device runs N+1. A request whose last token is in flight is RETIRED, so no later step runs it past its length; a
-request that stops on a token at N has run N+1 too, and that token is dropped (rows are matched by the admission
-serial they were launched with). A step with prefill work, or none at all, first lands the step in flight (drain).
+**Overlap** (``EngineConfig(overlap=True)``, either arm, any attention): since a decode step's inputs are on the
+device (its input ids are the last step's sampled tokens there), step N+1 is launched before step N's tokens are read,
+and the host reads them while the device runs N+1; it then pre-plans N+2 (the resident plan, or the host arm's fill
+and fa2 plan) while N+1 runs. A request whose last token is in flight is RETIRED, so no later step runs it past its
+length; a request that stops on a token at N has run N+1 too, and that token is dropped (rows are matched by the
+admission serial they were launched with). A step with prefill work, or none at all, first lands the step in flight
+(drain). The host arm's pre-plan writes pinned buffers that H2D copies read asynchronously: the fill's ring and fa2's
+plan wait on the event of the copy that last read them, which ran before the step landed just before the pre-plan
+(``host-overlap`` in the benchmarks: what engines with asynchronous scheduling run).
 
 The pre-plan's staged crossings name pages. Whatever gives pages back (a refused admit's rollback, an offload, a
 finish) drops the pre-plan if its program names one of them: otherwise a retried step with the same rows would reuse
@@ -115,8 +119,8 @@ class EngineConfig:
     device: str = "cpu"
     dtype: str = "float32"  # model weights and KV caches: float32, bfloat16
     attention: Backend = Backend.TORCH  # decode attention: TORCH, FA2 or XQA (CUDA), TRITON (CUDA, or interpreted)
-    timing: bool = False  # per-step ITL samples and GPU graph time (CUDA events); costs a little host time
-    overlap: bool = False  # launch each decode step before reading the last one's tokens (resident, plan-free)
+    timing: bool = False  # ITL samples, decode graph and prefill GPU time (CUDA events; a prefill pass then syncs)
+    overlap: bool = False  # launch each decode step before reading the last one's tokens (input ids on the device)
     prefill_graphs: int = attrs.field(default=0, validator=attrs.validators.ge(0))  # prefill shapes kept captured
     prefill_graph_tokens: int = attrs.field(default=8192, validator=_positive)  # longer passes stay eager
 
@@ -145,7 +149,10 @@ class EngineStats:
     discarded: int = 0  # rows a step ran for a request that had stopped on a token meanwhile (overlap)
     empty_flushes: int = 0  # resident decode steps that issued no H2D at all
     prefill_passes: int = 0  # prefill passes, eager or replayed (one a step with prefill work)
+    prefill_tokens: int = 0  # prompt tokens they ran
     prefill_ns: int = 0  # their wall time: inputs, the pass, first-token sampling and readback
+    prefill_gpu_ms: float = 0.0  # their GPU time, the pass and first-token sampling (CUDA events; with timing on)
+    mixed_ns: int = 0  # wall time of the mixed steps (decode rows beside prefill chunks), whole step() each
     plan_ns: int = 0  # decode steps: plan + flush (resident) or fill + copy (host), wherever it ran
     attn_plan_ns: int = 0  # decode steps: the attention library's host plan (fa2), with its table build
     launch_ns: int = 0  # decode steps: input ids copy (if any) + graph replay launch + token readback enqueue
@@ -189,7 +196,8 @@ class InFlight:
 
 @attrs.frozen(eq=False)
 class PrePlan:
-    """The next decode step, planned early. Valid while rows, bucket and planner state are what it was made for."""
+    """The next resident decode step, planned early. Valid while rows, bucket and planner state are what it was made
+    for."""
 
     key: bytes  # rows.tobytes()
     bucket: int
@@ -200,18 +208,35 @@ class PrePlan:
     plan_ns: int
 
 
+@attrs.frozen(eq=False)
+class HostPrePlan:
+    """The next host-planned decode step, filled (buffers copied) and fa2-planned early, while the step in flight runs.
+    Valid while its rows, bucket and their streams' lengths, page counts and last pages are what it was made from."""
+
+    key: bytes  # rows.tobytes()
+    bucket: int
+    seen: np.ndarray  # what the fill read of the rows' streams (HostPrePlan.of)
+    seq: int
+    plan_ns: int
+    attn_plan_ns: int
+
+    @staticmethod
+    def of(engine: Engine, rows: np.ndarray) -> np.ndarray:
+        """Each APPEND pool's lengths, page counts and last page of ``rows``: a refused admit's rollback, the only
+        thing that changes them between a pre-plan and its step without changing the rows, moves one of these."""
+        parts = []
+        for k in engine.append_keys:
+            s, held = engine.streams.kv[k], engine.n_pages[k][rows]
+            parts += [s.lengths[rows], held, s.pages[rows, np.maximum(held - 1, 0)]]
+        return np.concatenate(parts)
+
+
 class Engine:
     def __init__(self, adapter: Adapter, config: EngineConfig | None = None) -> None:
         cfg = config or EngineConfig()
         self.adapter = adapter
         self.config = cfg
         self.resident = cfg.planning is Planning.RESIDENT
-        if cfg.overlap and not (self.resident and cfg.attention is not Backend.FA2):
-            raise ValueError(
-                "overlap needs the resident arm and a plan-free attention (TORCH, XQA, TRITON): the host arm builds "
-                "each step's inputs from the last step's tokens, and fa2's plan() rewrites a pinned workspace that "
-                "the step in flight may still be copying from"
-            )
         if cfg.prefill_graphs and not adapter.capturable_prefill:
             raise ValueError(f"prefill_graphs: {adapter.name} has no capturable prefill pass; use prefill_graphs=0")
         self.device = torch.device(cfg.device)
@@ -282,7 +307,7 @@ class Engine:
         self._rids: set[str] = set()
         self._seq = 0
         self._txn: AdmitTxn | None = None  # crossing pages taken early for the next step
-        self._preplan: PrePlan | None = None
+        self._preplan: PrePlan | HostPrePlan | None = None
         self.serial = np.zeros(H, np.int64)  # bumped by every admit and finish of a handle
         self.issued = np.zeros(H, np.int64)  # tokens launched (generated or in flight)
         self._inflight: InFlight | None = None
@@ -310,6 +335,8 @@ class Engine:
         self._landed = [torch.cuda.Event() if cuda else None for _ in range(2)]
         self._timers = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda
                         else None for _ in range(2)]  # fmt: skip
+        self._prefill_timer = ((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                               if cuda and self.config.timing else None)  # fmt: skip
         self._parity = 0
         H = self.config.max_running
         self._tok_pos = np.full(H, -1, np.int64)  # each handle's position in tokens_all, -1 when not there
@@ -371,15 +398,18 @@ class Engine:
         return host, (resident if self.resident else host)
 
     def _step_fn(self, b: int, greedy: bool, resident: bool) -> Callable[[], None]:
-        """One decode step of bucket b: (resident: scatter + gather rows,) forward, sample, (resident: commit)."""
+        """One decode step of bucket b: (resident: scatter + gather rows,) forward, sample, (resident: commit). A
+        resident graph, and under overlap a host-planned one too, takes its input ids from the device."""
         ex, bufs, host_ids, out = self.executor, self.executor.buffers[b], self.ids[b], self.tokens[b]
         src, last = self.idsrc[b][1], self.tokens_all
         attn = self.attn[b]
+        device_ids = resident or self.config.overlap
 
         def fn() -> None:
             ids = host_ids
             if resident:
                 ex.before_forward(b)
+            if device_ids:
                 ids = torch.where(src >= 0, last[src.clamp(min=0)], host_ids)  # [b] last step's token, or the host's
             logits = self.adapter.decode(self.model_state, ids, bufs, attn)  # [b, V]
             out.copy_(logits.argmax(-1) if greedy else self.sampler(logits, bufs.sampler, bufs.positions))
@@ -389,8 +419,9 @@ class Engine:
         return fn
 
     # -- submission ----------------------------------------------------------------------------------------------
-    def submit(self, request: Request) -> str:
-        """Validate and queue a request; returns its id. Raises InvalidRequest, and nothing else changes."""
+    def submit(self, request: Request, arrived: float | None = None) -> str:
+        """Validate and queue a request; returns its id. Raises InvalidRequest, and nothing else changes. ``arrived``:
+        when the request reached the server (``time.perf_counter()``; default now), which its TTFT counts from."""
         validate(request, self.limits)
         self.adapter.validate(request)
         rid = request.request_id
@@ -401,7 +432,7 @@ class Engine:
         elif rid in self._rids:
             raise InvalidRequest("request_id", f"{rid!r} was already submitted to this engine")
         self._rids.add(rid)
-        self._t_submit[rid] = time.perf_counter()
+        self._t_submit[rid] = time.perf_counter() if arrived is None else arrived
         ps = self.config.page_size
         ctx = self.adapter.read_tokens(request)
         pages = tuple(
@@ -451,6 +482,8 @@ class Engine:
             self.stats.decode_ns += time.perf_counter_ns() - t0
         else:  # the wait for a decode step landed before this one belongs to that decode step
             self.stats.decode_ns += landed_ns
+            if batch.rows.size:
+                self.stats.mixed_ns += time.perf_counter_ns() - t0 - landed_ns
         return True
 
     def _must_land(self, batch: Batch) -> bool:
@@ -604,7 +637,7 @@ class Engine:
         """Pages went back to a pool: a pre-plan whose program names one of them is stale. (Its cells are crossing
         pages and whole-row runs; a narrow cell that happens to equal a page id only costs a re-plan.)"""
         pp = self._preplan
-        if pp is None or pages.size == 0:
+        if not isinstance(pp, PrePlan) or pages.size == 0:  # a HostPrePlan checks its rows' streams where it is used
             return
         named = np.concatenate([pp.program.staged_val, pp.program.run_cells])
         if np.isin(pages, named).any():
@@ -660,14 +693,15 @@ class Engine:
             self.stats.reloads += 1
 
     # -- running steps -------------------------------------------------------------------------------------------
-    def _launch(self, graph: Graph, b: int, rows: np.ndarray, resident: bool, decode: bool) -> InFlight:
-        """Copy the step's input ids (a resident graph: only if they changed), replay, enqueue the sampled tokens'
-        readback. ``decode``: a pure decode step, whose phases (launch, wait, GPU time) the stats count."""
+    def _launch(self, graph: Graph, b: int, rows: np.ndarray, device_ids: bool, decode: bool) -> InFlight:
+        """Copy the step's input ids (a graph that takes them from the device: only if they changed), replay, enqueue
+        the sampled tokens' readback. ``decode``: a pure decode step, whose phases (launch, wait, GPU time) the stats
+        count."""
         n, k = rows.size, self._parity
         self._parity ^= 1
         st = self.stats
         t0 = time.perf_counter_ns()
-        if resident:
+        if device_ids:
             self._stage_idsrc(b, rows, k)
         else:
             assert self._inflight is None, "a host-planned step's ids are the host's: land the step in flight first"
@@ -753,10 +787,10 @@ class Engine:
     def _decode_step(self, batch: Batch) -> None:
         rows, b = batch.rows, batch.bucket
         st = self.stats
+        pp, self._preplan = self._preplan, None
         if self.resident:
             t0 = time.perf_counter_ns()
-            pp, self._preplan = self._preplan, None
-            if pp is not None and pp.bucket == b and pp.base is self.state and pp.key == rows.tobytes():
+            if isinstance(pp, PrePlan) and pp.bucket == b and pp.base is self.state and pp.key == rows.tobytes():
                 state, program, seq = pp.state, pp.program, pp.seq
                 t0 -= pp.plan_ns  # planned early; it counts all the same
                 st.preplan_hits += 1
@@ -773,20 +807,24 @@ class Engine:
             st.h2d_copies += program.h2d_copies
             st.h2d_bytes += program.h2d_bytes
             st.empty_flushes += program.empty
+            if self.backend is Backend.FA2:
+                t0 = time.perf_counter_ns()
+                self.fills[b].build(self.streams, rows)  # the resident arm keeps its tables on the device; fa2 still
+                self._plan_attention(b, self.fills[b])  # wants host ones
+                st.attn_plan_ns += time.perf_counter_ns() - t0
+        elif (isinstance(pp, HostPrePlan) and pp.bucket == b and pp.key == rows.tobytes()
+              and np.array_equal(pp.seen, HostPrePlan.of(self, rows))):  # fmt: skip
+            seq = pp.seq  # filled, copied and planned early, while the step before ran
+            st.plan_ns += pp.plan_ns
+            st.attn_plan_ns += pp.attn_plan_ns
+            st.preplan_hits += 1
         else:
             seq = self._next_seq()
-            t0 = time.perf_counter_ns()
-            self.fills[b].fill(self.streams, rows)
-            st.plan_ns += time.perf_counter_ns() - t0
-            st.h2d_copies += 1
-            st.h2d_bytes += self.fills[b].nbytes
-        if self.backend is Backend.FA2:
-            t0 = time.perf_counter_ns()
-            if self.resident:  # the resident arm keeps its tables on the device; fa2 still wants host ones
-                self.fills[b].build(self.streams, rows)
-            self._plan_attention(b, self.fills[b])
-            st.attn_plan_ns += time.perf_counter_ns() - t0
-        f = self._launch(self.graphs[b, not self.sampling[rows].any()], b, rows, self.resident, decode=True)
+            fill_ns, attn_ns = self._host_fill(rows, b)
+            st.plan_ns += fill_ns
+            st.attn_plan_ns += attn_ns
+        f = self._launch(self.graphs[b, not self.sampling[rows].any()], b, rows, self.resident or self.config.overlap,
+                         decode=True)  # fmt: skip
         self._advance(rows)
         if self.resident:
             self.state = commit(self.state, seq)
@@ -806,6 +844,17 @@ class Engine:
             st.overlapped += 1
             self._land(prev)
 
+    def _host_fill(self, rows: np.ndarray, b: int) -> tuple[int, int]:
+        """The host arm's planning of a decode step: fill bucket b's buffers from the streams (one H2D, counted) and
+        plan the attention (fa2). Returns the nanoseconds of each, for the caller to count where the step runs."""
+        t0 = time.perf_counter_ns()
+        self.fills[b].fill(self.streams, rows)
+        t1 = time.perf_counter_ns()
+        self._plan_attention(b, self.fills[b])
+        self.stats.h2d_copies += 1
+        self.stats.h2d_bytes += self.fills[b].nbytes
+        return t1 - t0, time.perf_counter_ns() - t1
+
     def _row_check(self, rows: np.ndarray, b: int) -> None:
         bad = row_check(self.executor.store_numpy(), self.state, rows, self.streams, self.executor.buffers[b])
         self.stats.row_checks += 1
@@ -821,13 +870,22 @@ class Engine:
         if rows.size:
             self.fills[b].fill(self.streams, rows)
             self._plan_attention(b, self.fills[b])
-            f = self._launch(self.host_graphs[b, not self.sampling[rows].any()], b, rows, False, decode=False)
+            f = self._launch(self.host_graphs[b, not self.sampling[rows].any()], b, rows, self.config.overlap,
+                             decode=False)
             self._advance(rows)
             self.scheduler.ran(rows, seq)
         t0 = time.perf_counter_ns()
+        timer = self._prefill_timer
+        if timer is not None:
+            timer[0].record()
         first_rows, first_tokens = self._prefill(chunks, seq)
+        if timer is not None:
+            timer[1].record()
+            timer[1].synchronize()
+            self.stats.prefill_gpu_ms += timer[0].elapsed_time(timer[1])
         self.stats.prefill_ns += time.perf_counter_ns() - t0
         self.stats.prefill_passes += 1
+        self.stats.prefill_tokens += sum(c.n for c in chunks)
         if self.resident:
             touched = np.concatenate([rows, np.array([c.handle for c in chunks], np.int64)])
             self.state = commit(mark_stale(self.state, touched), seq)
@@ -940,7 +998,8 @@ class Engine:
 
     # -- pre-plan ------------------------------------------------------------------------------------------------
     def _preplan_next(self) -> None:
-        """Take the next step's crossing pages now and, for a resident decode step, plan it."""
+        """Take the next step's crossing pages now and, for a decode step, plan it: the resident plan, or under
+        overlap the host arm's fill (copied now, behind the step in flight) and fa2 plan."""
         batch = self.scheduler.compose(self._free())
         if self._must_land(batch):  # its rows may finish: plan the step that follows with what they leave
             self._drain()
@@ -956,12 +1015,17 @@ class Engine:
         txn = AdmitTxn()
         self._take_crossings(rows, txn)
         self._txn = txn
-        if not self.resident or batch.host_planned:
+        if batch.host_planned or not (self.resident or self.config.overlap):
             return
         seq = self._next_seq()
-        t0 = time.perf_counter_ns()
-        state, program = plan(self.state, Step(rows, batch.bucket, seq), self.streams)
-        dt = time.perf_counter_ns() - t0
-        self._preplan = PrePlan(rows.tobytes(), batch.bucket, self.state, state, program, seq, dt)
+        if self.resident:
+            t0 = time.perf_counter_ns()
+            state, program = plan(self.state, Step(rows, batch.bucket, seq), self.streams)
+            dt = time.perf_counter_ns() - t0
+            self._preplan = PrePlan(rows.tobytes(), batch.bucket, self.state, state, program, seq, dt)
+        else:
+            fill_ns, attn_ns = self._host_fill(rows, batch.bucket)
+            self._preplan = HostPrePlan(rows.tobytes(), batch.bucket, HostPrePlan.of(self, rows), seq, fill_ns,
+                                        attn_ns)  # fmt: skip
         self.stats.preplans += 1
 
