@@ -6,11 +6,15 @@ splits it into host-side inputs (``prefill_inputs``: an attrs record with ``key`
 nested records included, are the pass's inputs) and a forward with no host sync whose every shape follows from
 ``key`` (``prefill_forward``). Then:
 
-* the first pass of a key runs eagerly (its result is the answer; it also initialises what a capture must not: the
-  Triton JIT, cuBLAS handles, lazily built tables) and is then captured over a private copy of its inputs;
+* a key's first pass runs eagerly and is only remembered: under traffic of varied lengths most keys never come back,
+  and a capture costs several eager passes (with prefill graphs captured at first sight, a benchmark of varied
+  lengths ran 1.7-1.9x slower than with them off);
+* its second pass runs eagerly too (its result is the answer; it also initialises what a capture must not: the Triton
+  JIT, cuBLAS handles, lazily built tables) and is then captured over a private copy of its inputs;
 * a later pass of that key copies its input tensors into the copy and replays: same kernels, same result;
-* at most ``capacity`` keys are kept (least recently used evicted, its graph and pool freed); passes of more than
-  ``max_tokens`` tokens stay eager (GPU-bound already, and their captures would hold large pools).
+* at most ``capacity`` keys are kept (least recently used evicted, its graph and pool freed), and the last
+  ``remember`` keys seen once; passes of more than ``max_tokens`` tokens stay eager (GPU-bound already, and their
+  captures would hold large pools).
 
 On the CPU the "graph" is an eager replay of the same callable (``resplan.Graph``), so the copy-then-run path is tested
 everywhere; only on CUDA does it save launches.
@@ -30,7 +34,8 @@ from resplan import Graph
 
 @attrs.define
 class PrefillGraphStats:
-    """What the cache did: eager passes (no graph: too long, or a key's first), captures, replays, evictions."""
+    """What the cache did: eager passes (no graph: too long, or a key's first or second), captures, replays,
+    evictions."""
 
     eager: int = 0
     captures: int = 0
@@ -54,14 +59,18 @@ class PrefillGraphs:
         device: torch.device | str,
         capacity: int,
         max_tokens: int,
+        remember: int = 256,
     ) -> None:
-        if capacity < 1 or max_tokens < 1:
-            raise ValueError(f"prefill graphs need capacity >= 1 and max_tokens >= 1, got {capacity}, {max_tokens}")
+        if capacity < 1 or max_tokens < 1 or remember < 1:
+            raise ValueError(f"prefill graphs need capacity, max_tokens and remember >= 1, got {capacity}, "
+                             f"{max_tokens}, {remember}")  # fmt: skip
         self.forward = forward
         self.device = torch.device(device)
         self.capacity = capacity
         self.max_tokens = max_tokens
+        self.remember = remember
         self.graphs: OrderedDict[Hashable, _Captured] = OrderedDict()
+        self.seen: OrderedDict[Hashable, None] = OrderedDict()  # keys that ran once, not captured (LRU)
         self.stats = PrefillGraphStats()
 
     def run(self, batch) -> torch.Tensor:
@@ -71,9 +80,15 @@ class PrefillGraphs:
             return self.forward(batch)
         hit = self.graphs.get(batch.key)
         if hit is None:
-            logits = self.forward(batch)  # the answer, and the warm-up the capture needs
+            logits = self.forward(batch)  # the answer, and (seen before) the warm-up the capture needs
             self.stats.eager += 1
-            self._capture(batch)
+            if batch.key in self.seen:
+                del self.seen[batch.key]
+                self._capture(batch)
+            else:
+                self.seen[batch.key] = None
+                if len(self.seen) > self.remember:
+                    self.seen.popitem(last=False)
             return logits
         self.graphs.move_to_end(batch.key)
         for dst, src in zip(_tensors(hit.inputs), _tensors(batch), strict=True):
