@@ -79,7 +79,8 @@ def test_overlapped_resident_matches_host_at_0_8b_shape(backend):
 
 @pytest.mark.parametrize("backend", [Backend.XQA, Backend.TRITON], ids=["xqa", "triton"])
 def test_plan_free_attention_and_fa2_agree_on_most_greedy_tokens(backend):
-    """Different kernels, bf16 rounding: report (and bound loosely) how often the two backends' tokens agree."""
+    """Different kernels, bf16 rounding: report (and bound loosely) how often the two backends' tokens agree. The
+    first tokens come from prefill passes, which the decode attention has no part in: all equal."""
     adapter = build_adapter("qwen3_5-0.8b", seed=0, device="cuda", dtype=torch.bfloat16)
     reqs = random_requests(adapter, 16, prompt_len=(16, 64), gen_len=(16, 16), seed=6)
     cfg = EngineConfig(device="cuda", dtype="bfloat16", max_running=8, page_size=16, max_seq_len=256)
@@ -88,7 +89,7 @@ def test_plan_free_attention_and_fa2_agree_on_most_greedy_tokens(backend):
     same = sum(x == y for x, y in zip(a, b, strict=True))
     first = sum(x[0] == y[0] for x, y in zip(a, b, strict=True))
     print(f"\n{backend.value} vs fa2: {same}/16 requests identical, {first}/16 first tokens identical")
-    assert first >= 12
+    assert first == 16
 
 
 def test_tiny_model_on_gpu_graphs_matches_transformers():

@@ -33,7 +33,7 @@ def test_ratios_against_host_are_paired_by_round():
 
 
 def test_the_host_yardstick_times_a_steady_planner_step():
-    from models.bench.serve import planner_yardstick
+    from models.bench.arms import planner_yardstick
 
     text = planner_yardstick(200)
     us = float(text.split("step ")[1].split(" us")[0])

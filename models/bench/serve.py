@@ -3,15 +3,10 @@
     python -m models.bench.serve --model qwen3_5-0.8b --concurrency 1,16,64 --prompt-len 512 --gen 256 --rounds 2 \\
         --out models/bench/results/serve-h200
 
-Arms (``--arms``):
-  host          every decode step rebuilds its buffers from the host streams (one H2D) and plans fa2 on the host
-  resident-fa2  rows resident in the device store (resplan), fa2 still planned every step: isolates the table gain
-  resident-xqa  rows resident, FlashInfer XQA reads the gathered tables in the graph: no host plan at all; each
-                decode step is launched before the last one's tokens are read (EngineConfig.overlap)
-  resident-triton  the same with our split-KV Triton attention, which reads the tables in the graph too
-  resident-xqa-sync, resident-triton-sync  the same without overlap: the host reads each step's tokens before it
-                plans the next (isolates what planning alone gains)
-  transformers  transformers' own Qwen3.5 ``generate`` with its cache (same weights), what a user would pick instead
+Arms (``--arms``): the engine arms of ``models/bench/arms.py`` (host, host-overlap, resident-fa2, resident-xqa,
+resident-triton, resident-xqa-sync, resident-triton-sync), and ``transformers``: transformers' own Qwen3.5
+``generate`` with its cache (same weights). ``python -m models.bench.traffic`` measures the same arms under arrivals
+and varied lengths.
 
 Every request has a ``--prompt-len`` random prompt and generates exactly ``--gen`` tokens (no stop token). Per cell
 and arm: output tok/s (all tokens / wall time of the run), ITL p50/mean (gaps between a request's consecutive tokens),
@@ -25,7 +20,6 @@ under ``--out``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import json
 import time
@@ -34,17 +28,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from models.engine import Engine, EngineConfig, Planning, Request, SamplingParams, build_adapter
-from resplan import Backend
-
-ARMS = {  # planning, attention, overlap
-    "host": (Planning.HOST, Backend.FA2, False),
-    "resident-fa2": (Planning.RESIDENT, Backend.FA2, False),
-    "resident-xqa": (Planning.RESIDENT, Backend.XQA, True),
-    "resident-triton": (Planning.RESIDENT, Backend.TRITON, True),
-    "resident-xqa-sync": (Planning.RESIDENT, Backend.XQA, False),
-    "resident-triton-sync": (Planning.RESIDENT, Backend.TRITON, False),
-}
+from models.bench.arms import arm_config, frozen_heap, paired_ratio, parse_arms, planner_yardstick
+from models.engine import Engine, Request, SamplingParams, build_adapter
 
 
 def requests(vocab: int, c: int, prompt_len: int, gen: int, seed: int) -> list[Request]:
@@ -53,33 +38,19 @@ def requests(vocab: int, c: int, prompt_len: int, gen: int, seed: int) -> list[R
             for _ in range(c)]
 
 
-@contextlib.contextmanager
-def frozen_heap():
-    """Collect, then freeze every live object out of the collector's reach for the timed run (serving engines do
-    this after start-up): without it, objects another arm left behind (transformers' especially) make the
-    collections a run triggers slower, and an arm that allocates more per step pays for that arm's heap."""
-    gc.collect()
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
-
-
 def engine_run(adapter, arm: str, c: int, args, seed: int, engine_cache: dict) -> dict:
-    """One timed run of ``c`` requests in an engine of ``arm`` (built once per arm and cell, warmed up first)."""
-    planning, backend, overlap = ARMS[arm]
+    """One timed run of ``c`` requests in an engine of ``arm`` (built for the run, warmed up first)."""
     key = (arm, c)
     if key not in engine_cache:
         engine_cache.clear()
         gc.collect()
         torch.cuda.empty_cache()
-        cfg = EngineConfig(planning=planning, attention=backend, device="cuda", dtype="bfloat16", max_running=c,
-                           page_size=args.page_size, max_seq_len=args.prompt_len + args.gen, timing=True,
-                           token_budget=args.token_budget, overlap=overlap, prefill_graphs=args.prefill_graphs,
-                           prefill_graph_tokens=args.prefill_graph_tokens)
+        cfg = arm_config(arm, device="cuda", dtype="bfloat16", max_running=c, page_size=args.page_size,
+                         max_seq_len=args.prompt_len + args.gen, timing=True, token_budget=args.token_budget,
+                         prefill_graphs=args.prefill_graphs, prefill_graph_tokens=args.prefill_graph_tokens)
         eng = Engine(adapter, cfg)
-        eng.run(requests(adapter.vocab_size, c, args.prompt_len, 8, seed + 99))  # warm-up: JIT, allocator
+        for _ in range(2):  # warm-up: JIT, allocator; twice, so the prefill passes' keys are captured
+            eng.run(requests(adapter.vocab_size, c, args.prompt_len, 8, seed + 99))
         engine_cache[key] = eng
     eng = engine_cache[key]
     before = {k: getattr(eng.stats, k) for k in ("decode_steps", "plan_ns", "attn_plan_ns", "launch_ns", "wait_ns",
@@ -140,26 +111,18 @@ def transformers_run(adapter, c: int, args, seed: int) -> dict:
                 tokens=[tuple(t) for t in out[:, ids.shape[1] :].tolist()])
 
 
-def planner_yardstick(steps: int = 5000) -> str:
-    """This machine's host speed, for the report: the planner benchmark's steady 64-row step (the ratios depend on the
-    host CPU, since the host arm's planning is host time and the GPU graphs are not)."""
-    from models.bench.planner import scenario
-
-    r = scenario("steady-64", 64, 0, False, steps)
-    return f"planner steady 64-row step {r['median']:.1f} us (median of {steps}; `python -m models.bench.planner`)"
-
-
 def summarize(runs: list[dict], arms: list[str]) -> tuple[str, list[dict]]:
-    """Per cell and arm: median [min-max] over rounds, and ratios against host."""
+    """Per cell and arm: median [min-max] over rounds, and ratios against host (and host-overlap), paired by round."""
     rows, lines = [], []
     cells = sorted({(r["model"], r["c"]) for r in runs}, key=lambda x: (x[0], x[1]))
-    lines.append("| cell | arm | tok/s median [min-max] | vs host | decode tok/s | vs host | ITL p50/mean ms | "
-                 "per token vs host (ITL mean) | TTFT p50 ms | step us | "
+    lines.append("| cell | arm | tok/s median [min-max] | vs host | vs host-overlap | decode tok/s | vs host | "
+                 "ITL p50/mean ms | per token vs host (ITL mean) | TTFT p50 ms | step us | "
                  "plan us | attn plan us | launch us | GPU wait us | GPU graph us | idle us | H2D/step | "
                  "H2D B/step | same tokens as host |")
-    lines.append("|" + "---|" * 19)
+    lines.append("|" + "---|" * 20)
     for model, c in cells:
         host = [r for r in runs if r["model"] == model and r["c"] == c and r["arm"] == "host"]
+        host_over = [r for r in runs if r["model"] == model and r["c"] == c and r["arm"] == "host-overlap"]
         host_med = float(np.median([r["tokps"] for r in host])) if host else float("nan")
         for arm in arms:
             rs = [r for r in runs if r["model"] == model and r["c"] == c and r["arm"] == arm]
@@ -180,14 +143,12 @@ def summarize(runs: list[dict], arms: list[str]) -> tuple[str, list[dict]]:
             rows.append(row)
             ratio = f"{row['ratio_median']:.2f}x [{row['ratio_min']:.2f}-{row['ratio_max']:.2f}]"
             dec = [r.get("decode_tokps", np.nan) for r in rs]
-            dratios = [r.get("decode_tokps", np.nan) / h["decode_tokps"] for r, h in zip(rs, host, strict=False)]
-            dratio = (f"{np.median(dratios):.2f}x [{min(dratios):.2f}-{max(dratios):.2f}]"
-                      if host and arm != "transformers" else "-")
-            iratios = [h["itl_mean_ms"] / r["itl_mean_ms"] for r, h in zip(rs, host, strict=False)]  # paired by round
-            iratio = f"{np.median(iratios):.2f}x [{min(iratios):.2f}-{max(iratios):.2f}]" if host else "-"
+            dratio = paired_ratio(rs, host, "decode_tokps") if arm != "transformers" else "-"
+            iratio = paired_ratio(rs, host, "itl_mean_ms", invert=True)
+            oratio = paired_ratio(rs, host_over, "tokps") if arm not in ("host", "host-overlap") else "-"
             idle = row["step_us"] - row["gpu_us"]
             lines.append(
-                f"| {model} c={c} | {arm} | {med:.0f} [{min(t):.0f}-{max(t):.0f}] | {ratio} | "
+                f"| {model} c={c} | {arm} | {med:.0f} [{min(t):.0f}-{max(t):.0f}] | {ratio} | {oratio} | "
                 f"{np.median(dec):.0f} | {dratio} | "
                 f"{row['itl_p50_ms']:.2f}/{row['itl_mean_ms']:.2f} | {iratio} | {row['ttft_p50_ms']:.0f} | "
                 f"{row['step_us']:.0f} | {row['plan_us']:.1f} | {row['attn_plan_us']:.1f} | {row['launch_us']:.0f} | "
@@ -225,8 +186,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="qwen3_5-0.8b", help="model(s), comma-separated (random weights)")
     ap.add_argument("--concurrency", default="1,16,64", help="concurrency cells, comma-separated")
-    ap.add_argument("--arms", default="host,resident-fa2,resident-xqa-sync,resident-xqa,resident-triton,transformers",
-                    help="arms, comma-separated")
+    ap.add_argument("--arms", default="host,host-overlap,resident-fa2,resident-xqa-sync,resident-xqa,resident-triton,"
+                    "transformers", help="arms, comma-separated (see models/bench/arms.py)")
     ap.add_argument("--transformers-c", default="1,16", help="cells where the transformers arm runs")
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--gen", type=int, default=256, help="tokens each request generates (fixed)")
@@ -242,10 +203,10 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("the serving benchmark needs a CUDA GPU (run it on the H200)")
-    arms = args.arms.split(",")
-    unknown = set(arms) - set(ARMS) - {"transformers"}
-    if unknown:
-        raise SystemExit(f"unknown arms {sorted(unknown)}; known: {sorted(ARMS) + ['transformers']}")
+    try:
+        arms = parse_arms(args.arms, "cuda", extra=("transformers",))
+    except ValueError as e:
+        raise SystemExit(f"serve: error: argument --arms: {e}") from None
     cells = [int(c) for c in args.concurrency.split(",")]
     hf_cells = {int(c) for c in args.transformers_c.split(",")}
     args.out.mkdir(parents=True, exist_ok=True)

@@ -16,8 +16,10 @@ import torch
 from models.engine.requests import InvalidRequest, Request
 from models.qwen3_5 import KV_POOL, PrefillChunk, Qwen35Model
 from models.qwen3_5 import config as qwen_config
+from models.qwen3_5.config import Qwen35Config
 from models.whisper import WhisperModel
 from models.whisper import config as whisper_config
+from models.whisper.config import WhisperConfig
 from models.whisper.decoder import CROSS, SELF
 from resplan import StepBuffers, StreamMode
 
@@ -220,22 +222,30 @@ class WhisperAdapter(Adapter):
         return self.model.decode(state, ids, bufs)
 
 
-def _qwen(cfg) -> Callable[[str], Adapter]:
-    return lambda name: QwenAdapter(name, Qwen35Model(cfg))
-
-
-def _whisper(cfg) -> Callable[[str], Adapter]:
-    return lambda name: WhisperAdapter(name, WhisperModel(cfg))
-
-
-MODELS: dict[str, Callable[[str], Adapter]] = {
-    "qwen3_5-tiny": _qwen(qwen_config.tiny),
-    "qwen3_5-0.8b": _qwen(qwen_config.qwen3_5_0_8b),
-    "qwen3_5-2b": _qwen(qwen_config.qwen3_5_2b),
-    "whisper-test": _whisper(whisper_config.tiny),  # test-sized (2 + 2 layers, 128 tokens)
-    "whisper-tiny": _whisper(whisper_config.whisper_tiny),
-    "whisper-large-v3": _whisper(whisper_config.whisper_large_v3),
+MODEL_CONFIGS: dict[str, Qwen35Config | WhisperConfig] = {
+    "qwen3_5-tiny": qwen_config.tiny,
+    "qwen3_5-0.8b": qwen_config.qwen3_5_0_8b,
+    "qwen3_5-2b": qwen_config.qwen3_5_2b,
+    "whisper-test": whisper_config.tiny,  # test-sized (2 + 2 layers, 128 tokens)
+    "whisper-tiny": whisper_config.whisper_tiny,
+    "whisper-large-v3": whisper_config.whisper_large_v3,
 }
+
+
+def _build(name: str) -> Adapter:
+    cfg = MODEL_CONFIGS[name]
+    if isinstance(cfg, Qwen35Config):
+        return QwenAdapter(name, Qwen35Model(cfg))
+    return WhisperAdapter(name, WhisperModel(cfg))
+
+
+MODELS: dict[str, Callable[[str], Adapter]] = {name: _build for name in MODEL_CONFIGS}
+
+
+def model_context(name: str) -> int:
+    """Tokens a decoder stream of the named model may hold (what ``Adapter.max_context`` gives), without building it."""
+    cfg = MODEL_CONFIGS[name]
+    return cfg.max_position_embeddings if isinstance(cfg, Qwen35Config) else cfg.max_target_positions
 
 
 def build_adapter(

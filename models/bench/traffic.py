@@ -1,0 +1,472 @@
+"""The traffic benchmark: requests arriving over time with varied prompt and output lengths, arms alternated in one run.
+
+    python -m models.bench.traffic --num-requests 128 --rate inf \\
+        --prompt-len lognormal:median=256,sigma=0.9,min=32,max=1536 \\
+        --gen-len lognormal:median=96,sigma=0.9,min=8,max=384 --max-running 32 --token-budget 2048 \\
+        --out models/bench/results/traffic-h200/burst
+
+Arrivals: ``--rate R`` requests/s (Poisson; ``inf``: all at t=0), ``--num-requests N``; lengths ``--prompt-len`` and
+``--gen-len`` as distributions (``fixed:512``, ``uniform:32,1536``, ``lognormal:median=256,sigma=0.9,min=32,max=1536``);
+or ``--trace FILE.jsonl`` (one ``{"arrival_s", "prompt_len", "output_len"}`` a line) to replay your own traffic.
+``--sampled-frac`` of the requests sample (``--temperature``, ``--top-p``, ``--top-k``), ``--stop-frac`` carry stop
+tokens (random ids: with random weights they rarely fire; the requests end at their length).
+
+Every arm (``models/bench/arms.py``: host, host-overlap, resident-fa2, resident-xqa, resident-triton, ...) gets its
+own engine, built once and warmed up on traffic of the same shape; then each round serves the same workload in
+every arm, the arm order reversed every other round. A request's TTFT counts from its arrival, not from when the
+engine loop got to it. Per arm (median [min-max] over rounds): output tok/s and requests/s, TTFT and ITL
+p50/p90/p99, TPOT mean, decode steps, mixed steps and their mean wall time, prefill passes (tokens, wall and GPU time a
+pass), H2D copies a decode step, peak GPU memory, and whether its first tokens (and all tokens) equal the host arm's.
+
+Writes ``results.md``, ``results.json``, ``ttft_cdf.png``, ``itl_cdf.png`` and ``timeline.png`` (the last round of
+each arm: rows, prompt tokens and wall time of every step) under ``--out``. Runs on a CPU too (tiny model, the
+``host-torch`` and ``resident-torch`` arms), which is how its tests run it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import attrs
+import numpy as np
+import torch
+
+from models.bench.arms import arm_config, frozen_heap, paired_ratio, parse_arms, planner_yardstick
+from models.bench.workload import Lengths, Sampling, Workload, WorkloadError, arrival_times, read_trace
+from models.engine import Engine
+from models.engine.adapters import MODEL_CONFIGS, build_adapter, model_context
+
+GPU_ARMS = "host,host-overlap,resident-fa2,resident-xqa,resident-triton"
+CPU_ARMS = "host-torch,resident-torch"
+COUNTERS = ("decode_steps", "mixed_steps", "prefill_steps", "prefill_passes", "prefill_tokens", "prefill_ns",
+            "prefill_gpu_ms", "mixed_ns", "decode_ns", "gpu_ms", "h2d_copies", "rows_decoded", "tokens",
+            "preplan_hits", "preplans")  # fmt: skip
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are one line on stderr (``prog: error: argument --x: ...``), exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _rate(text: str) -> float:
+    try:
+        r = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number (requests/s, or inf)") from None
+    if not r > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 (or inf), got {text}")
+    return r
+
+
+def _frac(text: str) -> float:
+    try:
+        f = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= f <= 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
+    return f
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
+    return n
+
+
+def parser(prog: str = "python -m models.bench.traffic", description: str = __doc__,
+           run_options: bool = True) -> OneLineParser:
+    """The benchmark's options: traffic, engine and (``run_options``) rounds, warm-up and output."""
+    ap = OneLineParser(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = ap.add_argument_group("traffic")
+    g.add_argument("--num-requests", type=_positive, default=None, help="requests in the workload (default 128)")
+    g.add_argument("--rate", type=_rate, default=None,
+                   help="arrivals a second, Poisson; inf: all at t=0 (default inf)")
+    g.add_argument("--prompt-len", default=None,
+                   help="prompt lengths: fixed:N, uniform:LO,HI or lognormal:median=M,sigma=S,min=LO,max=HI "
+                        "(default lognormal:median=256,sigma=0.9,min=32,max=1536)")
+    g.add_argument("--gen-len", default=None,
+                   help="tokens each request generates, same forms (default lognormal:median=96,sigma=0.9,min=8,"
+                        "max=384)")
+    g.add_argument("--trace", type=Path, default=None,
+                   help='JSON lines, one {"arrival_s", "prompt_len", "output_len"} a request (instead of the four '
+                        "options above)")
+    g.add_argument("--seed", type=int, default=0, help="draws the workload (the warm-up uses seed + 1)")
+    g.add_argument("--sampled-frac", type=_frac, default=0.0, help="fraction of requests that sample (default 0)")
+    g.add_argument("--temperature", type=float, default=0.8, help="sampled requests' temperature")
+    g.add_argument("--top-p", type=float, default=0.95, help="sampled requests' top-p")
+    g.add_argument("--top-k", type=int, default=50, help="sampled requests' top-k (0 = off)")
+    g.add_argument("--stop-frac", type=_frac, default=0.0, help="fraction of requests with stop tokens (default 0)")
+    g.add_argument("--stop-tokens", type=_positive, default=4, help="stop tokens such a request carries")
+    e = ap.add_argument_group("engine (as in models.bench.serve)")
+    e.add_argument("--model", default="qwen3_5-0.8b", help="a text model: " + ", ".join(
+        m for m in MODEL_CONFIGS if m.startswith("qwen")) + " (random weights)")  # fmt: skip
+    e.add_argument("--device", default=None, help="cuda or cpu (default: cuda where there is one)")
+    e.add_argument("--dtype", default=None, help="bfloat16 or float32 (default: bfloat16 on cuda, float32 on cpu)")
+    e.add_argument("--arms", default=None,
+                   help=f"arms, comma-separated (default on cuda: {GPU_ARMS}; on cpu: {CPU_ARMS})")
+    e.add_argument("--max-running", type=_positive, default=32, help="requests admitted at once (default 32)")
+    e.add_argument("--max-bucket", type=_positive, default=None, help="widest decode bucket (default: max-running)")
+    e.add_argument("--token-budget", type=_positive, default=2048,
+                   help="prefill tokens a step (default 2048); 0 is not allowed: use a large number for whole prompts")
+    e.add_argument("--page-size", type=_positive, default=16, help="tokens a KV page holds (default 16)")
+    e.add_argument("--num-pages", type=_positive, default=None,
+                   help="KV pages (sink included; default: every running request at the context)")
+    e.add_argument("--max-seq-len", type=_positive, default=None,
+                   help="the engine's context (default: the longest prompt + output of the workload)")
+    e.add_argument("--prefill-graphs", type=int, default=4,
+                   help="prefill pass shapes kept as CUDA graphs, captured at a shape's second pass (0: eager)")
+    e.add_argument("--prefill-graph-tokens", type=_positive, default=8192, help="longer passes stay eager")
+    if not run_options:
+        return ap
+    r = ap.add_argument_group("run")
+    r.add_argument("--rounds", type=_positive, default=2, help="rounds; the arm order reverses every other round")
+    r.add_argument("--warmup", type=int, default=None,
+                   help="warm-up requests per arm, same distributions, at most 16 new tokens (default 2 x max-running)")
+    r.add_argument("--out", type=Path, required=True, help="folder for results.md, results.json and the plots")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return ap
+
+
+@attrs.frozen(eq=False)
+class Plan:
+    """Everything the run needs, checked before any engine is built."""
+
+    arms: list[str]
+    device: str
+    dtype: str
+    workload: Workload
+    warmup: Workload
+    sampling: Sampling
+    max_seq_len: int
+    description: str
+
+
+def plan_run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> Plan:
+    """Parse and check the workload and engine arguments (``ap.error`` on the first problem)."""
+    try:
+        return _plan_run(args)
+    except WorkloadError as e:
+        ap.error(str(e))
+    except ValueError as e:  # from parse_arms
+        ap.error(f"argument --arms: {e}")
+    raise AssertionError("unreachable")
+
+
+def _plan_run(args: argparse.Namespace) -> Plan:
+    if args.model not in MODEL_CONFIGS or not args.model.startswith("qwen"):
+        raise WorkloadError("--model", f"{args.model!r}: the traffic benchmark serves the text models "
+                                       f"{', '.join(m for m in MODEL_CONFIGS if m.startswith('qwen'))}")  # fmt: skip
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device not in ("cuda", "cpu"):
+        raise WorkloadError("--device", f"{device!r}: cuda or cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise WorkloadError("--device", "cuda: no CUDA GPU here (use --device cpu with qwen3_5-tiny)")
+    dtype = args.dtype or ("bfloat16" if device == "cuda" else "float32")
+    if dtype not in ("bfloat16", "float32"):
+        raise WorkloadError("--dtype", f"{dtype!r}: bfloat16 or float32")
+    arms = parse_arms(args.arms or (GPU_ARMS if device == "cuda" else CPU_ARMS), device)
+    sampling = Sampling(args.sampled_frac, args.temperature, args.top_p, args.top_k, args.stop_frac,
+                        args.stop_tokens)  # fmt: skip
+    rng = np.random.default_rng(args.seed)
+    if args.trace is not None:
+        given = [f"--{k.replace('_', '-')}" for k in ("num_requests", "rate", "prompt_len", "gen_len")
+                 if getattr(args, k) is not None]  # fmt: skip
+        if given:
+            raise WorkloadError("--trace", f"a trace gives arrivals and lengths: drop {', '.join(given)}")
+        arrive, prompt, out = read_trace(args.trace)
+        source = f"trace {args.trace}"
+        warm_rng = np.random.default_rng(args.seed + 1)
+        pick = warm_rng.permutation(prompt.size)
+        warm_prompt, warm_out = prompt[pick], out[pick]
+    else:
+        n = args.num_requests or 128
+        rate = args.rate if args.rate is not None else math.inf
+        p_text = args.prompt_len or "lognormal:median=256,sigma=0.9,min=32,max=1536"
+        g_text = args.gen_len or "lognormal:median=96,sigma=0.9,min=8,max=384"
+        p_len, g_len = Lengths.parse("--prompt-len", p_text), Lengths.parse("--gen-len", g_text)
+        arrive, prompt, out = arrival_times(rate, n, rng), p_len.sample(rng, n), g_len.sample(rng, n)
+        warm_rng = np.random.default_rng(args.seed + 1)
+        warm_prompt, warm_out = p_len.sample(warm_rng, 4096), g_len.sample(warm_rng, 4096)
+        source = f"rate {rate:g} requests/s, prompts {p_text}, outputs {g_text}"
+    workload = Workload.build(arrive, prompt, out, sampling, rng)
+    n_warm = getattr(args, "warmup", None)
+    n_warm = n_warm if n_warm is not None else 2 * args.max_running
+    if n_warm < 0:
+        raise WorkloadError("--warmup", f"must be >= 0, got {n_warm}")
+    n_warm = min(n_warm, warm_prompt.size)
+    warmup = Workload.build(np.zeros(n_warm), warm_prompt[:n_warm], np.minimum(warm_out[:n_warm], 16), sampling,
+                            warm_rng)  # fmt: skip
+    longest = int(max((workload.prompt_len + workload.output_len).max(),
+                      (warmup.prompt_len + warmup.output_len).max(initial=0)))  # fmt: skip
+    context = model_context(args.model)
+    if args.max_seq_len is not None:
+        if args.max_seq_len > context:
+            raise WorkloadError("--max-seq-len", f"{args.max_seq_len} is over {args.model}'s context of {context}")
+        if longest > args.max_seq_len:
+            arg = "--trace" if args.trace is not None else "--prompt-len/--gen-len"
+            raise WorkloadError(arg, f"a request of {longest} tokens (prompt + output) does not fit --max-seq-len "
+                                     f"{args.max_seq_len}")  # fmt: skip
+    elif longest > context:
+        arg = "--trace" if args.trace is not None else "--prompt-len/--gen-len"
+        raise WorkloadError(arg, f"a request of {longest} tokens (prompt + output) is over {args.model}'s context "
+                                 f"of {context}")  # fmt: skip
+    return Plan(arms, device, dtype, workload, warmup, sampling, args.max_seq_len or longest,
+                f"{source}: {workload.describe()}")
+
+
+# -- serving the workload ------------------------------------------------------------------------------------------
+def drive(engine: Engine, workload: Workload, requests: list, wait: bool = True) -> tuple[list, list, float]:
+    """Serve ``requests``, each submitted when it arrives (``wait``: sleep while none is due and nothing runs).
+    Returns (results in request order, one (start s, wall s, kind, decode rows, prompt tokens) a step, wall s)."""
+    st, steps, n, i = engine.stats, [], len(requests), 0
+    t0 = time.perf_counter()
+    while i < n or engine.has_work():
+        now = time.perf_counter()
+        while i < n and (not wait or t0 + workload.arrival_s[i] <= now):
+            engine.submit(requests[i], arrived=t0 + workload.arrival_s[i] if wait else now)
+            i += 1
+        if not engine.has_work():
+            time.sleep(max(0.0, t0 + workload.arrival_s[i] - time.perf_counter()))
+            continue
+        before = (st.decode_steps, st.mixed_steps, st.prefill_steps, st.rows_decoded, st.prefill_tokens)
+        ts = time.perf_counter()
+        engine.step()
+        te = time.perf_counter()
+        d = [a - b for a, b in zip((st.decode_steps, st.mixed_steps, st.prefill_steps, st.rows_decoded,
+                                     st.prefill_tokens), before, strict=True)]  # fmt: skip
+        kind = "decode" if d[0] else "mixed" if d[1] else "prefill" if d[2] else "land"
+        steps.append((ts - t0, te - ts, kind, d[3], d[4]))
+    wall = time.perf_counter() - t0
+    return [engine.results[r.request_id] for r in requests], steps, wall
+
+
+def _pct(x, q) -> float:
+    return float(np.percentile(x, q)) if len(x) else float("nan")
+
+
+def timed_run(engine: Engine, workload: Workload, requests: list, cuda: bool) -> dict:
+    """One timed run of the workload: its metrics (module doc), tokens and step log."""
+    st = engine.stats
+    before = {k: getattr(st, k) for k in COUNTERS}
+    st.itl.clear()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    with frozen_heap():
+        results, steps, wall = drive(engine, workload, requests)
+    d = {k: getattr(st, k) - v for k, v in before.items()}
+    itl = np.concatenate(st.itl) * 1e3 if st.itl else np.zeros(0)
+    ttft = np.array([r.ttft_s for r in results]) * 1e3
+    tpot = np.array([r.itl_s for r in results if len(r.tokens) > 1]) * 1e3
+    out_tokens = sum(len(r.tokens) for r in results)
+    per = lambda k, n: d[k] / n if n else float("nan")  # noqa: E731
+    return dict(
+        tokps=out_tokens / wall, reqps=len(results) / wall, wall_s=wall, output_tokens=out_tokens,
+        ttft_p50_ms=_pct(ttft, 50), ttft_p90_ms=_pct(ttft, 90), ttft_p99_ms=_pct(ttft, 99),
+        itl_p50_ms=_pct(itl, 50), itl_p90_ms=_pct(itl, 90), itl_p99_ms=_pct(itl, 99),
+        tpot_mean_ms=float(tpot.mean()) if tpot.size else float("nan"),
+        decode_steps=d["decode_steps"], mixed_steps=d["mixed_steps"], prefill_steps=d["prefill_steps"],
+        decode_step_ms=per("decode_ns", d["decode_steps"]) / 1e6, mixed_ms=per("mixed_ns", d["mixed_steps"]) / 1e6,
+        decode_gpu_ms=per("gpu_ms", d["decode_steps"]), prefill_passes=d["prefill_passes"],
+        prefill_tokens_per_pass=per("prefill_tokens", d["prefill_passes"]),
+        prefill_ms=per("prefill_ns", d["prefill_passes"]) / 1e6,
+        prefill_gpu_ms=per("prefill_gpu_ms", d["prefill_passes"]) if cuda else float("nan"),
+        prefill_tokps=d["prefill_tokens"] / (d["prefill_ns"] / 1e9) if d["prefill_ns"] else float("nan"),
+        h2d_per_decode_step=per("h2d_copies", d["decode_steps"]),
+        preplan_hits=d["preplan_hits"], preplans=d["preplans"],
+        peak_gpu_gib=torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan"),
+        ttft_ms=ttft.tolist(), itl_ms=itl.tolist(), steps=steps,
+        tokens=[r.tokens for r in results], finish=[r.finish_reason.value for r in results],
+    )  # fmt: skip
+
+
+# -- the report ----------------------------------------------------------------------------------------------------
+COLUMNS = (  # (header, key, format): median [min-max] over rounds
+    ("output tok/s", "tokps", "{:.0f}"), ("req/s", "reqps", "{:.2f}"),
+    ("TTFT p50 ms", "ttft_p50_ms", "{:.0f}"), ("TTFT p90 ms", "ttft_p90_ms", "{:.0f}"),
+    ("TTFT p99 ms", "ttft_p99_ms", "{:.0f}"), ("ITL p50 ms", "itl_p50_ms", "{:.2f}"),
+    ("ITL p90 ms", "itl_p90_ms", "{:.2f}"), ("ITL p99 ms", "itl_p99_ms", "{:.1f}"),
+    ("TPOT mean ms", "tpot_mean_ms", "{:.2f}"), ("decode steps", "decode_steps", "{:.0f}"),
+    ("decode step ms", "decode_step_ms", "{:.2f}"), ("mixed steps", "mixed_steps", "{:.0f}"),
+    ("mixed step ms", "mixed_ms", "{:.1f}"), ("prefill passes", "prefill_passes", "{:.0f}"),
+    ("tokens a pass", "prefill_tokens_per_pass", "{:.0f}"), ("pass ms", "prefill_ms", "{:.1f}"),
+    ("pass GPU ms", "prefill_gpu_ms", "{:.1f}"), ("prefill tok/s", "prefill_tokps", "{:.0f}"),
+    ("H2D / decode step", "h2d_per_decode_step", "{:.2f}"), ("peak GPU GiB", "peak_gpu_gib", "{:.1f}"),
+)  # fmt: skip
+
+
+def _cell(values: list[float], fmt: str) -> str:
+    if all(math.isnan(v) for v in values):
+        return "-"  # not measured here (GPU time and memory on a CPU)
+    med = fmt.format(float(np.median(values)))
+    if len(values) == 1:
+        return med
+    return f"{med} [{fmt.format(min(values))}-{fmt.format(max(values))}]"
+
+
+def same_tokens(runs: list[dict], base: list[dict]) -> tuple[str, str]:
+    """(first tokens equal, all tokens equal) to ``base``'s runs, round by round, as "k/n" (lowest round)."""
+    if not base:
+        return "-", "-"
+    firsts, whole = [], []
+    for r, b in zip(runs, base, strict=False):
+        firsts.append(sum(x[:1] == y[:1] for x, y in zip(r["tokens"], b["tokens"], strict=True)))
+        whole.append(sum(x == y for x, y in zip(r["tokens"], b["tokens"], strict=True)))
+    n = len(runs[0]["tokens"])
+    return f"{min(firsts)}/{n}", f"{min(whole)}/{n}"
+
+
+def summarize(runs: list[dict], arms: list[str]) -> tuple[str, list[dict]]:
+    """The report's table (one row an arm) and its rows as dicts."""
+    by_arm = {a: [r for r in runs if r["arm"] == a] for a in arms}
+    host, host_over = by_arm.get("host", []), by_arm.get("host-overlap", [])
+    base = host or by_arm.get("host-torch", [])
+    head = ["arm", "output tok/s", "vs host", "vs host-overlap"] + [h for h, _, _ in COLUMNS[1:]] + [
+        "first tokens = host", "all tokens = host"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
+    for arm in arms:
+        rs = by_arm[arm]
+        if not rs:
+            continue
+        first, whole = same_tokens(rs, base) if rs is not base else ("-", "-")
+        row = dict(arm=arm, first_tokens_same=first, tokens_same=whole,
+                   vs_host=paired_ratio(rs, base, "tokps") if rs is not base else "-",
+                   vs_host_overlap=paired_ratio(rs, host_over, "tokps") if rs is not host_over else "-")
+        for _, key, _ in COLUMNS:
+            vals = [r[key] for r in rs]
+            row[key] = dict(median=float(np.median(vals)), min=float(min(vals)), max=float(max(vals)))
+        rows.append(row)
+        cells = [_cell([r[key] for r in rs], fmt) for _, key, fmt in COLUMNS]
+        lines.append("| " + " | ".join([arm, cells[0], row["vs_host"], row["vs_host_overlap"], *cells[1:], first,
+                                        whole]) + " |")  # fmt: skip
+    return "\n".join(lines), rows
+
+
+def plot(runs: list[dict], arms: list[str], out: Path) -> None:
+    """TTFT and ITL CDFs per arm (every round), and the last round's step timeline per arm."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for key, name, log in (("ttft_ms", "TTFT", False), ("itl_ms", "ITL", True)):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for arm in arms:
+            x = np.sort(np.concatenate([np.asarray(r[key]) for r in runs if r["arm"] == arm] or [np.zeros(0)]))
+            if x.size:
+                ax.plot(x, np.arange(1, x.size + 1) / x.size, label=arm)
+        ax.set_xlabel(f"{name} (ms)")
+        ax.set_ylabel("fraction of " + ("requests" if key == "ttft_ms" else "token gaps"))
+        if log:
+            ax.set_xscale("log")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / f"{name.lower()}_cdf.png", dpi=110)
+        plt.close(fig)
+    last = {arm: [r for r in runs if r["arm"] == arm][-1] for arm in arms if any(r["arm"] == arm for r in runs)}
+    fig, axes = plt.subplots(3, len(last), figsize=(4.5 * len(last), 7), sharex="col", squeeze=False)
+    for j, (arm, r) in enumerate(last.items()):
+        t = np.array([s[0] for s in r["steps"]])
+        for i, (k, label) in enumerate(((3, "decode rows"), (4, "prompt tokens"), (1, "step ms"))):
+            y = np.array([s[k] for s in r["steps"]], float) * (1e3 if k == 1 else 1)
+            axes[i, j].plot(t, y, ".", ms=2)
+            axes[i, j].set_ylabel(label)
+        axes[0, j].set_title(arm, fontsize=9)
+        axes[2, j].set_xlabel("time (s)")
+        axes[2, j].set_yscale("log")
+    fig.tight_layout()
+    fig.savefig(out / "timeline.png", dpi=100)
+    plt.close(fig)
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    ap = parser()
+    args = ap.parse_args(argv)
+    run = plan_run(ap, args)
+    if args.prefill_graphs < 0:
+        ap.error("argument --prefill-graphs: must be >= 0")
+    args.out.mkdir(parents=True, exist_ok=True)
+    cuda = run.device == "cuda"
+    print(f"workload: {run.description}", flush=True)
+    host_speed = planner_yardstick()
+    adapter = build_adapter(args.model, seed=0, device=run.device, dtype=getattr(torch, run.dtype))
+    knobs = dict(device=run.device, dtype=run.dtype, max_running=args.max_running, max_bucket=args.max_bucket,
+                 page_size=args.page_size, num_pages=args.num_pages, max_seq_len=run.max_seq_len, timing=True,
+                 token_budget=args.token_budget, prefill_graphs=args.prefill_graphs if cuda else 0,
+                 prefill_graph_tokens=args.prefill_graph_tokens)  # fmt: skip
+    engines = {}
+    for arm in run.arms:
+        try:
+            engines[arm] = Engine(adapter, arm_config(arm, **knobs))
+        except ValueError as e:
+            ap.error(f"engine {arm}: {e}")
+        warm = run.warmup.requests(adapter.vocab_size, run.sampling, args.seed + 1, prefix=f"warmup-{arm}-")
+        drive(engines[arm], run.warmup, warm, wait=False)  # JIT, allocator, graphs of the shapes it will see
+        print(f"built and warmed up {arm}", flush=True)
+    requests = run.workload.requests  # the same prompts every round (fresh ids: an engine keeps its results)
+    total = args.rounds * len(run.arms) * run.workload.n
+    bar = None
+    if not args.no_progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, unit="req", desc="traffic", file=sys.stderr)
+    runs: list[dict] = []
+    for rnd in range(args.rounds):
+        for arm in run.arms if rnd % 2 == 0 else run.arms[::-1]:
+            eng = engines[arm]
+            eng.on_finish = (lambda _r: bar.update(1)) if bar is not None else None
+            if bar is not None:
+                bar.set_postfix_str(f"round {rnd} {arm}")
+            r = timed_run(eng, run.workload, requests(adapter.vocab_size, run.sampling, args.seed, f"{rnd}-"), cuda)
+            eng.on_finish = None
+            r.update(arm=arm, round=rnd)
+            runs.append(r)
+            line = (f"round {rnd} {arm:16s} {r['tokps']:7.0f} tok/s  TTFT p50 {r['ttft_p50_ms']:6.0f} ms  ITL p50/p99 "
+                    f"{r['itl_p50_ms']:.2f}/{r['itl_p99_ms']:.1f} ms  {r['prefill_passes']} passes of "
+                    f"{r['prefill_tokens_per_pass']:.0f} tokens, {r['prefill_ms']:.1f} ms each")  # fmt: skip
+            (bar.write if bar is not None else print)(line)
+    if bar is not None:
+        bar.close()
+    table, rows = summarize(runs, run.arms)
+    device_name = torch.cuda.get_device_name() if cuda else "CPU"
+    command = "python -m models.bench.traffic " + " ".join(argv if argv is not None else sys.argv[1:])
+    head = (f"Traffic benchmark on {device_name} (torch {torch.__version__}), {args.model} (random weights, "
+            f"{run.dtype}), commit {_commit()}. Workload: {run.description}. Engine: max_running {args.max_running}, "
+            f"token budget {args.token_budget}, page size {args.page_size}, context {run.max_seq_len}, prefill "
+            f"graphs {knobs['prefill_graphs']} (captured at a shape's second pass). {args.rounds} rounds, arm order "
+            f"reversed every other round; cells are median [min-max] over rounds, ratios paired by round. Host "
+            f"yardstick: {host_speed}.\n\nCommand: `{command}`\n\n")  # fmt: skip
+    (args.out / "results.md").write_text(head + table + "\n")
+    keep = [{k: v for k, v in r.items() if k not in ("tokens", "ttft_ms", "itl_ms", "steps")} for r in runs]
+    (args.out / "results.json").write_text(json.dumps(dict(command=command, workload=run.description, rows=rows,
+                                                           runs=keep), indent=1))  # fmt: skip
+    plot(runs, run.arms, args.out)
+    print(table)
+    return runs
+
+
+if __name__ == "__main__":
+    main()
