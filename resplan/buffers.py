@@ -32,7 +32,10 @@ class StepBuffers:
 
     @classmethod
     def allocate(cls, layout: RowLayout, size: int, device: torch.device | str = "cpu") -> StepBuffers:
-        """Zeroed buffers for a bucket of ``size`` rows, all views of one flat int32 tensor (``flat``)."""
+        """Buffers for a bucket of ``size`` rows, all views of one flat int32 tensor (``flat``), every row reading the
+        trash row. A forward over buffers nothing has filled yet (a capture's warm-up) then attends one token of the
+        sink page, as a padding row does: with APPEND lengths left 0 an attention kernel that does not guard empty
+        rows (FlashInfer XQA) divides by a zero softmax sum and leaves NaN in the sink page and slot."""
         shapes: list[tuple[str, str | None, tuple[int, ...]]] = []
         shapes += [("block_tables", s.pool, (size, s.width)) for s in layout.spans]
         shapes += [("seq_lens", p.key, (size,)) for p in layout.pools]
@@ -57,6 +60,8 @@ class StepBuffers:
                 parts[name] = view
             else:
                 parts[name][key] = view
+        for p in layout.append_pools:
+            parts["seq_lens"][p.key].fill_(1)
         return cls(size=size, flat=flat, **parts)
 
     def tensors(self) -> dict[str, torch.Tensor]:

@@ -36,6 +36,22 @@ def test_the_stager_holds_the_largest_flush_without_growing():
     assert [t.data_ptr() for ts in (e.ex._slot_t, e.ex._rows_t, e.ex._stage_t) for t in ts] == ring
 
 
+@pytest.mark.parametrize("factory", [qwen_like, whisper_like], ids=["qwen-like", "whisper-like"])
+def test_buffers_start_out_reading_the_trash_row(factory):
+    """A bucket's buffers before any step (what a capture's warm-up runs over) hold what gathering an all-trash slot
+    row writes: APPEND lengths 1, not 0 (an attention kernel may not guard an empty row)."""
+    from resplan import Executor, StepBuffers
+
+    lay = factory()
+    fresh = StepBuffers.allocate(lay, 3)
+    ex = Executor(lay, (3,), impl=KernelImpl.REFERENCE)
+    ex.buffers[3].flat.fill_(-7)
+    ex.before_forward(3)  # slot row all 0: every row the trash row
+    for name, t in fresh.tensors().items():
+        torch.testing.assert_close(t, ex.buffers[3].tensors()[name], rtol=0, atol=0, msg=name)
+    assert all((fresh.seq_lens[p.key] == 1).all() for p in lay.append_pools)
+
+
 def test_whole_rows_of_a_one_pool_node_are_one_h2d_each():
     e = SimEngine(qwen_like(), (4,))
     hs = [e.admit(5 + i) for i in range(3)]
