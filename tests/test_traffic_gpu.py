@@ -5,6 +5,9 @@ path), mixed steps, offloads under KV pressure, sampled rows and stop tokens.
 * Without stop tokens every engine runs the same schedule (asserted), so every engine gives the same first tokens:
   they come from prefill passes, which must not depend on the decode attention or on the planning arm (issue 11: the
   XQA engines gave other first tokens for 105 of 128 requests under a token budget).
+* No engine leaves a NaN or inf in its pools. (The XQA engines' capture warm-ups ran over buffers whose lengths were
+  still 0, XQA divided by an empty softmax sum, and the NaN it wrote into the sink page and slot reached every prefill
+  through the paged path's padded page-table columns.)
 * Every resident arm gives the tokens, all of them, of the host-planned arm with the same decode attention and the
   same overlap, and its row check reads 0 mismatches, with and without stop tokens.
 """
@@ -55,6 +58,7 @@ def served():
         after = attrs.asdict(e.stats)
         return results, {k: after[k] - before[k] for k in before if isinstance(before[k], int | float)}
 
+    serve.engines = engines
     return adapter, serve
 
 
@@ -93,20 +97,39 @@ def test_every_engine_gives_the_same_first_tokens(served):
     for res, twin in TWIN.items():
         assert [r.tokens for r in runs[res][0]] == [r.tokens for r in runs[twin][0]], res
         assert runs[res][1]["row_checks"] == runs[res][1]["decode_steps"] and runs[res][1]["mismatches"] == 0
+    from models.bench.pool_probe import nonfinite
+
+    for name, e in serve.engines.items():
+        bad = nonfinite(e)
+        assert not bad["pages"] and not bad["slots"], (name, bad)
+
+
+def _stopping(requests: list[Request], free: list[tuple[int, ...]], prefix: str) -> list[Request]:
+    """Every sampled request and every third greedy one stops on a token it first sampled in a decode step, if it has
+    one (a sampled request does; the 0.8B shape's random weights repeat one greedy token), and every third greedy one
+    on its first token (the prefill's)."""
+    out = []
+    for k, (r, t) in enumerate(zip(requests, free, strict=True)):
+        first_new = next((t[i] for i in range(1, len(t)) if t[i] not in t[:i]), None)
+        stop = first_new if k % 3 == 0 or r.sampling.temperature > 0 else None
+        if stop is None and k % 3 == 1 and r.sampling.temperature == 0:
+            stop = t[0]
+        sp = attrs.evolve(r.sampling, stop_token_ids=(stop,) if stop is not None else ())
+        out.append(attrs.evolve(r, sampling=sp, request_id=f"{prefix}{k}"))
+    return out
 
 
 def test_resident_arms_give_their_host_twins_tokens_with_stop_tokens(served):
-    """A third of the greedy requests stop on a token the host arm first sampled in a decode step."""
+    """Stop tokens taken from the host twin's own free run, so the twins (same attention kernel, same overlap, so
+    the same logits) stop in the same places."""
     adapter, serve = served
-    reqs = traffic(adapter, 1, "free-")
-    free = [r.tokens for r in serve("host", reqs)[0]]
-    stop = [next((t[i] for i in range(1, len(t)) if t[i] not in t[:i]), None) if k % 3 == 0 else None
-            for k, t in enumerate(free)]  # fmt: skip
-    stopping = [attrs.evolve(r, sampling=attrs.evolve(r.sampling, stop_token_ids=(s,)))
-                if s is not None and r.sampling.temperature == 0 else r for r, s in zip(reqs, stop, strict=True)]
     for res, twin in TWIN.items():
-        ours, st = serve(res, [attrs.evolve(r, request_id=f"b-{res}-{i}") for i, r in enumerate(stopping)])
-        theirs, _ = serve(twin, [attrs.evolve(r, request_id=f"b-{twin}-{res}-{i}") for i, r in enumerate(stopping)])
+        reqs = traffic(adapter, 1, f"free-{res}-")
+        free = [r.tokens for r in serve(twin, reqs)[0]]
+        theirs, _ = serve(twin, _stopping(reqs, free, f"b-{twin}-{res}-"))
+        ours, st = serve(res, _stopping(reqs, free, f"b-{res}-"))
         assert [r.tokens for r in ours] == [r.tokens for r in theirs], res
-        assert sum(r.finish_reason.value == "stop" for r in ours) >= 4
+        stops = [len(r.tokens) for r in ours if r.finish_reason.value == "stop"]
+        print(f"\n{res}: {len(stops)} requests stopped, {sum(n > 1 for n in stops)} of them in a decode step")
+        assert sum(n > 1 for n in stops) >= 3 and sum(n == 1 for n in stops) >= 3, res
         assert st["row_checks"] == st["decode_steps"] and st["mismatches"] == 0, res
