@@ -106,8 +106,8 @@ def test_bad_arguments_end_in_one_line_before_any_engine_is_built(args, words, t
 
 def test_a_cpu_run_reports_what_it_served(tmp_path):
     """24 requests arriving at 400/s, varied lengths, a token budget that chunks prompts, sampled rows and stop
-    tokens, two rounds of both torch arms: every request served in every run, the same tokens in both arms, the
-    report and its plots written."""
+    tokens, two rounds of both torch arms: every request served in every run, the same tokens in both arms of a
+    round, the report and its plots written."""
     out = tmp_path / "out"
     runs = traffic.main([*CPU, "--num-requests", "24", "--rate", "400", "--prompt-len", "uniform:3,30",
                          "--gen-len", "lognormal:median=6,sigma=0.8,min=2,max=20", "--token-budget", "12",
@@ -121,7 +121,8 @@ def test_a_cpu_run_reports_what_it_served(tmp_path):
         assert sum(s[4] for s in r["steps"]) == pytest.approx(r["prefill_passes"] * r["prefill_tokens_per_pass"])
         assert 0 < r["ttft_p50_ms"] <= r["ttft_p90_ms"] <= r["ttft_p99_ms"]
         assert len(r["itl_ms"]) == r["output_tokens"] - 24  # a gap for every token after a request's first
-    assert all(r["tokens"] == runs[0]["tokens"] for r in runs)
+    assert runs[0]["tokens"] == runs[1]["tokens"] and runs[2]["tokens"] == runs[3]["tokens"]  # per round
+    assert runs[0]["tokens"] != runs[2]["tokens"]  # each round draws its own traffic
     report = (out / "results.md").read_text()
     assert "Command: `python -m models.bench.traffic" in report and "| resident-torch |" in report
     row = next(line for line in report.splitlines() if line.startswith("| resident-torch |"))

@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     run = plan_run(ap, args)
     adapter = build_adapter(args.model, seed=0, device=run.device, dtype=getattr(torch, run.dtype))
-    reqs = run.workload.requests(adapter.vocab_size, run.sampling, args.seed, "p-")
+    reqs = run.rounds[0].requests(adapter.vocab_size, run.sampling, args.seed, "p-")
     for arm in run.arms:
         print(f"{arm}:", flush=True)
         eng = Engine(adapter, arm_config(arm, device=run.device, dtype=run.dtype, max_running=args.max_running,

@@ -45,8 +45,8 @@ from models.engine.adapters import MODEL_CONFIGS, build_adapter, model_context
 GPU_ARMS = "host,host-overlap,resident-fa2,resident-xqa,resident-triton"
 CPU_ARMS = "host-torch,resident-torch"
 COUNTERS = ("decode_steps", "mixed_steps", "prefill_steps", "prefill_passes", "prefill_tokens", "prefill_ns",
-            "prefill_gpu_ms", "mixed_ns", "decode_ns", "gpu_ms", "h2d_copies", "rows_decoded", "tokens",
-            "preplan_hits", "preplans")  # fmt: skip
+            "prefill_host_ns", "prefill_gpu_ms", "mixed_ns", "decode_ns", "gpu_ms", "h2d_copies", "rows_decoded",
+            "tokens", "preplan_hits", "preplans")  # fmt: skip
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -147,7 +147,7 @@ class Plan:
     arms: list[str]
     device: str
     dtype: str
-    workload: Workload
+    rounds: list[Workload]  # the workload of each round
     warmup: Workload
     sampling: Sampling
     max_seq_len: int
@@ -180,36 +180,44 @@ def _plan_run(args: argparse.Namespace) -> Plan:
     arms = parse_arms(args.arms or (GPU_ARMS if device == "cuda" else CPU_ARMS), device)
     sampling = Sampling(args.sampled_frac, args.temperature, args.top_p, args.top_k, args.stop_frac,
                         args.stop_tokens)  # fmt: skip
-    rng = np.random.default_rng(args.seed)
+    n_rounds = getattr(args, "rounds", 1)
+    rngs = [np.random.default_rng([args.seed, r]) for r in range(n_rounds)]
+    warm_rng = np.random.default_rng([args.seed, n_rounds])
     if args.trace is not None:
         given = [f"--{k.replace('_', '-')}" for k in ("num_requests", "rate", "prompt_len", "gen_len")
                  if getattr(args, k) is not None]  # fmt: skip
         if given:
             raise WorkloadError("--trace", f"a trace gives arrivals and lengths: drop {', '.join(given)}")
-        arrive, prompt, out = read_trace(args.trace)
+        trace = read_trace(args.trace)
+        draws = [trace] * n_rounds  # a trace is the same traffic every round
         source = f"trace {args.trace}"
-        warm_rng = np.random.default_rng(args.seed + 1)
-        pick = warm_rng.permutation(prompt.size)
-        warm_prompt, warm_out = prompt[pick], out[pick]
+        pick = warm_rng.permutation(trace[1].size)
+        warm_prompt, warm_out = trace[1][pick], trace[2][pick]
     else:
         n = args.num_requests or 128
         rate = args.rate if args.rate is not None else math.inf
         p_text = args.prompt_len or "lognormal:median=256,sigma=0.9,min=32,max=1536"
         g_text = args.gen_len or "lognormal:median=96,sigma=0.9,min=8,max=384"
         p_len, g_len = Lengths.parse("--prompt-len", p_text), Lengths.parse("--gen-len", g_text)
-        arrive, prompt, out = arrival_times(rate, n, rng), p_len.sample(rng, n), g_len.sample(rng, n)
-        warm_rng = np.random.default_rng(args.seed + 1)
+        # each round draws its own traffic from the distributions: replaying one draw would repeat every prefill
+        # pass's exact shape from round to round, which real traffic does not (and prefill graphs capture repeats)
+        draws = [(arrival_times(rate, n, g), p_len.sample(g, n), g_len.sample(g, n)) for g in rngs]
         warm_prompt, warm_out = p_len.sample(warm_rng, 4096), g_len.sample(warm_rng, 4096)
         source = f"rate {rate:g} requests/s, prompts {p_text}, outputs {g_text}"
-    workload = Workload.build(arrive, prompt, out, sampling, rng)
+    rounds = [Workload.build(*d, sampling, g) for d, g in zip(draws, rngs, strict=True)]
     n_warm = getattr(args, "warmup", None)
     n_warm = n_warm if n_warm is not None else 2 * args.max_running
     if n_warm < 0:
         raise WorkloadError("--warmup", f"must be >= 0, got {n_warm}")
     n_warm = min(n_warm, warm_prompt.size)
-    warmup = Workload.build(np.zeros(n_warm), warm_prompt[:n_warm], np.minimum(warm_out[:n_warm], 16), sampling,
-                            warm_rng)  # fmt: skip
-    longest = int(max((workload.prompt_len + workload.output_len).max(),
+    # the warm-up also runs the longest prompts at once, so the passes with the largest temporaries have run (the
+    # allocator holds their blocks, the kernels for their shapes are compiled) before anything is timed
+    n_long = args.max_running if n_warm else 0
+    longest_prompt = max(int(w.prompt_len.max()) for w in rounds)
+    warmup = Workload.build(np.zeros(n_warm + n_long), np.concatenate([warm_prompt[:n_warm],
+                            np.full(n_long, longest_prompt)]), np.minimum(np.concatenate([warm_out[:n_warm],
+                            np.full(n_long, 2)]), 16), sampling, warm_rng)  # fmt: skip
+    longest = int(max(max((w.prompt_len + w.output_len).max() for w in rounds),
                       (warmup.prompt_len + warmup.output_len).max(initial=0)))  # fmt: skip
     context = model_context(args.model)
     if args.max_seq_len is not None:
@@ -223,8 +231,8 @@ def _plan_run(args: argparse.Namespace) -> Plan:
         arg = "--trace" if args.trace is not None else "--prompt-len/--gen-len"
         raise WorkloadError(arg, f"a request of {longest} tokens (prompt + output) is over {args.model}'s context "
                                  f"of {context}")  # fmt: skip
-    return Plan(arms, device, dtype, workload, warmup, sampling, args.max_seq_len or longest,
-                f"{source}: {workload.describe()}")
+    return Plan(arms, device, dtype, rounds, warmup, sampling, args.max_seq_len or longest,
+                f"{source}: round 0 {rounds[0].describe()}")
 
 
 # -- serving the workload ------------------------------------------------------------------------------------------
@@ -283,6 +291,7 @@ def timed_run(engine: Engine, workload: Workload, requests: list, cuda: bool) ->
         decode_gpu_ms=per("gpu_ms", d["decode_steps"]), prefill_passes=d["prefill_passes"],
         prefill_tokens_per_pass=per("prefill_tokens", d["prefill_passes"]),
         prefill_ms=per("prefill_ns", d["prefill_passes"]) / 1e6,
+        prefill_host_ms=per("prefill_host_ns", d["prefill_passes"]) / 1e6,
         prefill_gpu_ms=per("prefill_gpu_ms", d["prefill_passes"]) if cuda else float("nan"),
         prefill_tokps=d["prefill_tokens"] / (d["prefill_ns"] / 1e9) if d["prefill_ns"] else float("nan"),
         h2d_per_decode_step=per("h2d_copies", d["decode_steps"]),
@@ -303,7 +312,8 @@ COLUMNS = (  # (header, key, format): median [min-max] over rounds
     ("decode step ms", "decode_step_ms", "{:.2f}"), ("mixed steps", "mixed_steps", "{:.0f}"),
     ("mixed step ms", "mixed_ms", "{:.1f}"), ("prefill passes", "prefill_passes", "{:.0f}"),
     ("tokens a pass", "prefill_tokens_per_pass", "{:.0f}"), ("pass ms", "prefill_ms", "{:.1f}"),
-    ("pass GPU ms", "prefill_gpu_ms", "{:.1f}"), ("prefill tok/s", "prefill_tokps", "{:.0f}"),
+    ("pass host ms", "prefill_host_ms", "{:.1f}"), ("pass GPU ms", "prefill_gpu_ms", "{:.1f}"),
+    ("prefill tok/s", "prefill_tokps", "{:.0f}"),
     ("H2D / decode step", "h2d_per_decode_step", "{:.2f}"), ("peak GPU GiB", "peak_gpu_gib", "{:.1f}"),
 )  # fmt: skip
 
@@ -426,8 +436,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         warm = run.warmup.requests(adapter.vocab_size, run.sampling, args.seed + 1, prefix=f"warmup-{arm}-")
         drive(engines[arm], run.warmup, warm, wait=False)  # JIT, allocator, graphs of the shapes it will see
         print(f"built and warmed up {arm}", flush=True)
-    requests = run.workload.requests  # the same prompts every round (fresh ids: an engine keeps its results)
-    total = args.rounds * len(run.arms) * run.workload.n
+    total = len(run.arms) * sum(w.n for w in run.rounds)
     bar = None
     if not args.no_progress:
         from tqdm import tqdm
@@ -435,14 +444,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
         bar = tqdm(total=total, unit="req", desc="traffic", file=sys.stderr)
     runs: list[dict] = []
     for rnd in range(args.rounds):
+        speed = planner_yardstick(2000)  # the host's speed can drift during a run: each round says where it was
+        (bar.write if bar is not None else print)(f"round {rnd}: {speed}")
         for arm in run.arms if rnd % 2 == 0 else run.arms[::-1]:
             eng = engines[arm]
             eng.on_finish = (lambda _r: bar.update(1)) if bar is not None else None
             if bar is not None:
                 bar.set_postfix_str(f"round {rnd} {arm}")
-            r = timed_run(eng, run.workload, requests(adapter.vocab_size, run.sampling, args.seed, f"{rnd}-"), cuda)
+            work = run.rounds[rnd]  # fresh request ids each round: an engine keeps its results
+            r = timed_run(eng, work, work.requests(adapter.vocab_size, run.sampling, args.seed + rnd, f"{rnd}-"),
+                          cuda)  # fmt: skip
             eng.on_finish = None
-            r.update(arm=arm, round=rnd)
+            r.update(arm=arm, round=rnd, yardstick=speed)
             runs.append(r)
             line = (f"round {rnd} {arm:16s} {r['tokps']:7.0f} tok/s  TTFT p50 {r['ttft_p50_ms']:6.0f} ms  ITL p50/p99 "
                     f"{r['itl_p50_ms']:.2f}/{r['itl_p99_ms']:.1f} ms  {r['prefill_passes']} passes of "

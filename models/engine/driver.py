@@ -151,6 +151,7 @@ class EngineStats:
     prefill_passes: int = 0  # prefill passes, eager or replayed (one a step with prefill work)
     prefill_tokens: int = 0  # prompt tokens they ran
     prefill_ns: int = 0  # their wall time: inputs, the pass, first-token sampling and readback
+    prefill_host_ns: int = 0  # of which the host spent enqueueing them, until it waits for the first tokens
     prefill_gpu_ms: float = 0.0  # their GPU time, the pass and first-token sampling (CUDA events; with timing on)
     mixed_ns: int = 0  # wall time of the mixed steps (decode rows beside prefill chunks), whole step() each
     plan_ns: int = 0  # decode steps: plan + flush (resident) or fill + copy (host), wherever it ran
@@ -900,6 +901,7 @@ class Engine:
     def _prefill(self, chunks: tuple[Chunk, ...], seq: int) -> tuple[np.ndarray, np.ndarray]:
         """A step's chunks in one eager adapter call. Returns the handles of the chunks that end their prompts and
         their first tokens (sampled from each chunk's last logits), [m] int64 each."""
+        t0 = time.perf_counter_ns()
         st = self.streams
         if not chunks:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
@@ -937,11 +939,13 @@ class Engine:
         ends = [i for i, c in enumerate(chunks) if c.last]
         hs = np.array([chunks[i].handle for i in ends], np.int64)
         if not ends:
+            self.stats.prefill_host_ns += time.perf_counter_ns() - t0
             return hs, np.zeros(0, np.int64)
         self.issued[hs] = 1
         cells = torch.from_numpy(st.sampler[hs]).to(self.device)  # [m, 4]
         pos = [inputs[i].pos_offset + chunks[i].start + chunks[i].n - 1 for i in ends]
         drawn = self.sampler(logits[ends], cells, torch.tensor(pos, dtype=torch.int64, device=self.device))
+        self.stats.prefill_host_ns += time.perf_counter_ns() - t0
         return hs, drawn.cpu().numpy()
 
     # -- outputs -------------------------------------------------------------------------------------------------
