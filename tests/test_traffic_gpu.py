@@ -121,7 +121,8 @@ def _stopping(requests: list[Request], free: list[tuple[int, ...]], prefix: str)
 
 def test_resident_arms_give_their_host_twins_tokens_with_stop_tokens(served):
     """Stop tokens taken from the host twin's own free run, so the twins (same attention kernel, same overlap, so
-    the same logits) stop in the same places."""
+    the same logits) stop in the same places; a stopped request frees its handle and pages early, which changes
+    the schedule of the requests after it."""
     adapter, serve = served
     for res, twin in TWIN.items():
         reqs = traffic(adapter, 1, f"free-{res}-")
@@ -131,5 +132,8 @@ def test_resident_arms_give_their_host_twins_tokens_with_stop_tokens(served):
         assert [r.tokens for r in ours] == [r.tokens for r in theirs], res
         stops = [len(r.tokens) for r in ours if r.finish_reason.value == "stop"]
         print(f"\n{res}: {len(stops)} requests stopped, {sum(n > 1 for n in stops)} of them in a decode step")
-        assert sum(n > 1 for n in stops) >= 3 and sum(n == 1 for n in stops) >= 3, res
+        # the 0.8B shape's random weights repeat one token, sampled or not (seen on the H200: no request had a new
+        # token after its first), so these stop on their first token; stops in decode steps, with overlap dropping
+        # a step's token, are test_engine_gpu.py's tiny-model test
+        assert len(stops) >= 3, res
         assert st["row_checks"] == st["decode_steps"] and st["mismatches"] == 0, res
