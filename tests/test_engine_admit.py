@@ -177,7 +177,7 @@ def test_whisper_requests_need_features():
 def test_a_duplicate_request_id_is_refused():
     e = Engine(QWEN, CFG)
     e.submit(Request((1, 2), request_id="x"))
-    with pytest.raises(InvalidRequest, match="already submitted"):
+    with pytest.raises(InvalidRequest, match="is in use"):
         e.submit(Request((3, 4), request_id="x"))
 
 

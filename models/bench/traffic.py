@@ -32,6 +32,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import attrs
@@ -241,10 +242,20 @@ def _plan_run(args: argparse.Namespace) -> Plan:
 
 
 # -- serving the workload ------------------------------------------------------------------------------------------
-def drive(engine: Engine, workload: Workload, requests: list, wait: bool = True) -> tuple[list, list, float]:
-    """Serve ``requests``, each submitted when it arrives (``wait``: sleep while none is due and nothing runs).
-    Returns (results in request order, one (start s, wall s, kind, decode rows, prompt tokens) a step, wall s)."""
+def drive(engine: Engine, workload: Workload, requests: list, wait: bool = True,
+          progress: Callable[[], None] | None = None) -> tuple[list, list, float]:
+    """Serve ``requests``, each submitted when it arrives (``wait``: sleep while none is due and nothing runs;
+    ``progress`` is called as each finishes). Returns (results in request order, one (start s, wall s, kind, decode
+    rows, prompt tokens) a step, wall s)."""
     st, steps, n, i = engine.stats, [], len(requests), 0
+    done: dict = {}
+
+    def finished(result) -> None:
+        done[result.request_id] = result
+        if progress is not None:
+            progress()
+
+    engine.on_finish = finished
     t0 = time.perf_counter()
     while i < n or engine.has_work():
         now = time.perf_counter()
@@ -263,14 +274,16 @@ def drive(engine: Engine, workload: Workload, requests: list, wait: bool = True)
         kind = "decode" if d[0] else "mixed" if d[1] else "prefill" if d[2] else "land"
         steps.append((ts - t0, te - ts, kind, d[3], d[4]))
     wall = time.perf_counter() - t0
-    return [engine.results[r.request_id] for r in requests], steps, wall
+    engine.on_finish = None
+    return [done[r.request_id] for r in requests], steps, wall
 
 
 def _pct(x, q) -> float:
     return float(np.percentile(x, q)) if len(x) else float("nan")
 
 
-def timed_run(engine: Engine, workload: Workload, requests: list, cuda: bool) -> dict:
+def timed_run(engine: Engine, workload: Workload, requests: list, cuda: bool,
+              progress: Callable[[], None] | None = None) -> dict:
     """One timed run of the workload: its metrics (module doc), tokens and step log."""
     st = engine.stats
     before = {k: getattr(st, k) for k in COUNTERS}
@@ -279,7 +292,7 @@ def timed_run(engine: Engine, workload: Workload, requests: list, cuda: bool) ->
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     with frozen_heap():
-        results, steps, wall = drive(engine, workload, requests)
+        results, steps, wall = drive(engine, workload, requests, progress=progress)
     d = {k: getattr(st, k) - v for k, v in before.items()}
     itl = np.concatenate(st.itl) * 1e3 if st.itl else np.zeros(0)
     ttft = np.array([r.ttft_s for r in results]) * 1e3
@@ -450,12 +463,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
                                                          f"pre{rnd}-"))  # fmt: skip
         for arm in order:
             eng = engines[arm]
-            eng.on_finish = (lambda _r: bar.update(1)) if bar is not None else None
             if bar is not None:
                 bar.set_postfix_str(f"round {rnd} {arm}")
             r = timed_run(eng, work, work.requests(adapter.vocab_size, run.sampling, args.seed + rnd, f"{rnd}-"),
-                          cuda)  # fmt: skip
-            eng.on_finish = None
+                          cuda, progress=(lambda: bar.update(1)) if bar is not None else None)  # fmt: skip
             r.update(arm=arm, round=rnd, yardstick=speed)
             runs.append(r)
             line = (f"round {rnd} {arm:16s} {r['tokps']:7.0f} tok/s  TTFT p50 {r['ttft_p50_ms']:6.0f} ms  ITL p50/p99 "

@@ -305,7 +305,8 @@ class Engine:
         self.limits = Limits(adapter.name, adapter.vocab_size, self.max_seq_len)
         self.stats = EngineStats()
         self._arrivals = itertools.count()
-        self._rids: set[str] = set()
+        self._rids: set[str] = set()  # ids submitted whose results have not been handed over
+        self._auto_ids = itertools.count()
         self._seq = 0
         self._txn: AdmitTxn | None = None  # crossing pages taken early for the next step
         self._preplan: PrePlan | HostPrePlan | None = None
@@ -427,11 +428,11 @@ class Engine:
         self.adapter.validate(request)
         rid = request.request_id
         if rid is None:
-            rid = f"req-{len(self._rids)}"
+            rid = f"req-{next(self._auto_ids)}"
             while rid in self._rids:
-                rid += "'"
+                rid = f"req-{next(self._auto_ids)}"
         elif rid in self._rids:
-            raise InvalidRequest("request_id", f"{rid!r} was already submitted to this engine")
+            raise InvalidRequest("request_id", f"{rid!r} is in use (submitted, and its result not handed over)")
         self._rids.add(rid)
         self._t_submit[rid] = time.perf_counter() if arrived is None else arrived
         ps = self.config.page_size
@@ -443,11 +444,14 @@ class Engine:
         return rid
 
     def has_work(self) -> bool:
-        return bool(self.scheduler.waiting) or self.scheduler.admitted > 0
+        """Requests wait or run, or a launched step is still to land (its rows may all have ended meanwhile)."""
+        return bool(self.scheduler.waiting) or self.scheduler.admitted > 0 or self._inflight is not None
 
     def run(self, requests: Iterable[Request], on_step: Callable[[Engine], None] | None = None):
-        """Submit every request and step until all have finished: a Result per request, or the InvalidRequest that
-        refused it (the others run on)."""
+        """Submit every request and step until all have finished: a Result per request (handed over), or the
+        InvalidRequest that refused it (the others run on). ``on_step`` is called after every step."""
+        if self.on_finish is not None:
+            raise ValueError("run() hands its results back itself: clear on_finish, or submit and step yourself")
         ids: list[str | InvalidRequest] = []
         for r in requests:
             try:
@@ -458,7 +462,7 @@ class Engine:
             self.step()
             if on_step is not None:
                 on_step(self)
-        return [self.results[i] if isinstance(i, str) else i for i in ids]
+        return [self.pop_result(i) if isinstance(i, str) else i for i in ids]
 
     # -- one step ------------------------------------------------------------------------------------------------
     def step(self) -> bool:
@@ -981,7 +985,6 @@ class Engine:
         ttft = self.t_first[h] - self._t_submit.pop(rid, float("nan"))
         itl = (self.t_last[h] - self.t_first[h]) / (n - 1) if n > 1 else float("nan")
         result = Result(rid, int(self.prompt_len[h]), tuple(self.out[h, :n].tolist()), reason, ttft, itl)
-        self.results[rid] = result
         if self.resident:
             self.state = release(self.state, h)
         self._free_pages(h)
@@ -994,11 +997,53 @@ class Engine:
         self.scheduler.finish(h)
         self.serial[h] += 1  # a step in flight that ran it drops its token
         self._tok_pos[h] = -1
+        if live.saved is not None:  # offloaded: its pages are host copies, dropped with it
+            live.saved = None
         # (a crossing page taken early for it, with the pre-plan, went back with its pages; the admit transaction
         # still lists it, and a rollback skips it: it checks the page is still the handle's last one)
         self.stats.finished += 1
+        self._hand_over(result)
+
+    def _hand_over(self, result: Result) -> None:
+        """A finished request's result goes to ``on_finish`` (and its id is forgotten), or waits in ``results``."""
         if self.on_finish is not None:
+            self._rids.discard(result.request_id)
             self.on_finish(result)
+        else:
+            self.results[result.request_id] = result
+
+    # -- the request table ---------------------------------------------------------------------------------------
+    def pop_result(self, request_id: str) -> Result:
+        """Hand a finished request's result over and forget its id (it may be submitted again). KeyError when it
+        has no result waiting: unknown, not finished yet, or already handed over."""
+        try:
+            result = self.results.pop(request_id)
+        except KeyError:
+            state = "has not finished" if request_id in self._rids else "is not known to this engine"
+            raise KeyError(f"request {request_id!r} {state}: no result to hand over") from None
+        self._rids.discard(request_id)
+        return result
+
+    def abort(self, request_id: str) -> bool:
+        """End a request wherever it is (waiting, mid-prefill, decoding, its token in flight, offloaded) with
+        FinishReason.ABORT and the tokens it has so far. Its pages, recurrent slot and handle come back at once; its
+        planner slot cools until the commit of the last step that read it, and a token of it still in flight is
+        dropped when that step lands. Returns False when it had already finished (its result waits in
+        ``results``); KeyError for an id the engine does not know (never submitted, or handed over)."""
+        if request_id not in self._rids:
+            raise KeyError(f"request {request_id!r} is not known to this engine (never submitted, or handed over)")
+        if request_id in self.results:
+            return False
+        for pend in self.scheduler.waiting:
+            if pend.rid == request_id:
+                self.scheduler.waiting.remove(pend)
+                self._t_submit.pop(request_id, None)
+                self.stats.finished += 1
+                self._hand_over(Result(request_id, len(pend.request.prompt), (), FinishReason.ABORT))
+                return True
+        h = next(h for h, live in self.live.items() if live.pend.rid == request_id)
+        self._finish(h, FinishReason.ABORT)
+        return True
 
     # -- pre-plan ------------------------------------------------------------------------------------------------
     def _preplan_next(self) -> None:

@@ -17,6 +17,7 @@ INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 class FinishReason(enum.Enum):
     STOP = "stop"  # sampled one of its stop tokens
     LENGTH = "length"  # reached max_tokens, or the context
+    ABORT = "abort"  # Engine.abort ended it
 
 
 @attrs.frozen

@@ -225,9 +225,12 @@ class Scheduler:
         self.status[hs] = Status.RETIRING
 
     def finish(self, h: int) -> None:
+        """The request of handle h ended (finished, stopped or aborted), whatever its status."""
         self._rows = None
         if self.status[h] == Status.PREFILLING:
             self.prefilling.remove(h)
+        elif self.status[h] == Status.OFFLOADED:
+            self.offloaded.remove(h)
         self.status[h] = Status.FREE
         self.admitted -= 1
         self.admit_quota = None  # what a refusal waited for may be free now

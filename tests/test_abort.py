@@ -1,0 +1,179 @@
+"""Abort and bounded bookkeeping: ``Engine.abort`` ends a request wherever it is (waiting, mid-prefill, decoding,
+its token in flight under overlap, offloaded) with FinishReason.ABORT and the tokens it had; everything it held comes
+back; no other request's tokens change; a finished request's result is handed over once and its id forgotten."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from test_engine import BASE, QWEN
+
+from models.engine import Engine, FinishReason, Planning, Request, SamplingParams
+from models.engine.compare import check_pools, random_requests
+from models.engine.scheduler import Status
+from resplan.state import FREE
+
+R, H = Planning.RESIDENT, Planning.HOST
+REQS = random_requests(QWEN, 10, prompt_len=(3, 14), gen_len=(4, 12), seed=21)
+
+
+def assert_all_free(e: Engine) -> None:
+    """Nothing is held: every page, handle, recurrent slot and planner slot is free, no step is in flight."""
+    check_pools(e)
+    assert not e.has_work() and e._inflight is None and not e.live
+    assert all(p.free == p.capacity for p in e.page_pools.values())
+    assert e.handles.free == e.handles.size and e.rec.free == e.rec.size
+    if e.resident:
+        assert (e.state.ledger.slot_owner[1:] == FREE).all() and not e.state.ledger.slot_of.any()
+    assert not e.scheduler.offloaded and not e.scheduler.prefilling and not e.scheduler.waiting
+
+
+def _reference(cfg) -> dict[str, tuple[int, ...]]:
+    return {r.request_id: r.tokens for r in Engine(QWEN, cfg).run(REQS)}
+
+
+STAGES = {  # stage: (config changes, predicate on the engine telling the victim is there)
+    "waiting": (dict(max_running=2), lambda e, rid: any(p.rid == rid for p in e.scheduler.waiting)),
+    "mid-prefill": (dict(max_running=4, token_budget=4),
+                    lambda e, rid: _status(e, rid) == Status.PREFILLING and e.scheduler.prefilled[_handle(e, rid)] > 0),
+    "decoding": (dict(max_running=4), lambda e, rid: _status(e, rid) == Status.DECODING),
+    "in-flight": (dict(max_running=4, overlap=True),
+                  lambda e, rid: e._inflight is not None and _handle(e, rid) in e._inflight.rows.tolist()),
+    "retiring": (dict(max_running=4, overlap=True), lambda e, rid: _status(e, rid) == Status.RETIRING),
+    "offloaded": (dict(max_running=8, num_pages=14), lambda e, rid: _status(e, rid) == Status.OFFLOADED),
+}  # fmt: skip
+
+
+def _handle(e: Engine, rid: str) -> int | None:
+    return next((h for h, live in e.live.items() if live.pend.rid == rid), None)
+
+
+def _status(e: Engine, rid: str) -> int | None:
+    h = _handle(e, rid)
+    return None if h is None else int(e.scheduler.status[h])
+
+
+@pytest.mark.parametrize("arm", [R, H], ids=["resident", "host"])
+@pytest.mark.parametrize("stage", list(STAGES), ids=list(STAGES))
+def test_an_abort_at_each_stage_frees_everything_and_changes_no_other_request(stage, arm):
+    changes, there = STAGES[stage]
+    cfg = attrs.evolve(BASE, planning=arm, **changes)
+    want = _reference(cfg)
+    e = Engine(QWEN, cfg)
+    for r in REQS:
+        e.submit(r)
+    victim = None
+    while e.has_work() and victim is None:
+        victim = next((r.request_id for r in REQS if r.request_id not in e.results and there(e, r.request_id)), None)
+        if victim is None:
+            e.step()
+    assert victim is not None, f"no request was ever {stage}"
+    had = e.gen[_handle(e, victim)] if _handle(e, victim) is not None else 0
+    assert e.abort(victim) is True
+    out = e.results[victim]
+    assert out.finish_reason is FinishReason.ABORT and len(out.tokens) == had
+    assert out.tokens == want[victim][: len(out.tokens)]
+    assert e.abort(victim) is False  # finished: its result waits
+    while e.has_work():
+        e.step()
+        check_pools(e)
+    assert_all_free(e)
+    got = {rid: e.pop_result(rid).tokens for rid in want}
+    assert {k: v for k, v in got.items() if k != victim} == {k: v for k, v in want.items() if k != victim}
+    assert e.stats.mismatches == 0, e.stats.first_mismatches
+
+
+def test_results_are_handed_over_once_and_their_ids_forgotten():
+    e = Engine(QWEN, attrs.evolve(BASE, max_running=2))
+    rid = e.submit(Request((1, 2, 3), SamplingParams(max_tokens=2), request_id="x"))
+    with pytest.raises(KeyError, match="has not finished"):
+        e.pop_result(rid)
+    while e.has_work():
+        e.step()
+    assert e.pop_result("x").tokens and "x" not in e.results
+    with pytest.raises(KeyError, match="not known"):
+        e.pop_result("x")
+    with pytest.raises(KeyError, match="not known"):
+        e.abort("x")
+    e.submit(Request((4, 5), SamplingParams(max_tokens=1), request_id="x"))  # the id is free again
+    seen = []
+    e.on_finish = seen.append  # a callback takes the results instead: nothing is kept
+    while e.has_work():
+        e.step()
+    assert [r.request_id for r in seen] == ["x"] and not e.results and not e._rids and not e._t_submit
+    with pytest.raises(ValueError, match="on_finish"):
+        e.run([Request((1,), SamplingParams(max_tokens=1))])
+    e.on_finish = None
+    assert len(e.run(REQS[:3])) == 3 and not e.results and not e._rids  # run() hands its results back
+
+
+class AbortMachine(RuleBasedStateMachine):
+    """Requests submitted and aborted at random between steps (overlap on or off, either arm, chunked prefill, few
+    pages so requests get offloaded): every request not aborted gets the tokens it gets without any abort, an
+    aborted one a prefix of them, and once drained nothing is held. (Counted once over the 40 examples: aborts of
+    waiting, prefilling, decoding, in-flight and offloaded requests.)"""
+
+    @initialize(arm=st.sampled_from([R, H]), overlap=st.booleans(), budget=st.sampled_from([None, 5]),
+                pages=st.sampled_from([None, 10]))  # fmt: skip
+    def setup(self, arm, overlap, budget, pages):
+        self.cfg = attrs.evolve(BASE, planning=arm, overlap=overlap, max_running=4, token_budget=budget,
+                                num_pages=pages)  # fmt: skip
+        self.want = CACHE.setdefault((budget, pages), _reference(attrs.evolve(self.cfg, overlap=False,
+                                                                              planning=H)))  # fmt: skip
+        self.e = Engine(QWEN, self.cfg)
+        self.todo = list(REQS)
+        self.aborted: set[str] = set()
+
+    @precondition(lambda self: self.todo)
+    @rule(n=st.integers(1, 3))
+    def submit(self, n):
+        for r in self.todo[:n]:
+            self.e.submit(r)
+        del self.todo[:n]
+
+    @rule(k=st.integers(1, 3))
+    def step(self, k):
+        for _ in range(k):
+            if self.e.has_work():
+                self.e.step()
+
+    @precondition(lambda self: set(self.e._rids) - set(self.e.results))
+    @rule(i=st.integers(0, 63))
+    def abort(self, i):
+        unfinished = sorted(set(self.e._rids) - set(self.e.results))
+        rid = unfinished[i % len(unfinished)]
+        assert self.e.abort(rid)
+        self.aborted.add(rid)
+        assert self.e.results[rid].finish_reason is FinishReason.ABORT
+
+    @invariant()
+    def pools_hold(self):
+        check_pools(self.e)
+
+    def teardown(self):
+        for r in self.todo:
+            self.e.submit(r)
+        while self.e.has_work():
+            self.e.step()
+        assert_all_free(self.e)
+        for rid, want in self.want.items():
+            got = self.e.pop_result(rid).tokens
+            assert got == want if rid not in self.aborted else got == want[: len(got)], rid
+        assert not self.e._rids and self.e.stats.mismatches == 0
+
+
+CACHE: dict = {}
+TestAbortMachine = AbortMachine.TestCase
+TestAbortMachine.settings = settings(max_examples=40, stateful_step_count=30, deadline=None, derandomize=True,
+                                     suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
+
+
+def test_offloaded_victim_of_the_machine_is_reachable():
+    """The machine's few-pages engines do offload (so aborts reach OFFLOADED requests)."""
+    for budget in (None, 5):
+        e = Engine(QWEN, attrs.evolve(BASE, max_running=4, num_pages=10, token_budget=budget))
+        e.run(REQS)
+        assert e.stats.offloads > 0
