@@ -54,6 +54,8 @@ class Adapter:
     pools: tuple[PoolDecl, ...]
     positions_pool: str
     recurrent: bool
+    eos_token_ids: tuple[int, ...] = ()  # tokens every request stops on unless it ignores EOS (from a checkpoint)
+    checkpoint = None  # the models.engine.checkpoint.Checkpoint it was loaded from; None for random weights
 
     @property
     def append_pools(self) -> tuple[PoolDecl, ...]:
@@ -183,6 +185,10 @@ class WhisperAdapter(Adapter):
 
     def validate(self, req):
         cfg = self.model.cfg
+        if req.prompt[0] != cfg.decoder_start_token_id:
+            raise InvalidRequest("prompt", f"a Whisper decoder prompt starts with its start token "
+                                           f"{cfg.decoder_start_token_id} (models.engine.audio.decoder_prompt builds "
+                                           f"one), got {req.prompt[0]}")  # fmt: skip
         f = req.features
         if not isinstance(f, torch.Tensor) or f.ndim != 2 or f.shape[0] != cfg.num_mel_bins or f.shape[1] < 1:
             got = tuple(f.shape) if isinstance(f, torch.Tensor) else type(f).__name__

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+CANDIDATES = 256  # tokens a sampled row can draw from (models.engine.sampler), so top_k's largest useful value
 
 
 class FinishReason(enum.Enum):
@@ -23,9 +24,11 @@ class FinishReason(enum.Enum):
 @attrs.frozen
 class SamplingParams:
     """How a request's tokens are chosen. ``temperature == 0`` is greedy; otherwise temperature, then top-k
-    (0 = off), then top-p over what is left, drawn from a counter-based RNG keyed by (seed, position). A request
-    ends after ``max_tokens`` tokens, at the context, or with the first of its ``stop_token_ids`` it samples (that
-    token is the last of its output; the model's own EOS is not implied)."""
+    (0 = off; at most ``CANDIDATES``, 256, the tokens sampling looks at), then top-p over what is left, drawn from a
+    counter-based RNG keyed by (seed, position). A request ends after ``max_tokens`` tokens, at the context, or with
+    the first stop token it samples (that token is the last of its output): its ``stop_token_ids`` and, unless
+    ``ignore_eos``, the model's end-of-sequence tokens (a checkpoint's generation_config.json; random-weight models
+    have none)."""
 
     max_tokens: int = 16
     temperature: float = 0.0
@@ -33,6 +36,7 @@ class SamplingParams:
     top_k: int = 0
     seed: int = 0
     stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=tuple)
+    ignore_eos: bool = False
 
 
 @attrs.frozen(eq=False)
@@ -95,11 +99,14 @@ def validate(req: Request, limits: Limits) -> None:
         raise InvalidRequest("temperature", f"must be a finite number >= 0 (0 is greedy), got {sp.temperature!r}")
     if not _is_real(sp.top_p) or not 0 < sp.top_p <= 1:
         raise InvalidRequest("top_p", f"must be in (0, 1], got {sp.top_p!r}")
-    if not _is_int(sp.top_k) or not 0 <= sp.top_k <= INT32_MAX:
-        raise InvalidRequest("top_k", f"must be an integer >= 0 (0 is off), got {sp.top_k!r}")
+    if not _is_int(sp.top_k) or not 0 <= sp.top_k <= CANDIDATES:
+        raise InvalidRequest("top_k", f"must be an integer in [0, {CANDIDATES}] (0 is off; sampling looks at the "
+                                      f"{CANDIDATES} most likely tokens), got {sp.top_k!r}")  # fmt: skip
     if not _is_int(sp.seed) or not INT32_MIN <= sp.seed <= INT32_MAX:
         raise InvalidRequest("seed", f"must be an int32, got {sp.seed!r}")
     _token_ids("stop_token_ids", sp.stop_token_ids, limits.vocab_size)
+    if not isinstance(sp.ignore_eos, bool):
+        raise InvalidRequest("ignore_eos", f"must be True or False, got {sp.ignore_eos!r}")
 
 
 def _token_ids(field: str, ids: Sequence, vocab: int) -> None:

@@ -4,8 +4,8 @@ Cells per row (``resplan.SAMPLER_CELLS``): temperature and top_p as float32 bit 
 ``temperature == 0`` is greedy (argmax, first index on ties). Otherwise the logits are divided by the temperature, cut
 to the top-k, then to the smallest head of the sorted distribution whose mass reaches top_p, and one token is drawn by
 Gumbel-max with noise from a counter-based hash of (seed, position, token id) in torch integer ops. Sampling looks at
-the ``CANDIDATES`` most likely tokens only (top-k is capped there and top-p's mass is taken within them): a full sort of
-a 248k vocabulary every step cost milliseconds of GPU time at c=64; ``topk`` of 256 costs a fraction of it.
+the ``CANDIDATES`` most likely tokens only (submission refuses a top-k above it; top-p's mass is taken within them): a
+full sort of a 248k vocabulary every step cost milliseconds of GPU time at c=64; ``topk`` of 256 costs a fraction.
 The same function samples a prefill's first token and every decode token, so both planning arms (and any batch a row
 lands in) draw the same token from the same logits.
 """
@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import torch
 
+from models.engine.requests import CANDIDATES  # tokens a sampled row can draw from: the most likely ones
+
 M32 = 0xFFFFFFFF
-CANDIDATES = 256  # tokens a sampled row can draw from: the most likely ones
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
