@@ -111,13 +111,15 @@ class EngineConfig:
     order: Order = Order.ARRIVAL
     page_size: int = attrs.field(default=16, validator=_positive)
     num_pages: int | None = attrs.field(default=None, validator=_positive_or_none)  # per APPEND pool, sink included
-    max_seq_len: int = attrs.field(default=256, validator=_positive)  # the context (capped by the model)
+    max_seq_len: int = attrs.field(default=256, validator=_positive)  # the context, at most the model's
     token_budget: int | None = attrs.field(default=None, validator=_positive_or_none)  # prefill tokens a step
     rec_slots: int | None = attrs.field(default=None, validator=_positive_or_none)  # sink included; None: c + 1
     row_check: bool = False  # compare every row a resident step read with the streams (syncs; debug)
     preplan: bool = True  # plan the next decode step early, as a pipelined engine does
     device: str = "cpu"
-    dtype: str = "float32"  # model weights and KV caches: float32, bfloat16
+    dtype: str | None = attrs.field(default=None, validator=attrs.validators.in_((None, "float32", "bfloat16",
+                                                                                 "float16")))  # fmt: skip
+    # model weights and KV caches; None: the weights' own (random weights: float32; a checkpoint: its dtype)
     attention: Backend = Backend.TORCH  # decode attention: TORCH, FA2 or XQA (CUDA), TRITON (CUDA, or interpreted)
     timing: bool = False  # ITL samples, decode graph and prefill GPU time (CUDA events; a prefill pass then syncs)
     overlap: bool = False  # launch each decode step before reading the last one's tokens (input ids on the device)
@@ -242,8 +244,14 @@ class Engine:
             raise ValueError(f"prefill_graphs: {adapter.name} has no capturable prefill pass; use prefill_graphs=0")
         self.device = torch.device(cfg.device)
         ps = cfg.page_size
-        self.max_seq_len = min(cfg.max_seq_len, adapter.max_context)
+        if cfg.max_seq_len > adapter.max_context:
+            raise ValueError(f"max_seq_len {cfg.max_seq_len} is longer than {adapter.name}'s context of "
+                             f"{adapter.max_context} tokens")  # fmt: skip
+        self.max_seq_len = cfg.max_seq_len
         H = cfg.max_running
+        if cfg.max_bucket is not None and cfg.max_bucket > H:
+            raise ValueError(f"max_bucket {cfg.max_bucket} is more than max_running {H}: no step has more rows than "
+                             "running requests")  # fmt: skip
         # -- pools and layout ----------------------------------------------------------------------------------------
         kv_pools, self.page_pools = [], {}
         for d in adapter.pools:
@@ -267,11 +275,15 @@ class Engine:
         rec_slots = cfg.rec_slots if cfg.rec_slots is not None else H + 1
         self.rec = recurrent_pool(rec_slots) if adapter.recurrent else None
         w = next(adapter.model.parameters())
+        if cfg.dtype is not None and getattr(torch, cfg.dtype) != w.dtype:
+            raise ValueError(f"EngineConfig.dtype is {cfg.dtype} but {adapter.name}'s weights are {w.dtype}: build the "
+                             "adapter in that dtype, or leave dtype None")  # fmt: skip
+        self.dtype = w.dtype  # weights, KV caches, the attention's inputs
         self.model_state = adapter.allocate(
             {k: p.num_pages for k, p in self.page_pools.items()}, ps, rec_slots, self.device, w.dtype
         )
         # -- buckets, planner, executor, graphs ----------------------------------------------------------------------
-        self.buckets = decode_buckets(min(cfg.max_bucket or H, H))
+        self.buckets = decode_buckets(cfg.max_bucket or H)
         self.scheduler = Scheduler(H, self.buckets, cfg.order, cfg.token_budget, self.append_keys)
         records = {p.key: ResidentStream("decode", p.mode) for p in self.layout.pools}
         self.backend = cfg.attention
@@ -351,7 +363,17 @@ class Engine:
         from models.engine.adapters import build_adapter
 
         cfg = config or EngineConfig()
-        return cls(build_adapter(model, seed, cfg.device, getattr(torch, cfg.dtype)), cfg)
+        return cls(build_adapter(model, seed, cfg.device, getattr(torch, cfg.dtype or "float32")), cfg)
+
+    @classmethod
+    def from_pretrained(cls, path, config: EngineConfig | None = None) -> Engine:
+        """An engine serving a Hugging Face model directory (``models.engine.checkpoint``): its weights in
+        ``config.dtype``, or the checkpoint's own; its end-of-sequence tokens stop every request that does not set
+        ``ignore_eos``. Text in and out: ``models.engine.text.Tokenizer.from_pretrained(path)``."""
+        from models.engine.checkpoint import load_adapter
+
+        cfg = config or EngineConfig()
+        return cls(load_adapter(path, cfg.device, getattr(torch, cfg.dtype) if cfg.dtype else None), cfg)
 
     # -- graphs --------------------------------------------------------------------------------------------------
     def _make_attention(self) -> dict[int, object]:
@@ -368,7 +390,7 @@ class Engine:
         hq, hk, d, scale = self.adapter.attention_dims()
         W = self.layout.span(self.append_keys[0]).width
         common = dict(max_pages_per_row=W, num_qo_heads=hq, num_kv_heads=hk, head_dim=d,
-                      page_size=self.config.page_size, device=self.device, dtype=getattr(torch, self.config.dtype),
+                      page_size=self.config.page_size, device=self.device, dtype=self.dtype,
                       sm_scale=scale)
         if self.backend in (Backend.XQA, Backend.TRITON):
             shared = make_decode_attention(self.backend, batch_size=self.buckets[-1], **common)
@@ -609,7 +631,8 @@ class Engine:
         self.max_tokens[h] = sp.max_tokens
         self.prompt_len[h] = len(pend.request.prompt)
         self.last_token[h] = pend.request.prompt[-1]
-        stops = sp.stop_token_ids
+        stops = sp.stop_token_ids if sp.ignore_eos else tuple(dict.fromkeys(sp.stop_token_ids
+                                                                          + self.adapter.eos_token_ids))
         if len(stops) > self.stop.shape[1]:
             self.stop = np.pad(self.stop, ((0, 0), (0, len(stops) - self.stop.shape[1])), constant_values=-1)
         self.stop[h] = -1
@@ -1023,6 +1046,17 @@ class Engine:
             raise KeyError(f"request {request_id!r} {state}: no result to hand over") from None
         self._rids.discard(request_id)
         return result
+
+    def output(self, request_id: str) -> tuple[int, ...]:
+        """The tokens a request has so far (for streaming): none while it waits, its result's once it finished."""
+        if request_id in self.results:
+            return self.results[request_id].tokens
+        h = next((h for h, live in self.live.items() if live.pend.rid == request_id), None)
+        if h is not None:
+            return tuple(self.out[h, : self.gen[h]].tolist())
+        if request_id in self._rids:
+            return ()
+        raise KeyError(f"request {request_id!r} is not known to this engine (never submitted, or handed over)")
 
     def abort(self, request_id: str) -> bool:
         """End a request wherever it is (waiting, mid-prefill, decoding, its token in flight, offloaded) with

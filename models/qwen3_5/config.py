@@ -88,6 +88,39 @@ class Qwen35Config:
         """Channels of the GDN causal conv: q, k and v together."""
         return 2 * self.linear_key_dim + self.linear_value_dim
 
+    @classmethod
+    def from_hf(cls, hf, name: str, tie_word_embeddings: bool | None = None) -> Qwen35Config:
+        """Ours from a transformers Qwen3_5TextConfig (a checkpoint's text model); ValueError naming a field whose
+        value this implementation does not run. ``tie_word_embeddings``: where the checkpoint decides it elsewhere
+        (a Qwen3_5ForConditionalGeneration's top-level config)."""
+        for field, want in (("hidden_act", "silu"), ("attention_bias", False)):
+            if getattr(hf, field, want) != want:
+                raise ValueError(f"{field} is {getattr(hf, field)!r}; this implementation runs {want!r} only")
+        rope = dict(getattr(hf, "rope_parameters", None) or {})
+        if rope.get("rope_type", "default") != "default":
+            raise ValueError(f"rope_type {rope['rope_type']!r}: only the default RoPE is implemented")
+        theta = rope.get("rope_theta", getattr(hf, "rope_theta", None))
+        factor = rope.get("partial_rotary_factor", getattr(hf, "partial_rotary_factor", None))
+        if theta is None or factor is None:
+            raise ValueError("rope_theta and partial_rotary_factor are missing from the config")
+        rot_half = int(hf.head_dim * factor) // 2
+        eos = hf.eos_token_id[0] if isinstance(hf.eos_token_id, list | tuple) else hf.eos_token_id
+        return cls(
+            name=name, vocab_size=hf.vocab_size, hidden_size=hf.hidden_size, intermediate_size=hf.intermediate_size,
+            num_hidden_layers=hf.num_hidden_layers, num_attention_heads=hf.num_attention_heads,
+            num_key_value_heads=hf.num_key_value_heads, head_dim=hf.head_dim,
+            linear_num_key_heads=hf.linear_num_key_heads, linear_num_value_heads=hf.linear_num_value_heads,
+            linear_key_head_dim=hf.linear_key_head_dim, linear_value_head_dim=hf.linear_value_head_dim,
+            layer_types=tuple(hf.layer_types), linear_conv_kernel_dim=hf.linear_conv_kernel_dim,
+            rms_norm_eps=hf.rms_norm_eps, rope_theta=float(theta), partial_rotary_factor=float(factor),
+            # text positions are the same on all three M-RoPE sections, so their split does not change the result
+            mrope_section=tuple(rope.get("mrope_section") or (rot_half, 0, 0)),
+            mrope_interleaved=bool(rope.get("mrope_interleaved", True)),
+            max_position_embeddings=hf.max_position_embeddings,
+            tie_word_embeddings=bool(hf.tie_word_embeddings if tie_word_embeddings is None else tie_word_embeddings),
+            eos_token_id=eos,
+        )  # fmt: skip
+
     def to_hf(self):
         """The equivalent transformers.Qwen3_5TextConfig."""
         from transformers import Qwen3_5TextConfig

@@ -56,6 +56,24 @@ class WhisperConfig:
         """Mel frames transformers' encoder insists on: 2 * max_source_positions (conv2 has stride 2)."""
         return 2 * self.max_source_positions
 
+    @classmethod
+    def from_hf(cls, hf) -> WhisperConfig:
+        """Ours from a transformers WhisperConfig (a checkpoint's); ValueError naming a field whose value this
+        implementation does not run."""
+        if getattr(hf, "scale_embedding", False):
+            raise ValueError("scale_embedding is True; this implementation runs unscaled embeddings only")
+        return cls(
+            vocab_size=hf.vocab_size, num_mel_bins=hf.num_mel_bins, d_model=hf.d_model,
+            encoder_layers=hf.encoder_layers, encoder_attention_heads=hf.encoder_attention_heads,
+            encoder_ffn_dim=hf.encoder_ffn_dim, decoder_layers=hf.decoder_layers,
+            decoder_attention_heads=hf.decoder_attention_heads, decoder_ffn_dim=hf.decoder_ffn_dim,
+            max_source_positions=hf.max_source_positions, max_target_positions=hf.max_target_positions,
+            decoder_start_token_id=hf.decoder_start_token_id, pad_token_id=hf.pad_token_id,
+            bos_token_id=hf.bos_token_id, eos_token_id=hf.eos_token_id,
+            begin_suppress_tokens=tuple(hf.begin_suppress_tokens or ()), activation_function=hf.activation_function,
+            tie_word_embeddings=bool(hf.tie_word_embeddings), init_std=hf.init_std,
+        )  # fmt: skip
+
     def to_hf(self, **overrides):
         """The equivalent ``transformers.WhisperConfig`` (dropout off); ``overrides`` go to its constructor."""
         from transformers import WhisperConfig as HFWhisperConfig
