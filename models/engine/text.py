@@ -1,0 +1,85 @@
+"""Text in and out: a checkpoint's tokenizer (transformers' ``AutoTokenizer`` over its ``tokenizer.json`` and
+``tokenizer_config.json``, local files only), prompts as text or as chat messages through the checkpoint's chat
+template, and incremental detokenization that never splits a character.
+
+Streaming: a byte-level tokenizer spreads one character over several tokens (an emoji over three or four), and
+decoding a token alone gives U+FFFD. ``Detokenizer.push`` decodes a short window that ends at the newest token and
+holds text back while that window ends in an incomplete character, so the pieces it returns concatenate to the
+decoding of all tokens at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+REPLACEMENT = "\ufffd"  # what a decoder gives for an incomplete UTF-8 sequence
+
+
+class TokenizerError(ValueError):
+    """A model directory whose tokenizer cannot be used; the message names the file or what is missing."""
+
+
+class Tokenizer:
+    """Text and chat messages to prompt ids, ids back to text (``decode``, or streamed with ``detokenizer``)."""
+
+    def __init__(self, hf) -> None:
+        self.hf = hf  # a transformers tokenizer
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> Tokenizer:
+        path = Path(path)
+        if not (path / "tokenizer.json").exists() and not (path / "tokenizer_config.json").exists():
+            raise TokenizerError(f"{path}: no tokenizer.json or tokenizer_config.json (the model directory's "
+                                 "tokenizer)")  # fmt: skip
+        from transformers import AutoTokenizer
+
+        try:
+            return cls(AutoTokenizer.from_pretrained(path, local_files_only=True))
+        except Exception as e:  # transformers' own checks: a broken tokenizer.json, an unknown class
+            raise TokenizerError(f"{path}: transformers cannot load its tokenizer: {e}") from None
+
+    def encode(self, text: str) -> list[int]:
+        """A prompt's ids, with the special tokens the tokenizer adds to a text (as transformers' pipelines do)."""
+        return list(self.hf(text)["input_ids"])
+
+    def chat(self, messages: Sequence[dict]) -> list[int]:
+        """Chat messages ({"role", "content"} each) through the checkpoint's chat template, ready for the reply."""
+        if not getattr(self.hf, "chat_template", None):
+            raise TokenizerError("the checkpoint has no chat template (chat_template in tokenizer_config.json, or "
+                                 "chat_template.jinja): give the prompt as text")  # fmt: skip
+        out = self.hf.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+        return list(out["input_ids"] if hasattr(out, "keys") else out)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.hf.decode(list(ids), skip_special_tokens=True)
+
+    def detokenizer(self) -> Detokenizer:
+        return Detokenizer(self)
+
+
+class Detokenizer:
+    """One request's streamed text: ``push(token)`` returns the text it completes (maybe ""), never a part of a
+    character; the pieces concatenate to ``Tokenizer.decode`` of all the tokens."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tok = tokenizer
+        self.ids: list[int] = []
+        self.prefix = 0  # ids[prefix:read] is the window whose text has been returned (context for the next piece)
+        self.read = 0
+
+    def push(self, token: int) -> str:
+        self.ids.append(int(token))
+        done = self.tok.decode(self.ids[self.prefix : self.read])
+        text = self.tok.decode(self.ids[self.prefix :])
+        if text.endswith(REPLACEMENT) or len(text) <= len(done):
+            return ""  # an incomplete character (or a token with no text of its own): wait for the next token
+        self.prefix, self.read = self.read, len(self.ids)
+        return text[len(done) :]
+
+    def flush(self) -> str:
+        """The text held back at the end of the output (an incomplete last character decodes as U+FFFD)."""
+        done = self.tok.decode(self.ids[self.prefix : self.read])
+        text = self.tok.decode(self.ids[self.prefix :])
+        self.prefix = self.read = len(self.ids)
+        return text[len(done) :]
