@@ -1,0 +1,176 @@
+"""Generate text from a Hugging Face model directory: a Qwen3.5 checkpoint continues a prompt (or answers a chat
+message), a Whisper checkpoint transcribes a WAV file. One prompt streams its text to the terminal as it is made;
+several (``-n FILE``, one a line) run together and each is printed when it finishes.
+
+    python -m models.generate --model-dir DIR --prompt "The capital of France is"
+    python -m models.generate --model-dir DIR --chat --prompt "Write a haiku about paging."
+    python -m models.generate --model-dir DIR -n prompts.txt --temperature 0.7 --top-p 0.9
+    python -m models.generate --model-dir WHISPER_DIR --audio speech.wav --language en
+
+The directory holds config.json, safetensors weights (one file, or shards with model.safetensors.index.json), the
+tokenizer (tokenizer.json, tokenizer_config.json) and, optionally, generation_config.json (its EOS tokens end every
+request unless --ignore-eos) and, for Whisper, preprocessor_config.json. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from models.cli import OneLineParser
+from models.engine import Engine, EngineConfig, InvalidRequest, Request, SamplingParams
+from models.engine.audio import AudioError, decoder_prompt, feature_extractor, log_mel, read_wav
+from models.engine.checkpoint import WHISPER, CheckpointError, read_checkpoint
+from models.engine.text import Tokenizer, TokenizerError
+from resplan import Backend
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
+    return n
+
+
+def parser() -> OneLineParser:
+    ap = OneLineParser(prog="python -m models.generate", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap.add_argument("--model-dir", type=Path, required=True, help="a Hugging Face model directory (local files)")
+    src = ap.add_argument_group("what to generate from (one of)")
+    src.add_argument("--prompt", help="a text prompt (with --chat: the user's message)")
+    src.add_argument("-n", "--prompts-file", type=Path, help="a file of prompts, one a line, run together")
+    src.add_argument("--audio", type=Path, nargs="+", help="16 kHz WAV files to transcribe (a Whisper checkpoint)")
+    ap.add_argument("--chat", action="store_true", help="send each prompt as a user message through the checkpoint's "
+                                                        "chat template")  # fmt: skip
+    ap.add_argument("--system", help="with --chat: a system message before each user message")
+    s = ap.add_argument_group("sampling")
+    s.add_argument("--max-tokens", type=_positive, default=128, help="new tokens at most, a request (default 128)")
+    s.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
+    s.add_argument("--top-p", type=float, default=1.0, help="nucleus mass, in (0, 1] (default 1)")
+    s.add_argument("--top-k", type=int, default=0, help="the k most likely tokens only, 0 = off, at most 256")
+    s.add_argument("--seed", type=int, default=0, help="sampling seed (a request's draws depend on it alone)")
+    s.add_argument("--ignore-eos", action="store_true", help="do not stop on the checkpoint's end-of-sequence tokens")
+    w = ap.add_argument_group("Whisper")
+    w.add_argument("--language", default="en", help="spoken language of a multilingual checkpoint (default en)")
+    w.add_argument("--task", default="transcribe", choices=["transcribe", "translate"],
+                   help="transcribe, or translate into English (default transcribe)")
+    w.add_argument("--timestamps", action="store_true", help="let the model emit timestamp tokens")
+    e = ap.add_argument_group("engine")
+    e.add_argument("--device", default=None, help="cuda or cpu (default: cuda where there is one)")
+    e.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                   help="weights and KV caches (default: the checkpoint's)")
+    e.add_argument("--attention", choices=[b.value for b in Backend], default="torch",
+                   help="decode attention (torch runs everywhere; fa2 and xqa need CUDA and a Qwen3.5 checkpoint)")
+    e.add_argument("--max-running", type=_positive, default=8, help="requests run at once (default 8)")
+    e.add_argument("--page-size", type=_positive, default=16, help="tokens a KV page holds (default 16)")
+    e.add_argument("--max-seq-len", type=_positive, default=None,
+                   help="context a request may fill (default: the longest prompt plus --max-tokens)")
+    e.add_argument("--token-budget", type=_positive, default=None,
+                   help="prompt tokens prefilled a step (default: whole prompts)")
+    return ap
+
+
+def _requests(args, ap, ckpt, tok: Tokenizer) -> list[Request]:
+    sp = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                        seed=args.seed, ignore_eos=args.ignore_eos)  # fmt: skip
+    given = [x for x in ("prompt", "prompts_file", "audio") if getattr(args, x) is not None]
+    if len(given) != 1:
+        ap.error("give one of --prompt, --prompts-file (-n) or --audio")
+    if ckpt.architecture == WHISPER:
+        if args.audio is None:
+            ap.error(f"{ckpt.name} is a Whisper checkpoint: give --audio FILE.wav")
+        cfg = ckpt.config
+        fe = feature_extractor(ckpt.path, cfg.num_mel_bins)
+        prompt = decoder_prompt(ckpt.generation, cfg.decoder_start_token_id, args.language, args.task,
+                                args.timestamps)  # fmt: skip
+        return [Request(prompt, sp, features=log_mel(read_wav(f), fe, cfg.n_frames), request_id=f"{i}:{f.name}")
+                for i, f in enumerate(args.audio)]  # fmt: skip
+    if args.audio is not None:
+        ap.error(f"{ckpt.name} is a text model ({ckpt.architecture}): give --prompt or --prompts-file")
+    if args.prompt is not None:
+        texts = [args.prompt]
+    else:
+        try:
+            texts = [line for line in args.prompts_file.read_text().splitlines() if line.strip()]
+        except OSError as e:
+            ap.error(f"argument -n/--prompts-file: {args.prompts_file}: {e.strerror}")
+        if not texts:
+            ap.error(f"argument -n/--prompts-file: {args.prompts_file} has no prompts")
+    out = []
+    for i, text in enumerate(texts):
+        if args.chat:
+            messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
+                {"role": "user", "content": text}]  # fmt: skip
+            ids = tok.chat(messages)
+        else:
+            ids = tok.encode(text)
+        if not ids:
+            ap.error(f"prompt {i}: the tokenizer gives no tokens for {text!r}")
+        out.append(Request(ids, sp, request_id=str(i)))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
+    args = ap.parse_args(argv)
+    try:
+        ckpt = read_checkpoint(args.model_dir)
+        tok = Tokenizer.from_pretrained(args.model_dir)
+        requests = _requests(args, ap, ckpt, tok)
+    except (CheckpointError, TokenizerError, AudioError) as e:
+        ap.error(str(e))
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    context = ckpt.config.max_target_positions if ckpt.architecture == WHISPER else ckpt.config.max_position_embeddings
+    longest = max(len(r.prompt) for r in requests) + args.max_tokens
+    if args.max_seq_len is not None and longest > args.max_seq_len:
+        ap.error(f"argument --max-seq-len: a prompt of {longest - args.max_tokens} tokens and --max-tokens "
+                 f"{args.max_tokens} do not fit {args.max_seq_len}")  # fmt: skip
+    if longest > context:
+        ap.error(f"a prompt of {longest - args.max_tokens} tokens and --max-tokens {args.max_tokens} are more than "
+                 f"{ckpt.name}'s context of {context}")  # fmt: skip
+    cfg = EngineConfig(device=device, dtype=args.dtype, attention=Backend(args.attention),
+                       max_running=min(args.max_running, len(requests)), page_size=args.page_size,
+                       max_seq_len=args.max_seq_len or longest, token_budget=args.token_budget)  # fmt: skip
+    try:
+        engine = Engine.from_pretrained(args.model_dir, cfg)
+        ids = [engine.submit(r) for r in requests]
+    except (CheckpointError, InvalidRequest, ValueError) as e:
+        ap.error(str(e))
+    streams = {rid: tok.detokenizer() for rid in ids}
+    shown = dict.fromkeys(ids, 0)
+    stream = len(ids) == 1
+    t0 = time.perf_counter()
+    while engine.has_work():
+        engine.step()
+        if stream:  # the one request's new tokens, as text, as they come
+            rid = ids[0]
+            toks = engine.output(rid)
+            for t in toks[shown[rid] :]:
+                sys.stdout.write(streams[rid].push(t))
+            shown[rid] = len(toks)
+            sys.stdout.flush()
+        for rid in [r for r in ids if r in engine.results and not stream]:
+            result = engine.pop_result(rid)
+            print(f"### [{rid}] {result.finish_reason.value}, {len(result.tokens)} tokens")
+            print(tok.decode(result.tokens), flush=True)
+            ids.remove(rid)
+    wall = time.perf_counter() - t0
+    if stream:
+        result = engine.pop_result(ids[0])
+        sys.stdout.write(streams[ids[0]].flush() + "\n")
+        print(f"[{result.finish_reason.value}, {len(result.tokens)} tokens, TTFT {result.ttft_s * 1e3:.0f} ms, "
+              f"{wall:.2f} s]", file=sys.stderr)  # fmt: skip
+    else:
+        print(f"[{len(requests)} requests, {engine.stats.tokens} tokens, {wall:.2f} s]", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,257 @@
+"""From a Hugging Face directory on disk to text (no downloads: tiny checkpoints saved by transformers here, a tiny
+byte-level tokenizer trained here): ``Engine.from_pretrained`` serves Qwen3_5ForCausalLM, a sharded and tied
+Qwen3_5ForConditionalGeneration and Whisper with transformers' greedy tokens and text; generation_config.json's EOS
+stops requests unless they ignore it; malformed directories are refused naming the problem; streamed text never
+splits a character; ``python -m models.generate`` serves a prompt, a file of prompts, a chat and a WAV file."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from checkpoints import save_qwen, save_whisper, tone, write_wav
+
+from models.engine import Engine, EngineConfig, FinishReason, InvalidRequest, Request, SamplingParams
+from models.engine.audio import AudioError, decoder_prompt, feature_extractor, log_mel, read_wav
+from models.engine.checkpoint import CheckpointError, read_checkpoint
+from models.engine.text import REPLACEMENT, Tokenizer, TokenizerError
+
+transformers = pytest.importorskip("transformers")
+CFG = EngineConfig(page_size=4, max_seq_len=96, max_running=4)
+TEXTS = ["the resident planner keeps", "café 😀 jalapeño", "paged attention reads", "日本語のテキスト"]
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ckpt")
+    return dict(causal=save_qwen(root / "causal"), vl=save_qwen(root / "vl", conditional=True, tied=True,
+                                                              shard="100KB"),
+                whisper=save_whisper(root / "whisper"), root=root)  # fmt: skip
+
+
+def _hf_greedy(model, ids: list[int], n: int, eos=None) -> tuple[int, ...]:
+    out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                         max_new_tokens=n, do_sample=False, eos_token_id=eos, pad_token_id=0)  # fmt: skip
+    new = out[0, len(ids) :].tolist()
+    if eos is not None and eos in new:
+        new = new[: new.index(eos) + 1]
+    return tuple(new)
+
+
+@pytest.mark.parametrize("kind", ["causal", "vl"])
+def test_greedy_tokens_and_text_equal_transformers_generate(dirs, kind):
+    """Qwen3_5ForCausalLM (one file, untied) and Qwen3_5ForConditionalGeneration (13 shards, tied lm_head absent from
+    the files, vision tower skipped): the engine's greedy tokens are transformers' from the same directory, and the
+    text streamed token by token is the tokenizer's decoding of them."""
+    path = dirs[kind]
+    cls = transformers.Qwen3_5ForConditionalGeneration if kind == "vl" else transformers.AutoModelForCausalLM
+    hf = cls.from_pretrained(path).eval()
+    tok = Tokenizer.from_pretrained(path)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(path)
+    engine = Engine.from_pretrained(path, CFG)
+    assert engine.adapter.checkpoint.architecture == hf.config.architectures[0]
+    prompts = [tok.encode(t) for t in TEXTS]
+    assert prompts == [hf_tok(t)["input_ids"] for t in TEXTS]
+    got = engine.run([Request(p, SamplingParams(max_tokens=12)) for p in prompts])
+    for p, r in zip(prompts, got, strict=True):
+        assert r.tokens == _hf_greedy(hf, p, 12)
+        stream = tok.detokenizer()
+        pieces = [stream.push(t) for t in r.tokens] + [stream.flush()]
+        assert "".join(pieces) == hf_tok.decode(list(r.tokens), skip_special_tokens=True)
+
+
+def test_generation_configs_eos_stops_requests_unless_they_ignore_it(dirs):
+    """An EOS token the model does produce (its fourth new token for this prompt): the engine stops there, as
+    transformers' generate does with the same generation_config.json; ignore_eos runs to max_tokens."""
+    src = dirs["causal"]
+    prompt = Tokenizer.from_pretrained(src).encode(TEXTS[0])
+    free = Engine.from_pretrained(src, CFG).run([Request(prompt, SamplingParams(max_tokens=12))])[0].tokens
+    k = next(i for i in range(1, len(free)) if free[i] not in free[:i])
+    path = dirs["root"] / "causal-eos"
+    shutil.copytree(src, path)
+    gen = json.loads((path / "generation_config.json").read_text())
+    (path / "generation_config.json").write_text(json.dumps({**gen, "eos_token_id": [free[k], 319]}))
+    engine = Engine.from_pretrained(path, CFG)
+    assert engine.adapter.eos_token_ids == (free[k], 319)
+    stopped, ignored = engine.run([Request(prompt, SamplingParams(max_tokens=12)),
+                                   Request(prompt, SamplingParams(max_tokens=12, ignore_eos=True))])  # fmt: skip
+    assert stopped.tokens == free[: k + 1] and stopped.finish_reason is FinishReason.STOP
+    assert ignored.tokens == free and ignored.finish_reason is FinishReason.LENGTH
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path).eval()
+    assert stopped.tokens == _hf_greedy(hf, prompt, 12, eos=free[k])
+
+
+def test_whisper_transcribes_a_wav_file_as_transformers_does(dirs):
+    """A 0.48 s tone as a 16-bit WAV: log-mel features from the checkpoint's feature extractor, the decoder prompt
+    (start, English, transcribe, no timestamps) from its generation config; greedy tokens equal a greedy loop over
+    transformers' model from the same directory."""
+    path = dirs["whisper"]
+    wav = write_wav(dirs["root"] / "tone.wav", tone(0.48))
+    ckpt = read_checkpoint(path)
+    cfg = ckpt.config
+    features = log_mel(read_wav(wav), feature_extractor(path, cfg.num_mel_bins), cfg.n_frames)
+    assert tuple(features.shape) == (16, 48)
+    prompt = decoder_prompt(ckpt.generation, cfg.decoder_start_token_id, "en", "transcribe")
+    assert prompt == [1, 2, 5, 6]  # <|startoftranscript|> <|en|> <|transcribe|> <|notimestamps|>
+    engine = Engine.from_pretrained(path, EngineConfig(page_size=4, max_seq_len=24, max_running=2))
+    got = engine.run([Request(prompt, SamplingParams(max_tokens=10, ignore_eos=True), features=features)])[0]
+    hf = transformers.WhisperForConditionalGeneration.from_pretrained(path).eval()
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(10):
+            ids.append(int(hf(input_features=features[None], decoder_input_ids=torch.tensor([ids])).logits[0, -1]
+                           .argmax()))  # fmt: skip
+    assert list(got.tokens) == ids[len(prompt) :]
+    with pytest.raises(InvalidRequest, match="starts with its start token 1"):
+        engine.submit(Request([2, 5], features=features))
+
+
+MALFORMED = {  # name: (how to break a copy of the causal directory, words of the error)
+    "no-config": (lambda p: (p / "config.json").unlink(), "config.json: No such file"),
+    "bad-json": (lambda p: (p / "config.json").write_text("{"), "config.json: not JSON"),
+    "unknown-architecture": (lambda p: _edit(p, architectures=["LlamaForCausalLM"]),
+                             "architectures ['LlamaForCausalLM']: this engine serves"),
+    "unsupported-activation": (lambda p: _edit(p, hidden_act="gelu"), "hidden_act is 'gelu'"),
+    "no-weights": (lambda p: (p / "model.safetensors").unlink(), "no model.safetensors and no"),
+    "missing-weight": (lambda p: _drop(p, "model.norm.weight"), "missing weight 'model.norm.weight'"),
+    "unexpected-weight": (lambda p: _add(p, "model.extra.weight", torch.zeros(2)), "unexpected weight 'model.extra"),
+    "misshapen-weight": (lambda p: _add(p, "model.norm.weight", torch.zeros(3)), "'model.norm.weight' has shape (3,)"),
+    "missing-shard": (lambda p: _index(p, "model-00009-of-00009.safetensors"), "which is not in"),
+}  # fmt: skip
+
+
+def _edit(path, **changes):
+    cfg = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**cfg, **changes}))
+
+
+def _tensors(path):
+    from safetensors.torch import load_file
+
+    return load_file(path / "model.safetensors")
+
+
+def _drop(path, name):
+    from safetensors.torch import save_file
+
+    t = _tensors(path)
+    del t[name]
+    save_file(t, path / "model.safetensors")
+
+
+def _add(path, name, value):
+    from safetensors.torch import save_file
+
+    t = _tensors(path)
+    t[name] = value
+    save_file(t, path / "model.safetensors")
+
+
+def _index(path, shard):
+    names = list(_tensors(path))
+    (path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": dict.fromkeys(names, shard)}))
+
+
+@pytest.mark.parametrize("case", list(MALFORMED), ids=list(MALFORMED))
+def test_a_malformed_directory_is_refused_naming_the_problem(dirs, case):
+    path = dirs["root"] / f"bad-{case}"
+    shutil.copytree(dirs["causal"], path)
+    breaks, words = MALFORMED[case]
+    breaks(path)
+    with pytest.raises(CheckpointError) as info:
+        Engine.from_pretrained(path, CFG)
+    assert words in str(info.value)
+
+
+def test_streamed_text_never_splits_a_character(dirs):
+    """Multi-byte characters spread over byte-level tokens: every piece is whole text (no U+FFFD), and the pieces
+    join to the decoding of all the tokens."""
+    tok = Tokenizer.from_pretrained(dirs["causal"])
+    for text in TEXTS + ["😀🚀 naïve 日本"]:
+        ids = tok.encode(text)
+        assert any(REPLACEMENT in tok.decode([i]) for i in ids) or text.isascii()  # the split really happens
+        stream = tok.detokenizer()
+        pieces = [stream.push(i) for i in ids]
+        assert all(REPLACEMENT not in p for p in pieces)
+        assert "".join(pieces) + stream.flush() == tok.decode(ids) == text
+
+
+def test_chat_messages_go_through_the_chat_template(dirs):
+    tok = Tokenizer.from_pretrained(dirs["causal"])
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "café?"}]
+    ids = tok.chat(messages)
+    assert tok.hf.decode(ids) == "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\ncafé?<|im_end|>\n" \
+                                 "<|im_start|>assistant\n"  # fmt: skip
+    with pytest.raises(TokenizerError, match="no chat template"):
+        Tokenizer.from_pretrained(dirs["whisper"]).chat(messages)
+    with pytest.raises(TokenizerError, match="no tokenizer.json"):
+        Tokenizer.from_pretrained(dirs["root"])
+
+
+def test_audio_the_engine_cannot_take_is_refused(dirs):
+    path = dirs["whisper"]
+    fe = feature_extractor(path, 16)
+    with pytest.raises(AudioError, match="22050 Hz; Whisper takes 16000 Hz"):
+        read_wav(write_wav(dirs["root"] / "cd.wav", tone(0.2), rate=22050))
+    with pytest.raises(AudioError, match="the encoder reads 0.5 s at once"):
+        log_mel(tone(1.0), fe, 48)
+    with pytest.raises(AudioError, match="not a PCM WAV"):
+        read_wav(dirs["whisper"] / "config.json")
+    ckpt = read_checkpoint(path)
+    with pytest.raises(AudioError, match="language 'fr' is not one of the checkpoint's"):
+        decoder_prompt(ckpt.generation, 1, "fr")
+    assert decoder_prompt(ckpt.generation, 1, "de", "translate", timestamps=True) == [1, 3, 4]
+
+
+# -- python -m models.generate ---------------------------------------------------------------------------------------
+def _generate(capsys, *args) -> tuple[str, str]:
+    from models.generate import main
+
+    assert main([str(a) for a in args]) == 0
+    out = capsys.readouterr()
+    return out.out, out.err
+
+
+def test_generate_streams_a_prompts_text(dirs, capsys):
+    path = dirs["causal"]
+    out, err = _generate(capsys, "--model-dir", path, "--prompt", TEXTS[1], "--max-tokens", "10", "--ignore-eos")
+    tok = Tokenizer.from_pretrained(path)
+    want = Engine.from_pretrained(path, CFG).run([Request(tok.encode(TEXTS[1]),
+                                                          SamplingParams(max_tokens=10, ignore_eos=True))])[0]
+    assert out == tok.decode(want.tokens) + "\n"
+    assert "length, 10 tokens" in err
+
+
+def test_generate_runs_a_file_of_prompts_and_a_chat(dirs, capsys, tmp_path):
+    path = dirs["causal"]
+    f = tmp_path / "prompts.txt"
+    f.write_text(f"{TEXTS[0]}\n\n{TEXTS[2]}\n")
+    out, _ = _generate(capsys, "--model-dir", path, "-n", f, "--max-tokens", "6", "--chat", "--temperature", "0.8",
+                       "--seed", "3")  # fmt: skip
+    assert out.count("### [") == 2 and "### [0]" in out and "### [1]" in out
+
+
+def test_generate_transcribes_a_wav_file(dirs, capsys):
+    wav = write_wav(dirs["root"] / "speech.wav", tone(0.3, 300.0))
+    out, err = _generate(capsys, "--model-dir", dirs["whisper"], "--audio", wav, "--max-tokens", "8")
+    assert out.endswith("\n") and "tokens" in err
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--prompt", "hi", "--audio", "x.wav"], "give one of --prompt, --prompts-file (-n) or --audio"),
+    (["--audio", "x.wav"], "is a text model"),
+    (["--prompt", "hi", "--max-tokens", "600"], "are more than causal's context of 512"),
+    (["--prompt", "hi", "--top-k", "999"], "top_k: must be an integer in [0, 256]"),
+])  # fmt: skip
+def test_generate_refuses_in_one_line(dirs, capsys, args, words):
+    from models.generate import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["--model-dir", str(dirs["causal"]), *args])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.count("\n") == 1 and words in err, err
+    with pytest.raises(SystemExit):
+        main(["--model-dir", str(dirs["root"] / "nowhere"), "--prompt", "hi"])
+    assert "not a directory" in capsys.readouterr().err
