@@ -13,7 +13,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+import attrs
+
 from kernels.runtime import interpreted
+from models.cli import OneLineParser
 from models.engine import (
     MODELS,
     Engine,
@@ -27,6 +30,7 @@ from models.engine import (
     build_adapter,
     validate,
 )
+from models.engine.adapters import model_context
 from models.engine.compare import random_requests, run_arms
 from resplan import Backend
 
@@ -40,6 +44,26 @@ def _range(text: str) -> tuple[int, int]:
     return a, b
 
 
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
+    return n
+
+
+def _seed(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 0 <= n < 2**31:
+        raise argparse.ArgumentTypeError(f"must be in [0, 2^31), got {n}")
+    return n
+
+
 def _arms(text: str) -> tuple[Planning, ...]:
     try:
         arms = tuple(Planning(a.strip()) for a in text.split(","))
@@ -51,7 +75,7 @@ def _arms(text: str) -> tuple[Planning, ...]:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = OneLineParser(
         prog="python -m models.demo",
         description=__doc__,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -60,20 +84,23 @@ def parser() -> argparse.ArgumentParser:
                     help="model to serve, random weights (the *-tiny / whisper-test ones are CPU-sized)")
     ap.add_argument("--arms", type=_arms, default="resident,host",
                     help="planning arms to run, comma-separated: resident (resplan) and/or host (rebuild each step)")
-    ap.add_argument("-c", "--concurrency", type=int, default=4, help="requests admitted at once (max running)")
-    ap.add_argument("-n", "--requests", type=int, default=12, help="number of requests")
+    ap.add_argument("-c", "--concurrency", type=_positive, default=4, help="requests admitted at once (max running)")
+    ap.add_argument("-n", "--requests", type=_positive, default=12, help="number of requests")
     ap.add_argument("--prompt-len", type=_range, default="4:24", help="prompt tokens, N or LO:HI (drawn per request)")
     ap.add_argument("--gen-len", type=_range, default="16:48", help="max new tokens, N or LO:HI (drawn per request)")
-    ap.add_argument("--page-size", type=int, default=4, help="tokens a KV page holds")
-    ap.add_argument("--num-pages", type=int, default=None,
+    ap.add_argument("--page-size", type=_positive, default=4, help="tokens a KV page holds")
+    ap.add_argument("--num-pages", type=_positive, default=None,
                     help="pages of each appended KV pool, sink page included (default: room for every running request "
                          "at full context; fewer forces offloads under KV pressure)")
-    ap.add_argument("--max-seq-len", type=int, default=128, help="context per request (capped by the model)")
+    ap.add_argument("--max-seq-len", type=_positive, default=None,
+                    help="context per request: a prompt and its new tokens (default: 128, or the model's context if "
+                         "that is shorter; more than the model's is refused)")
     ap.add_argument("--order", choices=[o.value for o in Order], default=Order.ARRIVAL.value,
                     help="decode order: arrival (rows run to completion) or turns (rows take turns, displacing slots)")
-    ap.add_argument("--max-bucket", type=int, default=None,
-                    help="widest decode bucket; buckets are 1, 2, 4, 8, 16, 24, ... up to it (default: concurrency)")
-    ap.add_argument("--token-budget", type=int, default=None,
+    ap.add_argument("--max-bucket", type=_positive, default=None,
+                    help="widest decode bucket, at most the concurrency; buckets are 1, 2, 4, 8, 16, 24, ... up to it "
+                         "(default: concurrency). With -c above twice it, TURNS order displaces slots")
+    ap.add_argument("--token-budget", type=_positive, default=None,
                     help="prefill tokens per step: prompts longer than this prefill in chunks (default: whole prompts)")
     ap.add_argument("--attention", choices=["torch", "triton"], default="torch",
                     help="decode attention: plain torch, or our plan-free split-KV Triton kernel (on a CPU it runs in "
@@ -85,21 +112,22 @@ def parser() -> argparse.ArgumentParser:
                     help="after every resident decode step, compare every row it read with the host streams")
     ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature, 0 = greedy")
     ap.add_argument("--top-p", type=float, default=1.0, help="nucleus mass, in (0, 1]")
-    ap.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens, 0 = off")
-    ap.add_argument("--seed", type=int, default=0, help="seed of the weights, the prompts and the sampling")
+    ap.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens, 0 = off (at most 256)")
+    ap.add_argument("--seed", type=_seed, default=0, help="seed of the weights, the prompts and the sampling")
     ap.add_argument("--show", type=int, default=4, help="requests whose tokens are printed")
     ap.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="tqdm progress bars")
     return ap
 
 
-def config(args) -> EngineConfig:
+def config(args, context: int) -> EngineConfig:
+    """The engine config the options ask for; ``context``: the model's."""
     return EngineConfig(
         max_running=args.concurrency,
         max_bucket=args.max_bucket,
         order=Order(args.order),
         page_size=args.page_size,
         num_pages=args.num_pages,
-        max_seq_len=args.max_seq_len,
+        max_seq_len=args.max_seq_len or min(128, context),
         token_budget=args.token_budget,
         row_check=args.row_check,
         attention=Backend(args.attention),
@@ -173,21 +201,33 @@ def summary(engines: dict[Planning, tuple[Engine, float]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = parser()
     args = ap.parse_args(argv)
+    context = model_context(args.model)
     try:
-        cfg = config(args)
+        cfg = config(args, context)
     except ValueError as e:
         ap.error(str(e))
     if args.attention == "triton" and not interpreted():
         ap.error("--attention triton runs on the CPU in Triton's interpreter: TRITON_INTERPRET=1 python -m models.demo "
                  "--attention triton")
+    if args.max_seq_len is not None and args.max_seq_len > context:
+        ap.error(f"argument --max-seq-len: {args.max_seq_len} is longer than {args.model}'s context of {context}")
+    if args.prompt_len[1] + args.gen_len[1] > cfg.max_seq_len:
+        ap.error(f"a prompt of {args.prompt_len[1]} tokens and {args.gen_len[1]} new ones do not fit a context of "
+                 f"{cfg.max_seq_len} (such a request would end at the context): lower --prompt-len or --gen-len, or "
+                 "raise --max-seq-len")  # fmt: skip
     adapter = build_adapter(args.model, seed=args.seed)
     requests = random_requests(adapter, args.requests, args.prompt_len, args.gen_len, args.seed, args.temperature,
                                args.top_p, args.top_k)
-    limits = Limits(adapter.name, adapter.vocab_size, min(cfg.max_seq_len, adapter.max_context))
+    limits = Limits(adapter.name, adapter.vocab_size, cfg.max_seq_len)
     for r in requests:  # the engine would refuse these one by one; say so once, up front
         try:
             validate(r, limits)
         except InvalidRequest as e:
+            ap.error(str(e))
+    for arm in args.arms:  # and what an engine refuses at build (too few pages, an attention the model has not)
+        try:
+            Engine(adapter, attrs.evolve(cfg, planning=arm, overlap=args.overlap and arm is Planning.RESIDENT))
+        except ValueError as e:
             ap.error(str(e))
     how = "greedy" if args.temperature == 0 else (
         f"temperature {args.temperature}, top-p {args.top_p}, top-k {args.top_k}, seeded")

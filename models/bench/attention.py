@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from models.bench.timing import replay_us
+from models.cli import OneLineParser
 from models.layers.flashinfer_attention import FA2Decode, TorchDecode, XQADecode
 from models.layers.triton_attention import TritonDecode
 from resplan import Graph
@@ -39,19 +40,27 @@ def _capture(fn):
     return Graph(fn, torch.device("cuda")).graph
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--head-dim", type=int, default=256)
-    ap.add_argument("--q-heads", type=int, default=8)
-    ap.add_argument("--kv-heads", type=int, default=2)
-    ap.add_argument("--page-size", type=int, default=16)
-    ap.add_argument("--ctx", type=int, default=4096)
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--iters", type=int, default=200)
-    ap.add_argument("--batches", default="1,16,64")
-    ap.add_argument("--backends", default="torch,fa2,xqa,triton")
-    a = ap.parse_args()
-    assert torch.cuda.is_available(), "GPU benchmark"
+def parser() -> argparse.ArgumentParser:
+    ap = OneLineParser(prog="python -m models.bench.attention", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap.add_argument("--head-dim", type=int, default=256, help="attention head width (default 256, Qwen3.5)")
+    ap.add_argument("--q-heads", type=int, default=8, help="query heads (default 8)")
+    ap.add_argument("--kv-heads", type=int, default=2, help="KV heads (default 2)")
+    ap.add_argument("--page-size", type=int, default=16, help="tokens a KV page holds (default 16)")
+    ap.add_argument("--ctx", type=int, default=4096, help="longest row's tokens; rows hold ctx/2 to ctx (default 4096)")
+    ap.add_argument("--layers", type=int, default=8, help="attention calls a captured graph (default 8)")
+    ap.add_argument("--iters", type=int, default=200, help="graph replays timed (default 200)")
+    ap.add_argument("--batches", default="1,16,64", help="rows a call, comma-separated (default 1,16,64)")
+    ap.add_argument("--backends", default="torch,fa2,xqa,triton",
+                    help="attentions compared, comma-separated: torch, fa2, xqa, triton")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parser().parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("python -m models.bench.attention: error: it times CUDA graphs of GPU attention: it needs a "
+                         "GPU (run it on the H200)")
     dev, dt = "cuda", torch.bfloat16
     d, hq, hk, ps = a.head_dim, a.q_heads, a.kv_heads, a.page_size
     W = -(-a.ctx // ps)

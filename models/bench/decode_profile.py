@@ -22,6 +22,7 @@ import torch
 import kernels.gemv
 import kernels.pdl
 import models.layers.fused
+from models.cli import OneLineParser
 from models.engine import build_adapter
 from models.engine.sampler import Sampler
 from models.layers.flashinfer_attention import XQADecode
@@ -61,14 +62,15 @@ def _kernel_table(prof, top: int) -> tuple[int, float, list[tuple[str, int, floa
     return count, total, rows[:top]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="qwen3_5-0.8b")
-    ap.add_argument("--batches", default="1,16,64")
+def parser() -> argparse.ArgumentParser:
+    ap = OneLineParser(prog="python -m models.bench.decode_profile", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap.add_argument("--model", default="qwen3_5-0.8b", help="model shape (random weights; default qwen3_5-0.8b)")
+    ap.add_argument("--batches", default="1,16,64", help="rows a step, comma-separated (default 1,16,64)")
     ap.add_argument("--paths", default="fused,torch", help="decode paths: fused, torch")
     ap.add_argument("--ctx", type=int, default=640, help="tokens each row attends to")
-    ap.add_argument("--page-size", type=int, default=16)
-    ap.add_argument("--iters", type=int, default=100)
+    ap.add_argument("--page-size", type=int, default=16, help="tokens a KV page holds (default 16)")
+    ap.add_argument("--iters", type=int, default=100, help="graph replays timed (default 100)")
     ap.add_argument("--top", type=int, default=12, help="kernels listed per profile")
     ap.add_argument("--sampler", default="full", choices=["full", "greedy"],
                     help="full: the engine's in-graph sampler; greedy: argmax only")
@@ -84,7 +86,12 @@ def main() -> None:
     ap.add_argument("--norm", default="fold",
                     help="each sublayer's pre-norm folded into its first GEMM's weight stream (one row, NORM_CONFIGS "
                          "shapes) or a kernel of its own: fold, split, or fold,split (A/B)")
-    a = ap.parse_args()
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = parser()
+    a = ap.parse_args(argv)
     for flag, value in (("--silu-mul", a.silu_mul), ("--norm", a.norm)):
         if not set(value.split(",")) <= {"fold", "split"}:
             ap.error(f"{flag} takes fold, split or fold,split; got {value!r}")

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from kernels.gates import silu_mul
 from kernels.gemv import gemv, gemv_silu_mul
 from models.bench.timing import replay_us
+from models.cli import OneLineParser
 from models.engine import build_adapter
 from resplan import Graph
 
@@ -94,14 +95,19 @@ def _fused_down(model, rows: list[int], a, dev, dt) -> None:
         print(f"| {M} | {N} | {K} | {t_cu:.1f} | {t2:.1f} | {c2} | {t1:.1f} | {c1} | {at} |", flush=True)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="qwen3_5-0.8b")
-    ap.add_argument("--rows", default="1,4,16")
+def parser() -> argparse.ArgumentParser:
+    ap = OneLineParser(prog="python -m models.bench.gemv", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap.add_argument("--model", default="qwen3_5-0.8b", help="model whose decode GEMM shapes are timed")
+    ap.add_argument("--rows", default="1,4,16", help="rows a GEMM, comma-separated (default 1,4,16)")
     ap.add_argument("--layers", type=int, default=24, help="weight copies per graph (distinct, so L2 cannot hold them)")
-    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--iters", type=int, default=20, help="graph replays timed (default 20)")
     ap.add_argument("--quick", action="store_true", help="a few configurations per path only")
-    a = ap.parse_args()
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parser().parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("the GEMM benchmark needs a GPU")
     dev, dt = torch.device("cuda"), torch.bfloat16

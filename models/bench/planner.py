@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from models.cli import OneLineParser
 from resplan import (
     Backend,
     BucketPlan,
@@ -92,11 +93,16 @@ def step_build_us(rows: int, steps: int) -> float:
     return (time.perf_counter_ns() - t0) / steps / 1e3
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parser() -> argparse.ArgumentParser:
+    ap = OneLineParser(prog="python -m models.bench.planner", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("--steps", type=int, default=20000, help="steps per scenario (default 20000)")
     ap.add_argument("--out", type=Path, default=None, help="also write the markdown table here")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     results = [
         scenario("steady-64", 64, 0, False, args.steps),
         scenario("steady-256", 256, 0, False, args.steps),

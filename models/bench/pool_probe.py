@@ -82,8 +82,12 @@ def probe(engine: Engine, requests: list) -> None:
           f"{sorted(ever_slots)[:16]} ({len(ever_slots)}); first tokens: {firsts[:8]} ...")
 
 
+def parser():
+    return traffic_parser("python -m models.bench.pool_probe", __doc__, run_options=False)
+
+
 def main(argv: list[str] | None = None) -> None:
-    ap = traffic_parser("python -m models.bench.pool_probe", __doc__, run_options=False)
+    ap = parser()
     args = ap.parse_args(argv)
     run = plan_run(ap, args)
     adapter = build_adapter(args.model, seed=0, device=run.device, dtype=getattr(torch, run.dtype))

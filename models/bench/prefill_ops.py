@@ -17,6 +17,7 @@ import time
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from models.cli import OneLineParser
 from models.engine import build_adapter
 from models.qwen3_5 import PrefillChunk
 
@@ -44,15 +45,20 @@ def prefill_inputs(model, R: int, T: int, ps: int, device, dtype: torch.dtype, s
     return state, chunks
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="qwen3_5-0.8b")
-    ap.add_argument("--prompt-len", type=int, default=512)
-    ap.add_argument("--page-size", type=int, default=16)
+def parser() -> argparse.ArgumentParser:
+    ap = OneLineParser(prog="python -m models.bench.prefill_ops", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap.add_argument("--model", default="qwen3_5-0.8b", help="model shape (random weights; default qwen3_5-0.8b)")
+    ap.add_argument("--prompt-len", type=int, default=512, help="tokens each prompt has (default 512)")
+    ap.add_argument("--page-size", type=int, default=16, help="tokens a KV page holds (default 16)")
     ap.add_argument("--requests", type=int, default=1, help="prompts prefilled in one prefill_batch pass")
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--top", type=int, default=10)
-    a = ap.parse_args()
+    ap.add_argument("--device", default="cpu", help="cpu (float32) or cuda (bf16)")
+    ap.add_argument("--top", type=int, default=10, help="operators listed (default 10)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parser().parse_args(argv)
     dt = torch.float32 if a.device == "cpu" else torch.bfloat16
     model = build_adapter(a.model, seed=0, device=a.device, dtype=dt).model
     T, ps, R = a.prompt_len, a.page_size, a.requests

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from models.bench.prefill_ops import prefill_inputs
+from models.cli import OneLineParser
 from models.engine import build_adapter
 from models.engine.prefill_graphs import PrefillGraphs
 
@@ -90,18 +91,23 @@ def op_table(run, top: int) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="qwen3_5-0.8b")
-    ap.add_argument("--prompt-len", type=int, default=512)
-    ap.add_argument("--page-size", type=int, default=16)
+def parser() -> argparse.ArgumentParser:
+    ap = OneLineParser(prog="python -m models.bench.prefill_profile", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap.add_argument("--model", default="qwen3_5-0.8b", help="model shape (random weights; default qwen3_5-0.8b)")
+    ap.add_argument("--prompt-len", type=int, default=512, help="tokens each prompt has (default 512)")
+    ap.add_argument("--page-size", type=int, default=16, help="tokens a KV page holds (default 16)")
     ap.add_argument("--requests", default="1,16,64", help="prompts a pass, comma-separated")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3, help="timed passes per mode (default 3)")
     ap.add_argument("--top", type=int, default=12, help="kernels listed per pass")
     ap.add_argument("--by-op", action="store_true", help="also the torch operators taking the most GPU time (eager)")
     ap.add_argument("--modes", default="inference",
                     help=f"ways to run the pass, timed alternated (the first is profiled): {', '.join(MODES)}")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parser().parse_args(argv)
     if set(a.modes.split(",")) - set(MODES):
         raise SystemExit(f"--modes takes {', '.join(MODES)}, got {a.modes!r}")
     if not torch.cuda.is_available():

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from models.bench.arms import arm_config, frozen_heap, paired_ratio, parse_arms, planner_yardstick
+from models.cli import OneLineParser
 from models.engine import Engine, Request, SamplingParams, build_adapter
 
 
@@ -182,25 +183,30 @@ def plot(rows: list[dict], arms: list[str], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parser() -> argparse.ArgumentParser:
+    ap = OneLineParser(prog="python -m models.bench.serve", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("--model", default="qwen3_5-0.8b", help="model(s), comma-separated (random weights)")
     ap.add_argument("--concurrency", default="1,16,64", help="concurrency cells, comma-separated")
     ap.add_argument("--arms", default="host,host-overlap,resident-fa2,resident-xqa-sync,resident-xqa,resident-triton,"
                     "transformers", help="arms, comma-separated (see models/bench/arms.py)")
     ap.add_argument("--transformers-c", default="1,16", help="cells where the transformers arm runs")
-    ap.add_argument("--prompt-len", type=int, default=512)
+    ap.add_argument("--prompt-len", type=int, default=512, help="tokens each prompt has (default 512)")
     ap.add_argument("--gen", type=int, default=256, help="tokens each request generates (fixed)")
     ap.add_argument("--rounds", type=int, default=2, help="rounds; the arm order alternates between rounds")
-    ap.add_argument("--page-size", type=int, default=16)
+    ap.add_argument("--page-size", type=int, default=16, help="tokens a KV page holds (default 16)")
     ap.add_argument("--token-budget", type=int, default=None, help="prefill tokens a step (default: whole prompts)")
     ap.add_argument("--prefill-graphs", type=int, default=4,
                     help="prefill pass shapes kept as CUDA graphs, in every engine arm alike (0: eager prefill)")
     ap.add_argument("--prefill-graph-tokens", type=int, default=8192,
                     help="passes of more tokens than this stay eager (GPU-bound already)")
     ap.add_argument("--out", type=Path, required=True, help="folder for results.md, results.json, tokps.png")
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
+    ap.add_argument("--seed", type=int, default=0, help="seed of the weights and the prompts")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("the serving benchmark needs a CUDA GPU (run it on the H200)")
     try:

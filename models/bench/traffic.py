@@ -41,6 +41,7 @@ import torch
 
 from models.bench.arms import arm_config, frozen_heap, paired_ratio, parse_arms, planner_yardstick
 from models.bench.workload import Lengths, Sampling, Workload, WorkloadError, arrival_times, read_trace
+from models.cli import OneLineParser
 from models.engine import Engine
 from models.engine.adapters import MODEL_CONFIGS, build_adapter, model_context
 
@@ -49,13 +50,6 @@ CPU_ARMS = "host-torch,resident-torch"
 COUNTERS = ("decode_steps", "mixed_steps", "prefill_steps", "prefill_passes", "prefill_tokens", "prefill_ns",
             "prefill_host_ns", "prefill_gpu_ms", "mixed_ns", "decode_ns", "gpu_ms", "h2d_copies", "rows_decoded",
             "tokens", "preplan_hits", "preplans")  # fmt: skip
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse whose errors are one line on stderr (``prog: error: argument --x: ...``), exit status 2."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def _rate(text: str) -> float:

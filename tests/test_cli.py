@@ -1,0 +1,57 @@
+"""Every command-line entry point says what it is (``python -m models.X`` in its usage line), explains every option,
+and answers a bad argument or a missing GPU with one line naming the problem, never a traceback."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+from kernels.runtime import interpreted
+
+CLIS = ["models.demo", "models.generate", *(f"models.bench.{m}" for m in (
+    "attention", "decode_profile", "gemv", "planner", "prefill_profile", "prefill_ops", "serve", "traffic",
+    "pool_probe"))]  # fmt: skip
+
+
+@pytest.mark.parametrize("module", CLIS)
+def test_usage_names_the_module_and_every_option_has_help(module):
+    ap = importlib.import_module(module).parser()
+    assert ap.prog == f"python -m {module}"
+    bare = [a.option_strings or a.dest for a in ap._actions if not a.help]
+    assert not bare, f"options without help: {bare}"
+    assert ap.format_help().startswith(f"usage: python -m {module}")
+
+
+DEMO_ERRORS = [
+    (["--seed", "-1"], "argument --seed: must be in [0, 2^31)"),
+    (["-c", "0"], "argument -c/--concurrency: must be >= 1"),
+    (["--num-pages", "4"], "3 usable pages cannot hold one request of 128 tokens"),
+    (["--max-bucket", "9"], "max_bucket 9 is more than max_running 4"),
+    (["--gen-len", "200"], "24 tokens and 200 new ones do not fit a context of 128"),
+    (["--max-seq-len", "99999"], "99999 is longer than qwen3_5-tiny's context of 4096"),
+    (["--top-k", "300"], "top_k: must be an integer in [0, 256]"),
+    (["--model", "whisper-test", "--prompt-len", "4:8", "--gen-len", "8", "--attention", "triton"],
+     "GPU attention backends serve one appended pool, no read pools" if interpreted() else "TRITON_INTERPRET=1"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("args, words", DEMO_ERRORS, ids=[" ".join(a) for a, _ in DEMO_ERRORS])
+def test_the_demo_refuses_in_one_line(args, words, capsys):
+    from models.demo import main
+
+    with pytest.raises(SystemExit) as info:
+        main([*args, "--no-progress"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.count("\n") == 1 and words in err, err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer on a machine without a GPU")
+@pytest.mark.parametrize("module", ["attention", "decode_profile", "gemv", "prefill_profile", "serve"])
+def test_a_gpu_benchmark_on_a_cpu_says_so_in_one_line(module, capsys, tmp_path):
+    mod = importlib.import_module(f"models.bench.{module}")
+    with pytest.raises(SystemExit) as info:
+        mod.main(["--out", str(tmp_path)] if module == "serve" else [])
+    text = str(info.value.code) + capsys.readouterr().err
+    assert "GPU" in text and "Traceback" not in text
