@@ -16,7 +16,7 @@ import sys
 import attrs
 
 from kernels.runtime import interpreted
-from models.cli import OneLineParser
+from models.cli import OneLineParser, positive_int, seed
 from models.engine import (
     MODELS,
     Engine,
@@ -44,26 +44,6 @@ def _range(text: str) -> tuple[int, int]:
     return a, b
 
 
-def _positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
-    return n
-
-
-def _seed(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if not 0 <= n < 2**31:
-        raise argparse.ArgumentTypeError(f"must be in [0, 2^31), got {n}")
-    return n
-
-
 def _arms(text: str) -> tuple[Planning, ...]:
     try:
         arms = tuple(Planning(a.strip()) for a in text.split(","))
@@ -84,23 +64,23 @@ def parser() -> argparse.ArgumentParser:
                     help="model to serve, random weights (the *-tiny / whisper-test ones are CPU-sized)")
     ap.add_argument("--arms", type=_arms, default="resident,host",
                     help="planning arms to run, comma-separated: resident (resplan) and/or host (rebuild each step)")
-    ap.add_argument("-c", "--concurrency", type=_positive, default=4, help="requests admitted at once (max running)")
-    ap.add_argument("-n", "--requests", type=_positive, default=12, help="number of requests")
+    ap.add_argument("-c", "--concurrency", type=positive_int, default=4, help="requests admitted at once (max running)")
+    ap.add_argument("-n", "--requests", type=positive_int, default=12, help="number of requests")
     ap.add_argument("--prompt-len", type=_range, default="4:24", help="prompt tokens, N or LO:HI (drawn per request)")
     ap.add_argument("--gen-len", type=_range, default="16:48", help="max new tokens, N or LO:HI (drawn per request)")
-    ap.add_argument("--page-size", type=_positive, default=4, help="tokens a KV page holds")
-    ap.add_argument("--num-pages", type=_positive, default=None,
+    ap.add_argument("--page-size", type=positive_int, default=4, help="tokens a KV page holds")
+    ap.add_argument("--num-pages", type=positive_int, default=None,
                     help="pages of each appended KV pool, sink page included (default: room for every running request "
                          "at full context; fewer forces offloads under KV pressure)")
-    ap.add_argument("--max-seq-len", type=_positive, default=None,
+    ap.add_argument("--max-seq-len", type=positive_int, default=None,
                     help="context per request: a prompt and its new tokens (default: 128, or the model's context if "
                          "that is shorter; more than the model's is refused)")
     ap.add_argument("--order", choices=[o.value for o in Order], default=Order.ARRIVAL.value,
                     help="decode order: arrival (rows run to completion) or turns (rows take turns, displacing slots)")
-    ap.add_argument("--max-bucket", type=_positive, default=None,
+    ap.add_argument("--max-bucket", type=positive_int, default=None,
                     help="widest decode bucket, at most the concurrency; buckets are 1, 2, 4, 8, 16, 24, ... up to it "
                          "(default: concurrency). With -c above twice it, TURNS order displaces slots")
-    ap.add_argument("--token-budget", type=_positive, default=None,
+    ap.add_argument("--token-budget", type=positive_int, default=None,
                     help="prefill tokens per step: prompts longer than this prefill in chunks (default: whole prompts)")
     ap.add_argument("--attention", choices=["torch", "triton"], default="torch",
                     help="decode attention: plain torch, or our plan-free split-KV Triton kernel (on a CPU it runs in "
@@ -113,7 +93,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature, 0 = greedy")
     ap.add_argument("--top-p", type=float, default=1.0, help="nucleus mass, in (0, 1]")
     ap.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens, 0 = off (at most 256)")
-    ap.add_argument("--seed", type=_seed, default=0, help="seed of the weights, the prompts and the sampling")
+    ap.add_argument("--seed", type=seed, default=0, help="seed of the weights, the prompts and the sampling")
     ap.add_argument("--show", type=int, default=4, help="requests whose tokens are printed")
     ap.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="tqdm progress bars")
     return ap

@@ -21,22 +21,12 @@ from pathlib import Path
 
 import torch
 
-from models.cli import OneLineParser
+from models.cli import OneLineParser, positive_int
 from models.engine import Engine, EngineConfig, InvalidRequest, Request, SamplingParams
 from models.engine.audio import AudioError, decoder_prompt, feature_extractor, log_mel, read_wav
 from models.engine.checkpoint import WHISPER, CheckpointError, read_checkpoint
 from models.engine.text import Tokenizer, TokenizerError
 from resplan import Backend
-
-
-def _positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
-    return n
 
 
 def parser() -> OneLineParser:
@@ -51,7 +41,7 @@ def parser() -> OneLineParser:
                                                         "chat template")  # fmt: skip
     ap.add_argument("--system", help="with --chat: a system message before each user message")
     s = ap.add_argument_group("sampling")
-    s.add_argument("--max-tokens", type=_positive, default=128, help="new tokens at most, a request (default 128)")
+    s.add_argument("--max-tokens", type=positive_int, default=128, help="new tokens at most, a request (default 128)")
     s.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
     s.add_argument("--top-p", type=float, default=1.0, help="nucleus mass, in (0, 1] (default 1)")
     s.add_argument("--top-k", type=int, default=0, help="the k most likely tokens only, 0 = off, at most 256")
@@ -68,11 +58,11 @@ def parser() -> OneLineParser:
                    help="weights and KV caches (default: the checkpoint's)")
     e.add_argument("--attention", choices=[b.value for b in Backend], default="torch",
                    help="decode attention (torch runs everywhere; fa2 and xqa need CUDA and a Qwen3.5 checkpoint)")
-    e.add_argument("--max-running", type=_positive, default=8, help="requests run at once (default 8)")
-    e.add_argument("--page-size", type=_positive, default=16, help="tokens a KV page holds (default 16)")
-    e.add_argument("--max-seq-len", type=_positive, default=None,
+    e.add_argument("--max-running", type=positive_int, default=8, help="requests run at once (default 8)")
+    e.add_argument("--page-size", type=positive_int, default=16, help="tokens a KV page holds (default 16)")
+    e.add_argument("--max-seq-len", type=positive_int, default=None,
                    help="context a request may fill (default: the longest prompt plus --max-tokens)")
-    e.add_argument("--token-budget", type=_positive, default=None,
+    e.add_argument("--token-budget", type=positive_int, default=None,
                    help="prompt tokens prefilled a step (default: whole prompts)")
     return ap
 

@@ -41,7 +41,7 @@ import torch
 
 from models.bench.arms import arm_config, frozen_heap, paired_ratio, parse_arms, planner_yardstick
 from models.bench.workload import Lengths, Sampling, Workload, WorkloadError, arrival_times, read_trace
-from models.cli import OneLineParser
+from models.cli import OneLineParser, fraction, positive_int, rate
 from models.engine import Engine
 from models.engine.adapters import MODEL_CONFIGS, build_adapter, model_context
 
@@ -52,43 +52,13 @@ COUNTERS = ("decode_steps", "mixed_steps", "prefill_steps", "prefill_passes", "p
             "tokens", "preplan_hits", "preplans")  # fmt: skip
 
 
-def _rate(text: str) -> float:
-    try:
-        r = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number (requests/s, or inf)") from None
-    if not r > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0 (or inf), got {text}")
-    return r
-
-
-def _frac(text: str) -> float:
-    try:
-        f = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 <= f <= 1:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
-    return f
-
-
-def _positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
-    return n
-
-
 def parser(prog: str = "python -m models.bench.traffic", description: str = __doc__,
            run_options: bool = True) -> OneLineParser:
     """The benchmark's options: traffic, engine and (``run_options``) rounds, warm-up and output."""
     ap = OneLineParser(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = ap.add_argument_group("traffic")
-    g.add_argument("--num-requests", type=_positive, default=None, help="requests in the workload (default 128)")
-    g.add_argument("--rate", type=_rate, default=None,
+    g.add_argument("--num-requests", type=positive_int, default=None, help="requests in the workload (default 128)")
+    g.add_argument("--rate", type=rate, default=None,
                    help="arrivals a second, Poisson; inf: all at t=0 (default inf)")
     g.add_argument("--prompt-len", default=None,
                    help="prompt lengths: fixed:N, uniform:LO,HI or lognormal:median=M,sigma=S,min=LO,max=HI "
@@ -100,12 +70,12 @@ def parser(prog: str = "python -m models.bench.traffic", description: str = __do
                    help='JSON lines, one {"arrival_s", "prompt_len", "output_len"} a request (instead of the four '
                         "options above)")
     g.add_argument("--seed", type=int, default=0, help="draws the workload (the warm-up uses seed + 1)")
-    g.add_argument("--sampled-frac", type=_frac, default=0.0, help="fraction of requests that sample (default 0)")
+    g.add_argument("--sampled-frac", type=fraction, default=0.0, help="fraction of requests that sample (default 0)")
     g.add_argument("--temperature", type=float, default=0.8, help="sampled requests' temperature")
     g.add_argument("--top-p", type=float, default=0.95, help="sampled requests' top-p")
     g.add_argument("--top-k", type=int, default=50, help="sampled requests' top-k (0 = off)")
-    g.add_argument("--stop-frac", type=_frac, default=0.0, help="fraction of requests with stop tokens (default 0)")
-    g.add_argument("--stop-tokens", type=_positive, default=4, help="stop tokens such a request carries")
+    g.add_argument("--stop-frac", type=fraction, default=0.0, help="fraction of requests with stop tokens (default 0)")
+    g.add_argument("--stop-tokens", type=positive_int, default=4, help="stop tokens such a request carries")
     e = ap.add_argument_group("engine (as in models.bench.serve)")
     e.add_argument("--model", default="qwen3_5-0.8b", help="a text model: " + ", ".join(
         m for m in MODEL_CONFIGS if m.startswith("qwen")) + " (random weights)")  # fmt: skip
@@ -113,22 +83,22 @@ def parser(prog: str = "python -m models.bench.traffic", description: str = __do
     e.add_argument("--dtype", default=None, help="bfloat16 or float32 (default: bfloat16 on cuda, float32 on cpu)")
     e.add_argument("--arms", default=None,
                    help=f"arms, comma-separated (default on cuda: {GPU_ARMS}; on cpu: {CPU_ARMS})")
-    e.add_argument("--max-running", type=_positive, default=32, help="requests admitted at once (default 32)")
-    e.add_argument("--max-bucket", type=_positive, default=None, help="widest decode bucket (default: max-running)")
-    e.add_argument("--token-budget", type=_positive, default=2048,
+    e.add_argument("--max-running", type=positive_int, default=32, help="requests admitted at once (default 32)")
+    e.add_argument("--max-bucket", type=positive_int, default=None, help="widest decode bucket (default: max-running)")
+    e.add_argument("--token-budget", type=positive_int, default=2048,
                    help="prefill tokens a step (default 2048); 0 is not allowed: use a large number for whole prompts")
-    e.add_argument("--page-size", type=_positive, default=16, help="tokens a KV page holds (default 16)")
-    e.add_argument("--num-pages", type=_positive, default=None,
+    e.add_argument("--page-size", type=positive_int, default=16, help="tokens a KV page holds (default 16)")
+    e.add_argument("--num-pages", type=positive_int, default=None,
                    help="KV pages (sink included; default: every running request at the context)")
-    e.add_argument("--max-seq-len", type=_positive, default=None,
+    e.add_argument("--max-seq-len", type=positive_int, default=None,
                    help="the engine's context (default: the longest prompt + output of the workload)")
     e.add_argument("--prefill-graphs", type=int, default=4,
                    help="prefill pass shapes kept as CUDA graphs, captured at a shape's second pass (0: eager)")
-    e.add_argument("--prefill-graph-tokens", type=_positive, default=8192, help="longer passes stay eager")
+    e.add_argument("--prefill-graph-tokens", type=positive_int, default=8192, help="longer passes stay eager")
     if not run_options:
         return ap
     r = ap.add_argument_group("run")
-    r.add_argument("--rounds", type=_positive, default=2, help="rounds; the arm order reverses every other round")
+    r.add_argument("--rounds", type=positive_int, default=2, help="rounds; the arm order reverses every other round")
     r.add_argument("--warmup", type=int, default=None,
                    help="warm-up requests per arm, same distributions, at most 16 new tokens (default 2 x max-running)")
     r.add_argument("--out", type=Path, required=True, help="folder for results.md, results.json and the plots")
