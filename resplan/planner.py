@@ -27,6 +27,8 @@ def plan(state: PlannerState, step: Step, streams: HostStreams) -> tuple[Planner
         raise PlanError(f"bucket {step.bucket} is not captured; captured buckets are {[b.size for b in cfg.buckets]}")
     if step.seq <= state.last_seq:
         raise PlanError(f"step seq {step.seq} is not after the last planned step {state.last_seq}")
+    if step.seq <= state.committed_seq:  # its reads would count as committed: a release would free its slots at once
+        raise PlanError(f"step seq {step.seq} is not after the committed step {state.committed_seq}")
     if state.committed_seq < state.prev_seq:
         raise PlanError(
             f"step {step.seq} planned while steps {state.prev_seq} and {state.last_seq} are both uncommitted; "

@@ -265,6 +265,24 @@ def test_planning_behind_two_uncommitted_steps_is_refused():
     plan(st, Step(np.array([0]), 1, 2), hs)
 
 
+def test_a_plan_at_or_below_the_committed_seq_is_refused():
+    """A host-planned step committed seq 5 without a plan of its own. A plan numbered 5 or lower would read slots as if
+    that step had committed already: a release of one of its rows would free the slot at once, while the step has
+    not run, and the next plan could hand it out."""
+    lay = qwen_like()
+    st = build_planner(lay, bucket_plans(lay, (1,)), 4)
+    hs = HostStreams.zeros(lay, 4)
+    hs.kv["kv"].lengths[:] = 1
+    st, _ = plan(st, Step(np.array([0]), 1, 0), hs)
+    st = commit(st, 5)
+    for seq in (3, 5):
+        with pytest.raises(PlanError, match=f"step seq {seq} is not after the committed step 5"):
+            plan(st, Step(np.array([1]), 1, seq), hs)
+    st, _ = plan(st, Step(np.array([1]), 1, 6), hs)
+    slot = st.slot(1)
+    assert slot not in release(st, 1).free().tolist()  # step 6 has not committed: the slot cools
+
+
 # -- bad input: a clear error, nothing changed --------------------------------------------------------------------
 def test_a_step_larger_than_its_bucket_is_refused():
     with pytest.raises(ValueError, match="does not fit bucket 2"):
