@@ -21,6 +21,7 @@ from resplan.layout import (
     ColumnKind,
     KVPool,
     RowLayout,
+    SamplerCell,
     Span,
     StreamMode,
     bits_float,
@@ -36,7 +37,7 @@ __all__ = [
     "SAMPLER_CELLS", "SINK_PAGE", "SINK_SLOT", "TRASH_ROW", "Backend", "BucketPlan", "CaptureError", "CaptureProblem",
     "Column", "ColumnKind", "Executor", "FlushProgram", "Graph", "HostStreams", "KVPool", "KVStreams", "KernelImpl",
     "Mismatch", "PlanError", "PlannerConfig", "PlannerState", "Refusal", "ResidentStream", "ResourceInfo",
-    "ResourceKind", "RowLayout", "Segment", "Span", "Step", "StepBuffers", "StreamMode", "bits_float",
+    "ResourceKind", "RowLayout", "SamplerCell", "Segment", "Span", "Step", "StepBuffers", "StreamMode", "bits_float",
     "build_planner", "capture_streams", "commit", "float_bits", "mark_stale", "offload", "plan", "release",
     "resident_refusal", "row_check",
 ]

@@ -20,7 +20,16 @@ SINK_PAGE = 0  # page 0 of every pool: padding rows read and write it
 SINK_SLOT = 0  # recurrent slot 0: padding rows read and write it
 TRASH_ROW = 0  # store row 0: all zero, what padding entries of a slot row point at
 
-SAMPLER_CELLS = ("temperature", "top_p", "top_k", "seed")  # temperature and top_p are float32 bit patterns
+class SamplerCell(enum.IntEnum):
+    """The sampler's cells of a row, in order (an index into them): temperature and top_p are float32 bit patterns."""
+
+    TEMPERATURE = 0
+    TOP_P = 1
+    TOP_K = 2  # 0 = off
+    SEED = 3
+
+
+SAMPLER_CELLS = tuple(c.name.lower() for c in SamplerCell)  # their names, in order
 
 
 class StreamMode(enum.Enum):

@@ -11,13 +11,14 @@ from sim import expected_buffers
 from models.engine import AdmitRefusal, AdmitRefused, PagePool, Sampler, decode_buckets, recurrent_pool
 from models.engine.host_arm import HostFill
 from models.engine.sampler import hash32
-from resplan import SAMPLER_CELLS, HostStreams, KVPool, RowLayout, StepBuffers, StreamMode, float_bits
+from resplan import HostStreams, KVPool, RowLayout, SamplerCell, StepBuffers, StreamMode, float_bits
 
 
 # -- sampler -----------------------------------------------------------------------------------------------------------
 def _cells(b: int, temperature=0.0, top_p=1.0, top_k=0, seed=0) -> torch.Tensor:
-    c = np.zeros((b, len(SAMPLER_CELLS)), np.int32)
-    c[:, 0], c[:, 1], c[:, 2], c[:, 3] = float_bits(temperature), float_bits(top_p), top_k, seed
+    c = np.zeros((b, len(SamplerCell)), np.int32)
+    c[:, SamplerCell.TEMPERATURE], c[:, SamplerCell.TOP_P] = float_bits(temperature), float_bits(top_p)
+    c[:, SamplerCell.TOP_K], c[:, SamplerCell.SEED] = top_k, seed
     return torch.from_numpy(c)
 
 

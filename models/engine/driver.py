@@ -73,6 +73,7 @@ from resplan import (
     PlannerState,
     ResidentStream,
     RowLayout,
+    SamplerCell,
     Step,
     StreamMode,
     build_planner,
@@ -622,10 +623,10 @@ class Engine:
             s.epoch[h] += 1
         st.pos_offset[h] = 0
         sp = pend.request.sampling
-        st.sampler[h, 0] = float_bits(sp.temperature)
-        st.sampler[h, 1] = float_bits(sp.top_p)
-        st.sampler[h, 2] = sp.top_k
-        st.sampler[h, 3] = sp.seed
+        st.sampler[h, SamplerCell.TEMPERATURE] = float_bits(sp.temperature)
+        st.sampler[h, SamplerCell.TOP_P] = float_bits(sp.top_p)
+        st.sampler[h, SamplerCell.TOP_K] = sp.top_k
+        st.sampler[h, SamplerCell.SEED] = sp.seed
         self.sampling[h] = sp.temperature > 0
         self.gen[h] = 0
         self.max_tokens[h] = sp.max_tokens

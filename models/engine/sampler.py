@@ -1,6 +1,6 @@
 """In-graph sampling from logits and a bucket's sampler cells: no host sync, no ``.item()``, static shapes.
 
-Cells per row (``resplan.SAMPLER_CELLS``): temperature and top_p as float32 bit patterns, top_k (0 = off), seed.
+Cells per row (``resplan.SamplerCell``): temperature and top_p as float32 bit patterns, top_k (0 = off), seed.
 ``temperature == 0`` is greedy (argmax, first index on ties). Otherwise the logits are divided by the temperature, cut
 to the top-k, then to the smallest head of the sorted distribution whose mass reaches top_p, and one token is drawn by
 Gumbel-max with noise from a counter-based hash of (seed, position, token id) in torch integer ops. Sampling looks at
@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from models.engine.requests import CANDIDATES  # tokens a sampled row can draw from: the most likely ones
+from resplan.layout import SamplerCell
 
 M32 = 0xFFFFFFFF
 
@@ -53,9 +54,9 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, cells: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         logits = logits.float()
-        temp = cells[:, 0].view(torch.float32)  # [b]
-        top_p = cells[:, 1].view(torch.float32)  # [b]
-        top_k = cells[:, 2].long()  # [b]
+        temp = cells[:, SamplerCell.TEMPERATURE].view(torch.float32)  # [b]
+        top_p = cells[:, SamplerCell.TOP_P].view(torch.float32)  # [b]
+        top_k = cells[:, SamplerCell.TOP_K].long()  # [b]
         greedy = logits.argmax(-1)  # [b]
         scaled = logits / torch.where(temp > 0, temp, 1.0)[:, None]  # [b, V]
         K = min(self.vocab_size, CANDIDATES)
@@ -66,7 +67,8 @@ class Sampler:
         before = probs.cumsum(-1) - probs  # mass strictly ahead of each sorted token
         keep &= before < top_p[:, None]
         keep[:, 0] = True
-        noise = -torch.log(-torch.log(uniforms(cells[:, 3], positions, self.salt[idx])))  # [b, K] by token id
+        seeds = cells[:, SamplerCell.SEED]  # [b]
+        noise = -torch.log(-torch.log(uniforms(seeds, positions, self.salt[idx])))  # [b, K] by token id
         score = torch.where(keep, vals + noise, float("-inf"))
         drawn = idx.gather(1, score.argmax(-1, keepdim=True))[:, 0]  # [b]
         return torch.where(temp > 0, drawn, greedy)
