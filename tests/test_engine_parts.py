@@ -169,3 +169,24 @@ def test_demo_runs_both_arms(capsys):
     assert "row check (steps, mismatches)" in out
     overlapped = next(line for line in out.splitlines() if line.startswith("overlapped steps"))
     assert int(overlapped.split()[-3]) > 0 and overlapped.split()[-1] == "off"  # resident overlaps, host never
+
+
+# -- pool layout -------------------------------------------------------------------------------------------------------
+def test_pool_layout_derives_widths_and_page_counts_from_the_models_pools():
+    """Whisper's pools: "self" APPEND (streams up to the engine's context, num_pages when given), "cross" READ (its
+    own limit, room for every running request); one pool too small for a request is refused naming it."""
+    from models.engine.pools import pool_layout
+    from models.whisper import WhisperModel
+    from models.whisper.config import tiny
+
+    specs = WhisperModel(tiny).kv_pool_specs()
+    layout, counts = pool_layout(specs, page_size=4, max_running=3, max_seq_len=32, num_pages=None,
+                                 positions_pool="self", recurrent=False)  # fmt: skip
+    assert counts == {"self": 3 * 8 + 1, "cross": 3 * 6 + 1}  # 32 / 4 pages; 24 encoder tokens / 4
+    assert [(p.key, p.max_seq_len, p.mode.value) for p in layout.pools] == [("self", 32, "append"),
+                                                                            ("cross", 24, "read")]  # fmt: skip
+    assert layout.span("self").width == 8 and layout.span("cross").width == 6
+    _, counts = pool_layout(specs, 4, 3, 32, num_pages=12, positions_pool="self", recurrent=False)
+    assert counts == {"self": 12, "cross": 19}  # num_pages is the APPEND pools'
+    with pytest.raises(ValueError, match="pool 'self': 7 usable pages cannot hold one request of 32 tokens"):
+        pool_layout(specs, 4, 3, 32, num_pages=8, positions_pool="self", recurrent=False)

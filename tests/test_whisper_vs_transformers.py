@@ -254,7 +254,7 @@ def test_pool_specs(ours):
         "read",
     )
     for s in (self_spec, cross_spec):
-        assert (s.n_layers, s.n_kv_heads, s.head_dim) == (CFG.decoder_layers, CFG.decoder_attention_heads, 16)
+        assert (s.num_layers, s.n_kv_heads, s.head_dim) == (CFG.decoder_layers, CFG.decoder_attention_heads, 16)
     state = ours.allocate_state({"self": 5, "cross": 3}, {"self": 4, "cross": 8})
     assert [tuple(t.shape) for t in state["self"]] == [(5, 2, 4, 4, 16)] * CFG.decoder_layers
     assert [tuple(t.shape) for t in state["cross"]] == [(3, 2, 8, 4, 16)] * CFG.decoder_layers

@@ -1,7 +1,7 @@
 """The serving engine: request validation, pools, scheduler, sampler, model adapters, and the decode loop driver
 with its two planning arms (resident through resplan, and the host-planned baseline)."""
 
-from models.engine.adapters import MODELS, Adapter, PoolDecl, QwenAdapter, WhisperAdapter, build_adapter
+from models.engine.adapters import MODELS, Adapter, QwenAdapter, WhisperAdapter, build_adapter
 from models.engine.driver import Engine, EngineConfig, EngineStats, Planning
 from models.engine.host_arm import HostFill
 from models.engine.pools import AdmitRefusal, AdmitRefused, AdmitTxn, PagePool, SlotPool, handle_pool, recurrent_pool
@@ -12,6 +12,6 @@ from models.engine.scheduler import DEFAULT_BUCKETS, Batch, Chunk, Order, Schedu
 __all__ = [
     "DEFAULT_BUCKETS", "MODELS", "Adapter", "AdmitRefusal", "AdmitRefused", "AdmitTxn", "Batch", "Chunk", "Engine",
     "EngineConfig", "EngineStats", "FinishReason", "HostFill", "InvalidRequest", "Limits", "Order", "PagePool",
-    "Planning", "PoolDecl", "QwenAdapter", "Request", "Result", "Sampler", "SamplingParams", "Scheduler", "SlotPool",
+    "Planning", "QwenAdapter", "Request", "Result", "Sampler", "SamplingParams", "Scheduler", "SlotPool",
     "Status", "WhisperAdapter", "build_adapter", "decode_buckets", "handle_pool", "recurrent_pool", "validate",
 ]

@@ -14,6 +14,7 @@ import attrs
 import torch
 
 from models.engine.requests import InvalidRequest, Request
+from models.layers.specs import KVPoolSpec
 from models.qwen3_5 import KV_POOL, PrefillChunk, Qwen35Model
 from models.qwen3_5 import config as qwen_config
 from models.qwen3_5.config import Qwen35Config
@@ -36,29 +37,20 @@ class PrefillInput:
     pos_offset: int
 
 
-@attrs.frozen
-class PoolDecl:
-    """A KV pool as the model declares it: its key, how decode uses it, and the longest stream the model allows."""
-
-    key: str
-    mode: StreamMode
-    max_seq_len: int
-
-
 class Adapter:
     """The engine's view of a model. Subclasses fill in the family-specific parts."""
 
     name: str
     model: torch.nn.Module
     vocab_size: int
-    pools: tuple[PoolDecl, ...]
+    pools: tuple[KVPoolSpec, ...]  # the model's KV pools (Model.kv_pool_specs)
     positions_pool: str
     recurrent: bool
     eos_token_ids: tuple[int, ...] = ()  # tokens every request stops on unless it ignores EOS (from a checkpoint)
     checkpoint = None  # the models.engine.checkpoint.Checkpoint it was loaded from; None for random weights
 
     @property
-    def append_pools(self) -> tuple[PoolDecl, ...]:
+    def append_pools(self) -> tuple[KVPoolSpec, ...]:
         return tuple(p for p in self.pools if p.mode is StreamMode.APPEND)
 
     @property
@@ -133,7 +125,7 @@ class QwenAdapter(Adapter):
         self.model = model
         cfg = model.cfg
         self.vocab_size = cfg.vocab_size
-        self.pools = (PoolDecl(KV_POOL, StreamMode.APPEND, cfg.max_position_embeddings),)
+        self.pools = model.kv_pool_specs()
         self.positions_pool = KV_POOL
         self.recurrent = True
 
@@ -176,10 +168,7 @@ class WhisperAdapter(Adapter):
         self.model = model
         cfg = model.cfg
         self.vocab_size = cfg.vocab_size
-        self.pools = (
-            PoolDecl(SELF, StreamMode.APPEND, cfg.max_target_positions),
-            PoolDecl(CROSS, StreamMode.READ, cfg.max_source_positions),
-        )
+        self.pools = model.kv_pool_specs()
         self.positions_pool = SELF
         self.recurrent = False
 

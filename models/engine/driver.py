@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import enum
 import itertools
-import math
 import time
 from collections.abc import Callable, Iterable
 from functools import partial
@@ -56,7 +55,7 @@ import torch
 
 from models.engine.adapters import Adapter, PrefillInput
 from models.engine.host_arm import HostFill
-from models.engine.pools import AdmitRefused, AdmitTxn, Crossing, PagePool, handle_pool, recurrent_pool
+from models.engine.pools import AdmitRefused, AdmitTxn, Crossing, PagePool, handle_pool, pool_layout, recurrent_pool
 from models.engine.prefill_graphs import PrefillGraphs
 from models.engine.requests import FinishReason, InvalidRequest, Limits, Request, Result, validate
 from models.engine.sampler import Sampler
@@ -68,14 +67,11 @@ from resplan import (
     FlushProgram,
     Graph,
     HostStreams,
-    KVPool,
     Mismatch,
     PlannerState,
     ResidentStream,
-    RowLayout,
     SamplerCell,
     Step,
-    StreamMode,
     build_planner,
     commit,
     float_bits,
@@ -254,20 +250,9 @@ class Engine:
             raise ValueError(f"max_bucket {cfg.max_bucket} is more than max_running {H}: no step has more rows than "
                              "running requests")  # fmt: skip
         # -- pools and layout ----------------------------------------------------------------------------------------
-        kv_pools, self.page_pools = [], {}
-        for d in adapter.pools:
-            append = d.mode is StreamMode.APPEND
-            longest = self.max_seq_len if append else d.max_seq_len
-            width = math.ceil(longest / ps)
-            n = cfg.num_pages if append and cfg.num_pages is not None else H * width + 1
-            if n - 1 < width:
-                raise ValueError(
-                    f"pool {d.key!r}: {n - 1} usable pages cannot hold one request of {longest} tokens "
-                    f"({width} pages of {ps}); raise num_pages or lower max_seq_len"
-                )
-            kv_pools.append(KVPool(d.key, ps, n, longest, d.mode))
-            self.page_pools[d.key] = PagePool(d.key, n, ps)
-        self.layout = RowLayout(tuple(kv_pools), adapter.positions_pool, recurrent=adapter.recurrent, sampler=True)
+        self.layout, counts = pool_layout(adapter.pools, ps, H, self.max_seq_len, cfg.num_pages, adapter.positions_pool,
+                                          adapter.recurrent)  # fmt: skip
+        self.page_pools = {k: PagePool(k, n, ps) for k, n in counts.items()}
         self.append_keys = tuple(p.key for p in self.layout.append_pools)
         self.read_keys = tuple(p.key for p in self.layout.read_pools)
         self.streams = HostStreams.zeros(self.layout, H)

@@ -5,9 +5,40 @@ none left; an AdmitTxn records what one step's admit took so that a refusal can 
 from __future__ import annotations
 
 import enum
+import math
 
 import attrs
 import numpy as np
+
+from models.layers.specs import KVPoolSpec
+from resplan import RowLayout, StreamMode
+
+
+def pool_layout(
+    specs: tuple[KVPoolSpec, ...],
+    page_size: int,
+    max_running: int,
+    max_seq_len: int,
+    num_pages: int | None,
+    positions_pool: str,
+    recurrent: bool,
+) -> tuple[RowLayout, dict[str, int]]:
+    """The row layout of a model's pools and each pool's page count (sink included). An APPEND pool's streams hold up
+    to ``max_seq_len`` tokens, a READ pool's up to its own limit; an APPEND pool has ``num_pages`` pages, or by
+    default room for every running request at its longest stream, a READ pool always that. ValueError when a pool
+    cannot hold one request's longest stream."""
+    pools, counts = [], {}
+    for spec in specs:
+        append = spec.mode is StreamMode.APPEND
+        longest = max_seq_len if append else spec.max_seq_len
+        width = math.ceil(longest / page_size)
+        n = num_pages if append and num_pages is not None else max_running * width + 1
+        if n - 1 < width:
+            raise ValueError(f"pool {spec.key!r}: {n - 1} usable pages cannot hold one request of {longest} tokens "
+                             f"({width} pages of {page_size}); raise num_pages or lower max_seq_len")  # fmt: skip
+        pools.append(spec.layout_pool(page_size, n, longest))
+        counts[spec.key] = n
+    return RowLayout(tuple(pools), positions_pool, recurrent=recurrent, sampler=True), counts
 
 
 class AdmitRefusal(enum.Enum):

@@ -1,23 +1,43 @@
-"""What a model asks of the state pools: KV pools (paged) and recurrent pools (one slot per request)."""
+"""What a model asks of the state pools: KV pools (paged) and recurrent pools (one slot per request). A model declares
+its pools with these records once; the engine derives its row layout and page counts from them
+(``models.engine.pools.pool_layout``) and allocates the caches they describe."""
 
 from __future__ import annotations
 
 import attrs
 import torch
 
+from models.layers.paged import allocate_kv
+from resplan.layout import KVPool, StreamMode
+
 
 @attrs.frozen
 class KVPoolSpec:
-    """A paged KV pool shared by ``num_layers`` layers; per layer [num_pages, 2, page_size, n_kv_heads, head_dim]."""
+    """A paged KV pool of ``num_layers`` layers, one cache each [num_pages, 2, page_size, n_kv_heads, head_dim], whose
+    streams hold at most ``max_seq_len`` tokens; decode appends to it (APPEND) or only reads it (READ: a
+    cross-attention context)."""
 
     key: str
+    mode: StreamMode
     num_layers: int
     n_kv_heads: int
     head_dim: int
+    max_seq_len: int
+
+    def layout_pool(self, page_size: int, num_pages: int, max_seq_len: int | None = None) -> KVPool:
+        """The row layout's view of this pool at a page size and page count (page 0 the sink), its streams up to
+        ``max_seq_len`` tokens (default: the model's limit)."""
+        return KVPool(self.key, page_size, num_pages, self.max_seq_len if max_seq_len is None else max_seq_len,
+                      self.mode)  # fmt: skip
 
     def bytes_per_token(self, dtype: torch.dtype) -> int:
         """K and V of one token over all the pool's layers."""
         return 2 * self.num_layers * self.n_kv_heads * self.head_dim * dtype.itemsize
+
+    def allocate(self, num_pages: int, page_size: int, *, device, dtype) -> tuple[torch.Tensor, ...]:
+        """Zeroed caches, one a layer."""
+        return tuple(allocate_kv(num_pages, page_size, self.n_kv_heads, self.head_dim, dtype=dtype, device=device)
+                     for _ in range(self.num_layers))  # fmt: skip
 
 
 @attrs.frozen

@@ -15,7 +15,6 @@ from torch import nn
 from models.layers.fused import PendingNorm, Residual, decode_linear
 from models.layers.mlp import SwiGLU
 from models.layers.norms import ZeroCenteredRMSNorm
-from models.layers.paged import allocate_kv
 from models.layers.rope import PartialRotary
 from models.layers.specs import KVPoolSpec, RecurrentSpec
 from models.layers.varlen import Segments
@@ -23,6 +22,7 @@ from models.qwen3_5.attention import GatedAttention
 from models.qwen3_5.config import LINEAR, Qwen35Config
 from models.qwen3_5.linear_attention import GatedDeltaNet
 from models.qwen3_5.state import Qwen35State
+from resplan.layout import StreamMode
 
 KV_POOL = "kv"  # the one KV pool: every full-attention layer pages through it with the same block table
 
@@ -118,9 +118,10 @@ class Qwen35Model(nn.Module):
 
     # -- pools -------------------------------------------------------------------------------------------------------
     def kv_pool_specs(self) -> tuple[KVPoolSpec, ...]:
-        """One paged pool, "kv", shared by every full-attention layer."""
+        """One paged pool, "kv", shared by every full-attention layer, appended to by decode."""
         c = self.cfg
-        return (KVPoolSpec(KV_POOL, len(c.full_layers), c.num_key_value_heads, c.head_dim),)
+        return (KVPoolSpec(KV_POOL, StreamMode.APPEND, len(c.full_layers), c.num_key_value_heads, c.head_dim,
+                           c.max_position_embeddings),)  # fmt: skip
 
     def recurrent_specs(self) -> tuple[RecurrentSpec, ...]:
         """Per GDN layer: conv state (conv_dim, K) and SSM state (hv, dk, dv) float32."""
@@ -136,10 +137,7 @@ class Qwen35Model(nn.Module):
         if num_pages < 2 or num_rec_slots < 2:
             raise ValueError("need >= 2 pages and >= 2 recurrent slots (page 0 and slot 0 are sinks)")
         (kv_spec,) = self.kv_pool_specs()
-        kv = tuple(
-            allocate_kv(num_pages, page_size, kv_spec.n_kv_heads, kv_spec.head_dim, dtype=dtype, device=device)
-            for _ in range(kv_spec.num_layers)
-        )
+        kv = kv_spec.allocate(num_pages, page_size, device=device, dtype=dtype)
         rec = self.recurrent_specs()
         conv = tuple(torch.zeros(num_rec_slots, *s.conv_shape, dtype=dtype, device=device) for s in rec)
         ssm = tuple(torch.zeros(num_rec_slots, *s.ssm_shape, dtype=s.ssm_dtype, device=device) for s in rec)

@@ -2,11 +2,10 @@
 
 from models.whisper.config import CONFIGS, WhisperConfig, get_config, tiny, whisper_large_v3, whisper_tiny
 from models.whisper.model import WhisperModel
-from models.whisper.pools import KVPoolSpec, PagedState
+from models.whisper.pools import PagedState
 
 __all__ = [
     "CONFIGS",
-    "KVPoolSpec",
     "PagedState",
     "WhisperConfig",
     "WhisperModel",

@@ -13,10 +13,11 @@ import torch
 from torch import nn
 
 from models.layers.paged import write_kv
+from models.layers.specs import KVPoolSpec
 from models.whisper.config import WhisperConfig
 from models.whisper.decoder import CROSS, SELF, Decoder, PrefillChunk
 from models.whisper.encoder import Encoder, sinusoids
-from models.whisper.pools import KVPoolSpec, PagedState, allocate_pools
+from models.whisper.pools import PagedState, allocate_pools
 from resplan.buffers import StepBuffers
 from resplan.layout import StreamMode
 
