@@ -32,7 +32,7 @@ from models.engine import (
 )
 from models.engine.adapters import model_context
 from models.engine.compare import random_requests, run_arms
-from resplan import Backend
+from models.layers.decode_attention import Backend
 
 
 def _range(text: str) -> tuple[int, int]:

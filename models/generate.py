@@ -26,7 +26,7 @@ from models.engine import Engine, EngineConfig, InvalidRequest, Request, Samplin
 from models.engine.audio import AudioError, decoder_prompt, feature_extractor, log_mel, read_wav
 from models.engine.checkpoint import WHISPER, CheckpointError, read_checkpoint
 from models.engine.text import Tokenizer, TokenizerError
-from resplan import Backend
+from models.layers.decode_attention import Backend
 
 
 def parser() -> OneLineParser:

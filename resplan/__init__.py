@@ -28,13 +28,13 @@ from resplan.layout import (
     float_bits,
 )
 from resplan.planner import commit, mark_stale, offload, plan, release
-from resplan.records import Backend, BucketPlan, FlushProgram, ResidentStream, Step
+from resplan.records import BucketPlan, FlushProgram, ResidentStream, Step
 from resplan.rowcheck import Mismatch, row_check
 from resplan.state import PlanError, PlannerConfig, PlannerState, build_planner
 from resplan.streams import HostStreams, KVStreams
 
 __all__ = [
-    "SAMPLER_CELLS", "SINK_PAGE", "SINK_SLOT", "TRASH_ROW", "Backend", "BucketPlan", "CaptureError", "CaptureProblem",
+    "SAMPLER_CELLS", "SINK_PAGE", "SINK_SLOT", "TRASH_ROW", "BucketPlan", "CaptureError", "CaptureProblem",
     "Column", "ColumnKind", "Executor", "FlushProgram", "Graph", "HostStreams", "KVPool", "KVStreams", "KernelImpl",
     "Mismatch", "PlanError", "PlannerConfig", "PlannerState", "Refusal", "ResidentStream", "ResourceInfo",
     "ResourceKind", "RowLayout", "SamplerCell", "Segment", "Span", "Step", "StepBuffers", "StreamMode", "bits_float",

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import enum
-
 import attrs
 import numpy as np
 
@@ -18,25 +16,13 @@ class ResidentStream:
     mode: StreamMode
 
 
-class Backend(enum.Enum):
-    """How a bucket's attention finds its pages."""
-
-    TORCH = "torch"  # plain-torch paged attention reading the gathered tables (CPU, tests): no host plan
-    FA2 = "fa2"  # FlashInfer's fa2 decode wrapper: plan() on the host every step a page count changes
-    XQA = "xqa"  # FlashInfer XQA (sm_90): reads the gathered block table and lengths in the graph, no plan
-    TRITON = "triton"  # our split-KV Triton kernel (kernels/paged_decode.py): reads them in the graph too, no plan
-
-
-HOST_PLAN_FREE = frozenset({Backend.TORCH, Backend.XQA, Backend.TRITON})
-
-
-@attrs.frozen
+@attrs.frozen(cache_hash=True)  # it keys the captured graphs a step looks up
 class BucketPlan:
-    """A captured decode bucket: its size, the stream record of every resource, and whether it needs a host plan."""
+    """A captured decode bucket: its size, the stream record of every resource, and whether it needs a host plan
+    (False when every attention of the bucket reads its pages off the gathered tables)."""
 
     size: int = attrs.field()
     streams: tuple[tuple[str, ResidentStream], ...] = attrs.field()  # (resource key, record), sorted by key
-    backend: Backend = attrs.field()
     host_plan_free: bool = attrs.field()
 
     @size.validator
@@ -44,15 +30,9 @@ class BucketPlan:
         if value <= 0:
             raise ValueError(f"bucket size must be > 0, got {value}")
 
-    @host_plan_free.validator
-    def _check_free(self, _attribute, value: bool) -> None:
-        if value and self.backend not in HOST_PLAN_FREE:
-            raise ValueError(f"bucket {self.size}: backend {self.backend.value} plans on the host; it cannot be free")
-
     @classmethod
-    def build(cls, size: int, streams: dict[str, ResidentStream], backend: Backend) -> BucketPlan:
-        """A bucket is host-plan-free exactly when its attention reads the gathered tables itself."""
-        return cls(size, tuple(sorted(streams.items())), backend, backend in HOST_PLAN_FREE)
+    def build(cls, size: int, streams: dict[str, ResidentStream], host_plan_free: bool) -> BucketPlan:
+        return cls(size, tuple(sorted(streams.items())), host_plan_free)
 
     def stream(self, key: str) -> ResidentStream:
         for k, s in self.streams:

@@ -8,7 +8,6 @@ import numpy as np
 
 from resplan import (
     SAMPLER_CELLS,
-    Backend,
     BucketPlan,
     Executor,
     Graph,
@@ -46,7 +45,7 @@ def whisper_like(page_size: int = 4, pages: int = 64, max_seq_len: int = 48, ctx
 
 def bucket_plans(layout: RowLayout, sizes) -> list[BucketPlan]:
     streams = {p.key: ResidentStream("decode", p.mode) for p in layout.pools}
-    return [BucketPlan.build(b, streams, Backend.TORCH) for b in sizes]
+    return [BucketPlan.build(b, streams, host_plan_free=True) for b in sizes]
 
 
 def expected_buffers(layout: RowLayout, streams: HostStreams, handles: np.ndarray, bucket: int) -> dict:

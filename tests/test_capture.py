@@ -7,8 +7,8 @@ import math
 import pytest
 from sim import bucket_plans, qwen_like, whisper_like
 
+from models.layers.decode_attention import Backend
 from resplan import (
-    Backend,
     BucketPlan,
     CaptureError,
     CaptureProblem,
@@ -65,32 +65,26 @@ def test_a_pool_needs_a_sink_page_and_one_more():
 
 
 # -- bucket plans -----------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("backend,free", [(Backend.TORCH, True), (Backend.XQA, True), (Backend.FA2, False)],
-                         ids=["torch", "xqa", "fa2"])
-def test_a_bucket_is_host_plan_free_exactly_when_its_attention_reads_the_tables(backend, free):
-    plan = BucketPlan.build(8, {"kv": ResidentStream("decode", StreamMode.APPEND)}, backend)
-    assert plan.host_plan_free is free
-
-
-def test_a_planning_backend_cannot_claim_to_be_plan_free():
-    with pytest.raises(ValueError, match="fa2 plans on the host"):
-        BucketPlan(8, (("kv", ResidentStream("decode", StreamMode.APPEND)),), Backend.FA2, True)
+@pytest.mark.parametrize("backend,free", [(Backend.TORCH, True), (Backend.XQA, True), (Backend.TRITON, True),
+                                          (Backend.FA2, False)], ids=["torch", "xqa", "triton", "fa2"])  # fmt: skip
+def test_an_attention_is_host_plan_free_exactly_when_it_reads_the_tables(backend, free):
+    assert backend.host_plan_free is free
 
 
 def test_bucket_plans_are_hashable_and_key_by_static_fields():
-    a = BucketPlan.build(4, {"kv": ResidentStream("decode", StreamMode.APPEND)}, Backend.XQA)
-    b = BucketPlan.build(4, {"kv": ResidentStream("decode", StreamMode.APPEND)}, Backend.XQA)
+    a = BucketPlan.build(4, {"kv": ResidentStream("decode", StreamMode.APPEND)}, True)
+    b = BucketPlan.build(4, {"kv": ResidentStream("decode", StreamMode.APPEND)}, True)
     assert a == b and hash(a) == hash(b) and len({a, b}) == 1
 
 
 def test_a_planner_refuses_buckets_whose_streams_disagree_with_the_layout():
     lay = whisper_like()
     wrong = [BucketPlan.build(2, {"self": ResidentStream("d", StreamMode.APPEND),
-                                  "cross": ResidentStream("d", StreamMode.APPEND)}, Backend.TORCH)]
+                                  "cross": ResidentStream("d", StreamMode.APPEND)}, True)]
     with pytest.raises(ValueError, match="pool 'cross' is append in its stream record but read in the layout"):
         build_planner(lay, wrong, 8)
     with pytest.raises(ValueError, match="no stream record for pools"):
-        build_planner(lay, [BucketPlan.build(2, {"self": ResidentStream("d", StreamMode.APPEND)}, Backend.TORCH)], 8)
+        build_planner(lay, [BucketPlan.build(2, {"self": ResidentStream("d", StreamMode.APPEND)}, True)], 8)
 
 
 def test_a_planner_is_sized_from_the_widest_bucket():

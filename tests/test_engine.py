@@ -12,7 +12,7 @@ import torch
 from kernels.runtime import interpreted
 from models.engine import EngineConfig, Order, Planning, build_adapter
 from models.engine.compare import check_pools, random_requests, run_arms
-from resplan import Backend
+from models.layers.decode_attention import Backend
 
 R, H = Planning.RESIDENT, Planning.HOST
 QWEN = build_adapter("qwen3_5-tiny", seed=0)

@@ -9,7 +9,7 @@ import torch
 
 from models.engine import EngineConfig, Planning, build_adapter
 from models.engine.compare import random_requests, run_arms
-from resplan import Backend
+from models.layers.decode_attention import Backend
 
 pytestmark = pytest.mark.gpu
 R, H = Planning.RESIDENT, Planning.HOST

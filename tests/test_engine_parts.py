@@ -3,6 +3,7 @@ planner tests' independent expectation), the bucket list, and the demo's command
 
 from __future__ import annotations
 
+import attrs
 import numpy as np
 import pytest
 import torch
@@ -190,3 +191,45 @@ def test_pool_layout_derives_widths_and_page_counts_from_the_models_pools():
     assert counts == {"self": 12, "cross": 19}  # num_pages is the APPEND pools'
     with pytest.raises(ValueError, match="pool 'self': 7 usable pages cannot hold one request of 32 tokens"):
         pool_layout(specs, 4, 3, 32, num_pages=8, positions_pool="self", recurrent=False)
+
+
+# -- capture plans -----------------------------------------------------------------------------------------------------
+def test_the_engines_bucket_plans_come_from_the_adapters_decode_walk():
+    """Whisper's walk appends to "self" and only reads "cross" (the records capture_streams gives); the captured
+    graphs are keyed by those plans."""
+    from models.engine import Engine, EngineConfig, build_adapter
+
+    e = Engine(build_adapter("whisper-test"), EngineConfig(page_size=4, max_seq_len=32, max_running=2))
+    assert e.refusal is None and e.resident
+    plan = e.plans[2]
+    assert [(k, s.label, s.mode.value) for k, s in plan.streams] == [("cross", "decode", "read"),
+                                                                     ("self", "decode", "append")]  # fmt: skip
+    assert plan.host_plan_free and set(e.graphs) == {(e.plans[b], g) for b in e.buckets for g in (False, True)}
+
+
+def test_a_resource_that_refuses_resident_planning_keeps_the_engine_host_planned(caplog):
+    """A KV pool with a sliding window cannot keep rows on the device: asked for the resident arm, the engine builds
+    host-planned, says why once, and serves what the host arm serves."""
+    import logging
+
+    from models.engine import Engine, EngineConfig, Planning, QwenAdapter
+    from models.engine.compare import random_requests
+    from resplan import CaptureProblem, ResourceInfo, ResourceKind
+
+    class Windowed(QwenAdapter):
+        def resources(self):
+            return {**super().resources(), "kv": ResourceInfo("kv", ResourceKind.KV, sliding_window=64)}
+
+    from test_engine import QWEN
+
+    windowed = Windowed("qwen3_5-tiny", QWEN.model)
+    cfg = EngineConfig(page_size=4, max_seq_len=32, max_running=4)
+    with caplog.at_level(logging.WARNING, logger="models.engine.driver"):
+        e = Engine(windowed, attrs.evolve(cfg, planning=Planning.RESIDENT))
+    assert not e.resident and e.state is None and e.refusal.problem is CaptureProblem.REFUSED
+    assert [r.getMessage() for r in caplog.records].count(
+        f"qwen3_5-tiny: resident planning refused, the engine is host-planned: {e.refusal}") == 1
+    assert "SLIDING_WINDOW" in str(e.refusal)
+    reqs = random_requests(QWEN, 6, (3, 10), (2, 6), seed=9)
+    host = Engine(QWEN, attrs.evolve(cfg, planning=Planning.HOST)).run(reqs)
+    assert [r.tokens for r in e.run(reqs)] == [r.tokens for r in host]

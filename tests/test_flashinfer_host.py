@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
+from models.layers.decode_attention import Backend
 from models.layers.flashinfer_attention import TorchDecode, build_paged_kv_csr, decode_attention, make_decode_attention
 from models.layers.paged import paged_decode_attention
-from resplan.records import Backend
 
 
 def _naive_csr(bt, sl, ps):

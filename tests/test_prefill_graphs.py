@@ -192,7 +192,7 @@ def test_an_engine_on_cuda_prefill_graphs_gives_the_eager_engines_tokens():
     _cuda()
     adapter = build_adapter("qwen3_5-0.8b", seed=0, device="cuda", dtype=torch.bfloat16)
     reqs = random_requests(adapter, 24, prompt_len=(64, 64), gen_len=(4, 12), seed=6)
-    from resplan import Backend
+    from models.layers.decode_attention import Backend
 
     cfg = EngineConfig(device="cuda", dtype="bfloat16", attention=Backend.XQA, max_running=4, page_size=16,
                        max_seq_len=128)  # fmt: skip

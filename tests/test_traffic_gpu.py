@@ -21,7 +21,7 @@ import torch
 
 from models.bench.workload import Lengths
 from models.engine import Engine, EngineConfig, Planning, Request, SamplingParams, build_adapter
-from resplan import Backend
+from models.layers.decode_attention import Backend
 
 pytestmark = pytest.mark.gpu
 R, H = Planning.RESIDENT, Planning.HOST

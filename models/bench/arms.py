@@ -24,7 +24,7 @@ import attrs
 import numpy as np
 
 from models.engine import EngineConfig, Planning
-from resplan import Backend
+from models.layers.decode_attention import Backend
 
 
 @attrs.frozen

@@ -23,7 +23,6 @@ import numpy as np
 
 from models.cli import OneLineParser
 from resplan import (
-    Backend,
     BucketPlan,
     HostStreams,
     KVPool,
@@ -43,7 +42,8 @@ BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 def _setup(capacity: int = 4096):
     layout = RowLayout((KVPool("kv", PAGE, 8192, 32768),), "kv", recurrent=True, sampler=True)
-    buckets = [BucketPlan.build(b, {"kv": ResidentStream("decode", StreamMode.APPEND)}, Backend.XQA) for b in BUCKETS]
+    buckets = [BucketPlan.build(b, {"kv": ResidentStream("decode", StreamMode.APPEND)}, host_plan_free=True)
+               for b in BUCKETS]  # fmt: skip
     state = build_planner(layout, buckets, capacity)
     streams = HostStreams.zeros(layout, capacity)
     kv = streams.kv["kv"]

@@ -22,7 +22,10 @@ from models.whisper import WhisperModel
 from models.whisper import config as whisper_config
 from models.whisper.config import WhisperConfig
 from models.whisper.decoder import CROSS, SELF
-from resplan import StepBuffers, StreamMode
+from resplan import ResourceInfo, ResourceKind, Segment, StepBuffers, StreamMode
+
+DECODE = "decode"  # the decode walk's stream label
+RECURRENT, POSITIONS, SAMPLER = "rec", "pos", "sampler"  # resource keys beside the KV pools
 
 
 @attrs.frozen
@@ -52,6 +55,24 @@ class Adapter:
     @property
     def append_pools(self) -> tuple[KVPoolSpec, ...]:
         return tuple(p for p in self.pools if p.mode is StreamMode.APPEND)
+
+    def resources(self) -> dict[str, ResourceInfo]:
+        """What a decode step reads and writes, by resource key, as the planner sees it: each KV pool, the recurrent
+        slot, the position offset, the sampler's cells. A subclass marks one that cannot keep rows on the device
+        (a sliding window, no table), which keeps the engine host-planned."""
+        out = {p.key: ResourceInfo(p.key, ResourceKind.KV) for p in self.pools}
+        if self.recurrent:
+            out[RECURRENT] = ResourceInfo(RECURRENT, ResourceKind.RECURRENT)
+        out[POSITIONS] = ResourceInfo(POSITIONS, ResourceKind.POSITIONS)
+        out[SAMPLER] = ResourceInfo(SAMPLER, ResourceKind.SAMPLER)
+        return out
+
+    def decode_walk(self) -> dict[str, list[Segment]]:
+        """The decode step as one walk over the resources: every row appends one token to each APPEND pool, its
+        recurrent state and its position, and only reads a READ pool (a cross-attention context)."""
+        walk = {p.key: [Segment(DECODE, 1 if p.mode is StreamMode.APPEND else 0)] for p in self.pools}
+        walk.update({k: [Segment(DECODE, 1)] for k in self.resources() if k not in walk})
+        return walk
 
     @property
     def max_context(self) -> int:

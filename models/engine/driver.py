@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import logging
 import time
 from collections.abc import Callable, Iterable
 from functools import partial
@@ -53,16 +54,17 @@ import attrs
 import numpy as np
 import torch
 
-from models.engine.adapters import Adapter, PrefillInput
+from models.engine.adapters import DECODE, Adapter, PrefillInput
 from models.engine.host_arm import HostFill
 from models.engine.pools import AdmitRefused, AdmitTxn, Crossing, PagePool, handle_pool, pool_layout, recurrent_pool
 from models.engine.prefill_graphs import PrefillGraphs
 from models.engine.requests import FinishReason, InvalidRequest, Limits, Request, Result, validate
 from models.engine.sampler import Sampler
 from models.engine.scheduler import Batch, Chunk, Order, Pending, Scheduler, Status, decode_buckets
+from models.layers.decode_attention import Backend
 from resplan import (
-    Backend,
     BucketPlan,
+    CaptureError,
     Executor,
     FlushProgram,
     Graph,
@@ -73,6 +75,7 @@ from resplan import (
     SamplerCell,
     Step,
     build_planner,
+    capture_streams,
     commit,
     float_bits,
     mark_stale,
@@ -81,6 +84,8 @@ from resplan import (
     release,
     row_check,
 )
+
+log = logging.getLogger(__name__)
 
 
 class Planning(enum.Enum):
@@ -271,16 +276,18 @@ class Engine:
         # -- buckets, planner, executor, graphs ----------------------------------------------------------------------
         self.buckets = decode_buckets(cfg.max_bucket or H)
         self.scheduler = Scheduler(H, self.buckets, cfg.order, cfg.token_budget, self.append_keys)
-        records = {p.key: ResidentStream("decode", p.mode) for p in self.layout.pools}
         self.backend = cfg.attention
-        plans = [BucketPlan.build(b, records, self.backend) for b in self.buckets]
-        self.state: PlannerState | None = build_planner(self.layout, plans, H) if self.resident else None
+        self.attn = self._make_attention()
+        self.refusal, streams = self._capture_streams()
+        self.plans = {b: BucketPlan.build(b, streams, self.attn[b] is None or self.attn[b].backend.host_plan_free)
+                      for b in self.buckets}  # fmt: skip
+        self.state: PlannerState | None = (build_planner(self.layout, list(self.plans.values()), H) if self.resident
+                                           else None)  # fmt: skip
         self.executor = Executor(self.layout, self.buckets, self.device)
         self.sampler = Sampler(adapter.vocab_size, self.device)
         self._make_io()
         # the engine takes a page exactly when a token opens it, so no stream holds a page past its used columns
         self.fills = {b: HostFill(self.layout, self.executor.buffers[b], exact_pages=True) for b in self.buckets}
-        self.attn = self._make_attention()
         self.host_graphs, self.graphs = self._capture()
         self.prefill_graphs = (
             PrefillGraphs(partial(adapter.prefill_forward, self.model_state), self.device, cfg.prefill_graphs,
@@ -362,6 +369,20 @@ class Engine:
         return cls(load_adapter(path, cfg.device, getattr(torch, cfg.dtype) if cfg.dtype else None), cfg)
 
     # -- graphs --------------------------------------------------------------------------------------------------
+    def _capture_streams(self) -> tuple[CaptureError | None, dict[str, ResidentStream]]:
+        """The stream record of each KV pool in the decode walk the adapter declares, checked by the planner's capture
+        rules (``resplan.capture_streams``); a resource that cannot keep rows on the device keeps the engine
+        host-planned, logged once with its typed reason. Returns (that refusal or None, the pools' records)."""
+        plain = {p.key: ResidentStream(DECODE, p.mode) for p in self.layout.pools}
+        try:
+            streams = capture_streams(self.adapter.decode_walk(), self.adapter.resources(), self.adapter.positions_pool)
+        except CaptureError as e:
+            if self.resident:
+                log.warning("%s: resident planning refused, the engine is host-planned: %s", self.adapter.name, e)
+                self.resident = False
+            return e, plain
+        return None, {k: streams[k] for k in plain}
+
     def _make_attention(self) -> dict[int, object]:
         """Each bucket's decode attention: None (plain torch), one XQA or Triton attention shared by every bucket, or
         fa2 per bucket. Triton runs on a CPU too, in Triton's interpreter."""
@@ -384,27 +405,29 @@ class Engine:
         return {b: make_decode_attention(Backend.FA2, batch_size=b, **common) for b in self.buckets}
 
     def _plan_attention(self, b: int, fill: HostFill) -> None:
-        """fa2 plans on the host from the block table and lengths ``fill`` built last (both arms, every step)."""
-        if self.backend is Backend.FA2:
+        """A bucket whose attention is not host-plan-free (fa2) plans on the host from the block table and lengths
+        ``fill`` built last (both arms, every step)."""
+        if not self.plans[b].host_plan_free:
             bt, sl = fill.tables(self.append_keys[0])
             self.attn[b].plan(bt, sl)
 
-    def _capture(self) -> tuple[dict[tuple[int, bool], Graph], dict[tuple[int, bool], Graph]]:
+    def _capture(self) -> tuple[dict[tuple[BucketPlan, bool], Graph], dict[tuple[BucketPlan, bool], Graph]]:
         """Capture every bucket once per sampling mode, largest first, in one memory pool: the host-planned graphs
         (mixed steps, and the host arm's decode) and, in the resident arm, the resident decode graphs. Keys are
-        ``(bucket, greedy)``: a step whose rows are all greedy replays the argmax graph and skips the sampler's top-k
-        over the vocabulary (hundreds of microseconds of GPU time at 64 rows)."""
-        if self.backend is Backend.FA2:  # a captured fa2 run needs a plan: the trash rows' (1 token, sink page)
-            W = self.layout.span(self.append_keys[0]).width
-            for b in self.buckets:
+        ``(capture plan, greedy)``: a step whose rows are all greedy replays the argmax graph and skips the sampler's
+        top-k over the vocabulary (hundreds of microseconds of GPU time at 64 rows)."""
+        W = self.layout.span(self.append_keys[0]).width
+        for b in self.buckets:  # a captured run of a host-planned attention needs a plan: the trash rows' (1 token)
+            if not self.plans[b].host_plan_free:
                 self.attn[b].plan(np.zeros((b, W), np.int32), np.ones(b, np.int32))
         pool, host, resident = None, {}, {}
         for b in reversed(self.buckets):
+            key = self.plans[b]
             for greedy in (False, True):
-                host[b, greedy] = Graph(self._step_fn(b, greedy, resident=False), self.device, pool)
-                pool = host[b, greedy].pool
+                host[key, greedy] = Graph(self._step_fn(b, greedy, resident=False), self.device, pool)
+                pool = host[key, greedy].pool
                 if self.resident:
-                    resident[b, greedy] = Graph(self._step_fn(b, greedy, resident=True), self.device, pool)
+                    resident[key, greedy] = Graph(self._step_fn(b, greedy, resident=True), self.device, pool)
         return host, (resident if self.resident else host)
 
     def _step_fn(self, b: int, greedy: bool, resident: bool) -> Callable[[], None]:
@@ -821,7 +844,7 @@ class Engine:
             st.h2d_copies += program.h2d_copies
             st.h2d_bytes += program.h2d_bytes
             st.empty_flushes += program.empty
-            if self.backend is Backend.FA2:
+            if not self.plans[b].host_plan_free:
                 t0 = time.perf_counter_ns()
                 self.fills[b].build(self.streams, rows)  # the resident arm keeps its tables on the device; fa2 still
                 self._plan_attention(b, self.fills[b])  # wants host ones
@@ -837,7 +860,8 @@ class Engine:
             fill_ns, attn_ns = self._host_fill(rows, b)
             st.plan_ns += fill_ns
             st.attn_plan_ns += attn_ns
-        f = self._launch(self.graphs[b, not self.sampling[rows].any()], b, rows, self.resident or self.config.overlap,
+        f = self._launch(self.graphs[self.plans[b], not self.sampling[rows].any()], b, rows,
+                         self.resident or self.config.overlap,
                          decode=True)  # fmt: skip
         self._advance(rows)
         if self.resident:
@@ -884,8 +908,8 @@ class Engine:
         if rows.size:
             self.fills[b].fill(self.streams, rows)
             self._plan_attention(b, self.fills[b])
-            f = self._launch(self.host_graphs[b, not self.sampling[rows].any()], b, rows, self.config.overlap,
-                             decode=False)
+            f = self._launch(self.host_graphs[self.plans[b], not self.sampling[rows].any()], b, rows,
+                             self.config.overlap, decode=False)
             self._advance(rows)
             self.scheduler.ran(rows, seq)
         t0 = time.perf_counter_ns()

@@ -25,8 +25,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from models.layers.decode_attention import Backend
 from models.layers.paged import paged_decode_attention
-from resplan.records import Backend
 
 DEFAULT_WORKSPACE_BYTES = 128 << 20  # FlashInfer's recommended float workspace (XQA: 8 MiB semaphores + scratch)
 XQA_SEMAPHORE_BYTES = 8 << 20  # xqa_batch_decode_with_kv_cache reserves the first 8 MiB of the workspace for them

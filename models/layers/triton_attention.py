@@ -11,7 +11,7 @@ import torch
 
 from kernels.paged_decode import device_sms, paged_decode, workspace_elements
 from kernels.runtime import interpreted
-from resplan.records import Backend
+from models.layers.decode_attention import Backend
 
 
 class TritonDecode:
