@@ -38,7 +38,7 @@ def _commit_lengths_kernel(
 
 
 @functools.cache
-def _col_plan(len_cols: tuple[int, ...]) -> tuple[int, int]:
+def _col_config(len_cols: tuple[int, ...]) -> tuple[int, int]:
     """(COL_MASK, BLOCK_C) for a static set of length columns."""
     assert len(set(len_cols)) == len(len_cols), f"len_cols must be distinct, got {len_cols}"
     assert all(0 <= c < 31 for c in len_cols), f"len_cols must lie in [0, 31), got {len_cols}"
@@ -57,7 +57,7 @@ def commit_lengths(
     b = slot_row.shape[0]
     if not len_cols or b == 0:
         return
-    col_mask, block_c = _col_plan(len_cols)
+    col_mask, block_c = _col_config(len_cols)
     assert max(len_cols) < store.shape[1], f"len_cols {len_cols} past the row width {store.shape[1]}"
     block_b = min(triton.next_power_of_2(b), max_block)
     _commit_lengths_kernel[(triton.cdiv(b, block_b),)](

@@ -135,7 +135,7 @@ def _gather_rows_kernel(
 
 
 @functools.cache
-def _plan(layout: RowLayout, max_block_w: int) -> tuple[tuple[str, ...], types.MappingProxyType, int]:
+def _launch_config(layout: RowLayout, max_block_w: int) -> tuple[tuple[str, ...], types.MappingProxyType, int]:
     """(pool keys in launch order, constexpr kwargs, num_warps) for a layout; computed once per layout."""
     assert len(layout.pools) <= MAX_POOLS, f"gather_rows handles at most {MAX_POOLS} pools, got {len(layout.pools)}"
     assert N_SAMPLER & (N_SAMPLER - 1) == 0, "sampler cells must be a power of two"
@@ -182,7 +182,7 @@ def gather_rows(
     assert bufs.size == b, f"slot_row has {b} rows, buffers {bufs.size}"
     if b == 0:
         return
-    keys, consts, num_warps = _plan(layout, max_block_w)
+    keys, consts, num_warps = _launch_config(layout, max_block_w)
     ptrs: dict[str, torch.Tensor] = {}
     for k in range(MAX_POOLS):
         if k < len(keys):

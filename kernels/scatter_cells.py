@@ -32,7 +32,7 @@ def _scatter_cells_kernel(store_ptr, staging_ptr, CAP: tl.constexpr, BLOCK: tl.c
 
 
 @functools.cache
-def _plan(cap: int, max_block: int) -> tuple[int, int]:
+def _launch_config(cap: int, max_block: int) -> tuple[int, int]:
     """(BLOCK, num_warps) for a staging capacity."""
     block = min(triton.next_power_of_2(max(cap, 1)), max_block)
     return block, max(1, min(4, block // 128))
@@ -46,5 +46,5 @@ def scatter_cells(store: torch.Tensor, staging: torch.Tensor, *, max_block: int 
     assert staging.device == store.device, "store and staging must share a device"
     assert store.numel() < 2**31, "flat cell indices are int32"
     cap = (staging.numel() - 2) // 2
-    block, num_warps = _plan(cap, max_block)
+    block, num_warps = _launch_config(cap, max_block)
     _scatter_cells_kernel[(1,)](store_ptr=store, staging_ptr=staging, CAP=cap, BLOCK=block, num_warps=num_warps)

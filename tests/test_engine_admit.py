@@ -29,7 +29,7 @@ from models.engine import (
     build_adapter,
 )
 from models.engine.compare import check_pools, random_requests
-from models.engine.driver import HostPrePlan
+from models.engine.driver import EarlyFill
 
 QWEN = build_adapter("qwen3_5-tiny", seed=0)
 PS = 4
@@ -97,7 +97,7 @@ def test_a_refused_admit_makes_the_host_arms_early_fill_stale(check, monkeypatch
     crossing page p. The refused admit gives p back and the retry takes p', so the early fill must not be used: the
     step fills again and writes at p'. Without the check of the rows' streams it writes into p, which A gave back."""
     if not check:
-        monkeypatch.setattr(HostPrePlan, "of", staticmethod(lambda engine, rows: np.zeros(1)))
+        monkeypatch.setattr(EarlyFill, "of", staticmethod(lambda engine, rows: np.zeros(1)))
     written, launch = [], Engine._launch
 
     def logged_launch(self, graph, b, rows, *a, **k):  # the page the replay writes A's token into

@@ -139,7 +139,7 @@ def test_xqa_graph_replays_new_tables_without_plan(d, g, ps, b):
 def test_fa2_matches_torch(d, g, ps, b):
     c = _Case(d, g, ps, b, seed=2)
     fa2 = FA2Decode(b, W, c.hq, HK, d, ps, device=DEV, sm_scale=c.scale)
-    fa2.plan(c.bt_np, c.sl_np)
+    fa2.schedule(c.bt_np, c.sl_np)
     out = fa2(c.q, c.kv, c.block_table, c.seq_lens, c.scale)
     torch.cuda.synchronize()
     _close(out, c.ref())
@@ -149,13 +149,13 @@ def test_fa2_matches_torch(d, g, ps, b):
 def test_fa2_graph_replays_after_replan(d, g, ps, b):
     c = _Case(d, g, ps, b, seed=3)
     fa2 = FA2Decode(b, W, c.hq, HK, d, ps, device=DEV, sm_scale=c.scale)
-    fa2.plan(c.bt_np, c.sl_np)
+    fa2.schedule(c.bt_np, c.sl_np)
     fa2(c.q, c.kv, c.block_table, c.seq_lens, c.scale)  # eager first call: JIT build outside capture
     graph, out = _capture(lambda: fa2(c.q, c.kv, c.block_table, c.seq_lens, c.scale))
     for _ in range(ROUNDS):
         bt, sl = c.new_rows()
         _refill(c.kv, c.gen)
-        fa2.plan(bt, sl)  # every replay whose page counts may change: never replay stale plans
+        fa2.schedule(bt, sl)  # every replay whose page counts may change: never replay stale plans
         graph.replay()
         torch.cuda.synchronize()
         _close(out, c.ref())
@@ -166,12 +166,12 @@ def test_fa2_tensor_cores_graph(d, b):
     """The tensor-core (prefill-kernel) fa2 decode path, same contract; Qwen3.5's group of 4, page size 16."""
     c = _Case(d, 4, 16, b, seed=4)
     fa2 = FA2Decode(b, W, c.hq, HK, d, 16, device=DEV, sm_scale=c.scale, use_tensor_cores=True)
-    fa2.plan(c.bt_np, c.sl_np)
+    fa2.schedule(c.bt_np, c.sl_np)
     _close(fa2(c.q, c.kv), c.ref())
     graph, out = _capture(lambda: fa2(c.q, c.kv))
     for _ in range(ROUNDS):
         bt, sl = c.new_rows()
-        fa2.plan(bt, sl)
+        fa2.schedule(bt, sl)
         graph.replay()
         torch.cuda.synchronize()
         _close(out, c.ref())

@@ -7,7 +7,7 @@ import pytest
 
 from models.bench.serve import summarize
 
-ZERO = dict(ttft_p50_ms=5.0, step_us=1.0, plan_us=1.0, attn_plan_us=0.0, launch_us=1.0, wait_us=1.0, gpu_us=1.0,
+ZERO = dict(ttft_p50_ms=5.0, step_us=1.0, plan_us=1.0, attn_schedule_us=0.0, launch_us=1.0, wait_us=1.0, gpu_us=1.0,
             h2d_copies=1.0, h2d_bytes=1.0, tokens=[(1, 2)])  # fmt: skip
 
 

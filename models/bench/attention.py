@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
                 attn = TritonDecode(hq, hk, d, ps, max_batch=b, max_pages_per_row=W, device=dev, sm_scale=scale)
             elif name == "fa2":
                 attn = FA2Decode(b, W, hq, hk, d, ps, device=dev, sm_scale=scale)
-                attn.plan(*sets[0])
+                attn.schedule(*sets[0])
             else:
                 raise SystemExit(f"unknown backend {name}")
             write(0)  # the rows ``want`` and fa2's plan describe (the previous backend's replays left others)
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
                 t0 = time.perf_counter()
                 write(i)
                 if name == "fa2":
-                    attn.plan(*sets[i % len(sets)])
+                    attn.schedule(*sets[i % len(sets)])
                 g.replay()
                 torch.cuda.synchronize()
                 step_times.append((time.perf_counter() - t0) * 1e6)
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
                 for i in range(a.iters):
                     torch.cuda.synchronize()
                     t0 = time.perf_counter()
-                    attn.plan(*sets[i % len(sets)])
+                    attn.schedule(*sets[i % len(sets)])
                     plan_times.append((time.perf_counter() - t0) * 1e6)
                 plan_us = f"{statistics.median(plan_times):.1f}"
             step_us = statistics.median(step_times)

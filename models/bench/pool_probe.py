@@ -16,7 +16,7 @@ import torch
 
 from models.bench.arms import arm_config
 from models.bench.traffic import parser as traffic_parser
-from models.bench.traffic import plan_run
+from models.bench.traffic import setup_run
 from models.engine import Engine
 from models.engine.adapters import build_adapter
 
@@ -89,7 +89,7 @@ def parser():
 def main(argv: list[str] | None = None) -> None:
     ap = parser()
     args = ap.parse_args(argv)
-    run = plan_run(ap, args)
+    run = setup_run(ap, args)
     adapter = build_adapter(args.model, seed=0, device=run.device, dtype=getattr(torch, run.dtype))
     reqs = run.rounds[0].requests(adapter.vocab_size, run.sampling, args.seed, "p-")
     for arm in run.arms:

@@ -10,8 +10,9 @@ and varied lengths.
 
 Every request has a ``--prompt-len`` random prompt and generates exactly ``--gen`` tokens (no stop token). Per cell
 and arm: output tok/s (all tokens / wall time of the run), ITL p50/mean (gaps between a request's consecutive tokens),
-TTFT p50, and per decode step: host phases (plan: resident plan+flush or host fill; attention plan: fa2's table build
-and plan; launch; wait for the GPU; rest), H2D copies and bytes, and the GPU graph time against the step's wall time.
+TTFT p50, and per decode step: host phases (plan: resident plan+flush or host fill; attention schedule: fa2's table
+build and plan(); launch; wait for the GPU; rest), H2D copies and bytes, and the GPU graph time against the step's wall
+time.
 Every timed run starts from a collected and frozen heap (``gc.freeze()``, as serving engines do after start-up), so
 one arm does not pay for the objects another left behind. Writes ``results.md``, ``results.json`` and ``tokps.png``
 under ``--out``.
@@ -54,7 +55,7 @@ def engine_run(adapter, arm: str, c: int, args, seed: int, engine_cache: dict) -
             eng.run(requests(adapter.vocab_size, c, args.prompt_len, 8, seed + 99))
         engine_cache[key] = eng
     eng = engine_cache[key]
-    before = {k: getattr(eng.stats, k) for k in ("decode_steps", "plan_ns", "attn_plan_ns", "launch_ns", "wait_ns",
+    before = {k: getattr(eng.stats, k) for k in ("decode_steps", "plan_ns", "attn_schedule_ns", "launch_ns", "wait_ns",
                                                    "decode_ns", "gpu_ms", "h2d_copies", "h2d_bytes", "tokens",
                                                    "empty_flushes", "mixed_steps", "decode_rows", "prefill_ns",
                                                    "prefill_passes")}
@@ -74,7 +75,7 @@ def engine_run(adapter, arm: str, c: int, args, seed: int, engine_cache: dict) -
         itl_mean_ms=float(np.mean(itl) * 1e3), ttft_p50_ms=float(np.median([r.ttft_s for r in results]) * 1e3),
         decode_steps=d["decode_steps"], mixed_steps=d["mixed_steps"], step_us=us(d["decode_ns"]),
         decode_tokps=d["decode_rows"] / max(d["decode_ns"] / 1e9, 1e-9),
-        plan_us=us(d["plan_ns"]), attn_plan_us=us(d["attn_plan_ns"]), launch_us=us(d["launch_ns"]),
+        plan_us=us(d["plan_ns"]), attn_schedule_us=us(d["attn_schedule_ns"]), launch_us=us(d["launch_ns"]),
         wait_us=us(d["wait_ns"]), gpu_us=d["gpu_ms"] * 1e3 / steps, h2d_copies=d["h2d_copies"] / steps,
         h2d_bytes=d["h2d_bytes"] / steps, empty_flush_frac=d["empty_flushes"] / steps,
         prefill_ms=d["prefill_ns"] / max(d["prefill_passes"], 1) / 1e6, prefill_passes=d["prefill_passes"],
@@ -118,7 +119,7 @@ def summarize(runs: list[dict], arms: list[str]) -> tuple[str, list[dict]]:
     cells = sorted({(r["model"], r["c"]) for r in runs}, key=lambda x: (x[0], x[1]))
     lines.append("| cell | arm | tok/s median [min-max] | vs host | vs host-overlap | decode tok/s | vs host | "
                  "ITL p50/mean ms | per token vs host (ITL mean) | TTFT p50 ms | step us | "
-                 "plan us | attn plan us | launch us | GPU wait us | GPU graph us | idle us | H2D/step | "
+                 "plan us | attn schedule us | launch us | GPU wait us | GPU graph us | idle us | H2D/step | "
                  "H2D B/step | same tokens as host |")
     lines.append("|" + "---|" * 20)
     for model, c in cells:
@@ -139,7 +140,7 @@ def summarize(runs: list[dict], arms: list[str]) -> tuple[str, list[dict]]:
             row = dict(model=model, c=c, arm=arm, tokps_median=med, tokps_min=min(t), tokps_max=max(t),
                        ratio_median=med / host_med, ratio_min=min(ratios, default=np.nan),
                        ratio_max=max(ratios, default=np.nan), **{k: g(k) for k in (
-                           "itl_p50_ms", "itl_mean_ms", "ttft_p50_ms", "step_us", "plan_us", "attn_plan_us",
+                           "itl_p50_ms", "itl_mean_ms", "ttft_p50_ms", "step_us", "plan_us", "attn_schedule_us",
                            "launch_us", "wait_us", "gpu_us", "h2d_copies", "h2d_bytes", "decode_tokps")})
             rows.append(row)
             ratio = f"{row['ratio_median']:.2f}x [{row['ratio_min']:.2f}-{row['ratio_max']:.2f}]"
@@ -152,7 +153,8 @@ def summarize(runs: list[dict], arms: list[str]) -> tuple[str, list[dict]]:
                 f"| {model} c={c} | {arm} | {med:.0f} [{min(t):.0f}-{max(t):.0f}] | {ratio} | {oratio} | "
                 f"{np.median(dec):.0f} | {dratio} | "
                 f"{row['itl_p50_ms']:.2f}/{row['itl_mean_ms']:.2f} | {iratio} | {row['ttft_p50_ms']:.0f} | "
-                f"{row['step_us']:.0f} | {row['plan_us']:.1f} | {row['attn_plan_us']:.1f} | {row['launch_us']:.0f} | "
+                f"{row['step_us']:.0f} | {row['plan_us']:.1f} | {row['attn_schedule_us']:.1f} | "
+                f"{row['launch_us']:.0f} | "
                 f"{row['wait_us']:.0f} | {row['gpu_us']:.0f} | {idle:.0f} | {row['h2d_copies']:.2f} | "
                 f"{row['h2d_bytes']:.0f} | {same} |")
     return "\n".join(lines), rows

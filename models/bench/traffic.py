@@ -111,7 +111,7 @@ def parser(prog: str = "python -m models.bench.traffic", description: str = __do
 
 
 @attrs.frozen(eq=False)
-class Plan:
+class Setup:
     """Everything the run needs, checked before any engine is built."""
 
     arms: list[str]
@@ -124,10 +124,10 @@ class Plan:
     description: str
 
 
-def plan_run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> Plan:
+def setup_run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> Setup:
     """Parse and check the workload and engine arguments (``ap.error`` on the first problem)."""
     try:
-        return _plan_run(args)
+        return _setup_run(args)
     except WorkloadError as e:
         ap.error(str(e))
     except ValueError as e:  # from parse_arms
@@ -135,7 +135,7 @@ def plan_run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> Plan:
     raise AssertionError("unreachable")
 
 
-def _plan_run(args: argparse.Namespace) -> Plan:
+def _setup_run(args: argparse.Namespace) -> Setup:
     if args.model not in MODEL_CONFIGS or not args.model.startswith("qwen"):
         raise WorkloadError("--model", f"{args.model!r}: the traffic benchmark serves the text models "
                                        f"{', '.join(m for m in MODEL_CONFIGS if m.startswith('qwen'))}")  # fmt: skip
@@ -201,7 +201,7 @@ def _plan_run(args: argparse.Namespace) -> Plan:
         arg = "--trace" if args.trace is not None else "--prompt-len/--gen-len"
         raise WorkloadError(arg, f"a request of {longest} tokens (prompt + output) is over {args.model}'s context "
                                  f"of {context}")  # fmt: skip
-    return Plan(arms, device, dtype, rounds, warmup, sampling, args.max_seq_len or longest,
+    return Setup(arms, device, dtype, rounds, warmup, sampling, args.max_seq_len or longest,
                 f"{source}: round 0 {rounds[0].describe()}")
 
 
@@ -389,7 +389,7 @@ def plot(runs: list[dict], arms: list[str], out: Path) -> None:
 def main(argv: list[str] | None = None) -> list[dict]:
     ap = parser()
     args = ap.parse_args(argv)
-    run = plan_run(ap, args)
+    run = setup_run(ap, args)
     if args.prefill_graphs < 0:
         ap.error("argument --prefill-graphs: must be >= 0")
     args.out.mkdir(parents=True, exist_ok=True)

@@ -159,7 +159,7 @@ class EngineStats:
     prefill_gpu_ms: float = 0.0  # their GPU time, the pass and first-token sampling (CUDA events; with timing on)
     mixed_ns: int = 0  # wall time of the mixed steps (decode rows beside prefill chunks), whole step() each
     plan_ns: int = 0  # decode steps: plan + flush (resident) or fill + copy (host), wherever it ran
-    attn_plan_ns: int = 0  # decode steps: the attention library's host plan (fa2), with its table build
+    attn_schedule_ns: int = 0  # decode steps: the attention's host schedule (fa2's plan()), with its table build
     launch_ns: int = 0  # decode steps: input ids copy (if any) + graph replay launch + token readback enqueue
     wait_ns: int = 0  # decode steps: waiting for the sampled tokens (the GPU finishing the step)
     decode_ns: int = 0  # decode steps: wall time of the whole step() (compose, admit, plan, replay, emit, pre-plan)
@@ -214,16 +214,17 @@ class PrePlan:
 
 
 @attrs.frozen(eq=False)
-class HostPrePlan:
-    """The next host-planned decode step, filled (buffers copied) and fa2-planned early, while the step in flight runs.
+class EarlyFill:
+    """The next host-planned decode step, filled (buffers copied) and its attention scheduled early, while the step in
+    flight runs.
     Valid while its rows, bucket and their streams' lengths, page counts and last pages are what it was made from."""
 
     key: bytes  # rows.tobytes()
     bucket: int
-    seen: np.ndarray  # what the fill read of the rows' streams (HostPrePlan.of)
+    seen: np.ndarray  # what the fill read of the rows' streams (EarlyFill.of)
     seq: int
     plan_ns: int
-    attn_plan_ns: int
+    attn_schedule_ns: int
 
     @staticmethod
     def of(engine: Engine, rows: np.ndarray) -> np.ndarray:
@@ -314,7 +315,7 @@ class Engine:
         self._auto_ids = itertools.count()
         self._seq = 0
         self._txn: AdmitTxn | None = None  # crossing pages taken early for the next step
-        self._preplan: PrePlan | HostPrePlan | None = None
+        self._preplan: PrePlan | EarlyFill | None = None
         self.serial = np.zeros(H, np.int64)  # bumped by every admit and finish of a handle
         self.issued = np.zeros(H, np.int64)  # tokens launched (generated or in flight)
         self._inflight: InFlight | None = None
@@ -404,12 +405,12 @@ class Engine:
             return {b: shared for b in self.buckets}
         return {b: make_decode_attention(Backend.FA2, batch_size=b, **common) for b in self.buckets}
 
-    def _plan_attention(self, b: int, fill: HostFill) -> None:
-        """A bucket whose attention is not host-plan-free (fa2) plans on the host from the block table and lengths
-        ``fill`` built last (both arms, every step)."""
+    def _schedule_attention(self, b: int, fill: HostFill) -> None:
+        """A bucket whose attention is not host-plan-free (fa2) builds its schedule on the host from the block table and
+        lengths ``fill`` built last (both arms, every step)."""
         if not self.plans[b].host_plan_free:
             bt, sl = fill.tables(self.append_keys[0])
-            self.attn[b].plan(bt, sl)
+            self.attn[b].schedule(bt, sl)
 
     def _capture(self) -> tuple[dict[tuple[BucketPlan, bool], Graph], dict[tuple[BucketPlan, bool], Graph]]:
         """Capture every bucket once per sampling mode, largest first, in one memory pool: the host-planned graphs
@@ -419,7 +420,7 @@ class Engine:
         W = self.layout.span(self.append_keys[0]).width
         for b in self.buckets:  # a captured run of a host-planned attention needs a plan: the trash rows' (1 token)
             if not self.plans[b].host_plan_free:
-                self.attn[b].plan(np.zeros((b, W), np.int32), np.ones(b, np.int32))
+                self.attn[b].schedule(np.zeros((b, W), np.int32), np.ones(b, np.int32))
         pool, host, resident = None, {}, {}
         for b in reversed(self.buckets):
             key = self.plans[b]
@@ -674,7 +675,7 @@ class Engine:
         """Pages went back to a pool: a pre-plan whose program names one of them is stale. (Its cells are crossing
         pages and whole-row runs; a narrow cell that happens to equal a page id only costs a re-plan.)"""
         pp = self._preplan
-        if not isinstance(pp, PrePlan) or pages.size == 0:  # a HostPrePlan checks its rows' streams where it is used
+        if not isinstance(pp, PrePlan) or pages.size == 0:  # a EarlyFill checks its rows' streams where it is used
             return
         named = np.concatenate([pp.program.staged_val, pp.program.run_cells])
         if np.isin(pages, named).any():
@@ -847,19 +848,19 @@ class Engine:
             if not self.plans[b].host_plan_free:
                 t0 = time.perf_counter_ns()
                 self.fills[b].build(self.streams, rows)  # the resident arm keeps its tables on the device; fa2 still
-                self._plan_attention(b, self.fills[b])  # wants host ones
-                st.attn_plan_ns += time.perf_counter_ns() - t0
-        elif (isinstance(pp, HostPrePlan) and pp.bucket == b and pp.key == rows.tobytes()
-              and np.array_equal(pp.seen, HostPrePlan.of(self, rows))):  # fmt: skip
+                self._schedule_attention(b, self.fills[b])  # wants host ones
+                st.attn_schedule_ns += time.perf_counter_ns() - t0
+        elif (isinstance(pp, EarlyFill) and pp.bucket == b and pp.key == rows.tobytes()
+              and np.array_equal(pp.seen, EarlyFill.of(self, rows))):  # fmt: skip
             seq = pp.seq  # filled, copied and planned early, while the step before ran
             st.plan_ns += pp.plan_ns
-            st.attn_plan_ns += pp.attn_plan_ns
+            st.attn_schedule_ns += pp.attn_schedule_ns
             st.preplan_hits += 1
         else:
             seq = self._next_seq()
             fill_ns, attn_ns = self._host_fill(rows, b)
             st.plan_ns += fill_ns
-            st.attn_plan_ns += attn_ns
+            st.attn_schedule_ns += attn_ns
         f = self._launch(self.graphs[self.plans[b], not self.sampling[rows].any()], b, rows,
                          self.resident or self.config.overlap,
                          decode=True)  # fmt: skip
@@ -888,7 +889,7 @@ class Engine:
         t0 = time.perf_counter_ns()
         self.fills[b].fill(self.streams, rows)
         t1 = time.perf_counter_ns()
-        self._plan_attention(b, self.fills[b])
+        self._schedule_attention(b, self.fills[b])
         self.stats.h2d_copies += 1
         self.stats.h2d_bytes += self.fills[b].nbytes
         return t1 - t0, time.perf_counter_ns() - t1
@@ -907,7 +908,7 @@ class Engine:
         f = None
         if rows.size:
             self.fills[b].fill(self.streams, rows)
-            self._plan_attention(b, self.fills[b])
+            self._schedule_attention(b, self.fills[b])
             f = self._launch(self.host_graphs[self.plans[b], not self.sampling[rows].any()], b, rows,
                              self.config.overlap, decode=False)
             self._advance(rows)
@@ -1118,7 +1119,7 @@ class Engine:
             self._preplan = PrePlan(rows.tobytes(), batch.bucket, self.state, state, program, seq, dt)
         else:
             fill_ns, attn_ns = self._host_fill(rows, batch.bucket)
-            self._preplan = HostPrePlan(rows.tobytes(), batch.bucket, HostPrePlan.of(self, rows), seq, fill_ns,
+            self._preplan = EarlyFill(rows.tobytes(), batch.bucket, EarlyFill.of(self, rows), seq, fill_ns,
                                         attn_ns)  # fmt: skip
         self.stats.preplans += 1
 

@@ -290,7 +290,7 @@ class FA2Decode:
         self._last_host = torch.ones(b, dtype=torch.int32, pin_memory=pin)
         self._indices_stage = torch.zeros(b * W, dtype=torch.int32, device=dev)  # plan() copies it D2D
         self._copied = torch.cuda.Event() if dev.type == "cuda" else None
-        self._planned = False
+        self._scheduled = False
         self.wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             self.workspace,
             "NHD",
@@ -303,12 +303,13 @@ class FA2Decode:
         )
         self.out = torch.empty(b, num_qo_heads, head_dim, dtype=dtype, device=dev)
 
-    def plan(self, block_tables: np.ndarray, seq_lens: np.ndarray) -> None:
-        """Host plan for the next replay from host numpy tables [b, W] and lengths [b] (the same rows the device
-        buffers hold). Call on the stream the graph replays on, outside capture, before every replay."""
+    def schedule(self, block_tables: np.ndarray, seq_lens: np.ndarray) -> None:
+        """The next replay's split-KV schedule (FlashInfer's ``plan()``), built on the host from host numpy tables
+        [b, W] and lengths [b] (the same rows the device buffers hold). Call on the stream the graph replays on,
+        outside capture, before every replay."""
         if block_tables.shape != (self.batch_size, self.max_pages_per_row):
             raise ValueError(f"block_tables {block_tables.shape} != ({self.batch_size}, {self.max_pages_per_row})")
-        if self._planned and self._copied is not None:
+        if self._scheduled and self._copied is not None:
             self._copied.synchronize()  # the previous plan's H2D copies have read the pinned buffers
         _, _, _, nnz = build_paged_kv_csr(
             block_tables,
@@ -336,7 +337,7 @@ class FA2Decode:
         )
         if self._copied is not None:
             self._copied.record()
-        self._planned = True
+        self._scheduled = True
 
     def __call__(
         self,
@@ -347,10 +348,10 @@ class FA2Decode:
         scale: float | None = None,
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        if not self._planned:
-            raise RuntimeError("FA2Decode: plan() before the first run")
+        if not self._scheduled:
+            raise RuntimeError("FA2Decode: schedule() before the first run")
         if q.shape[0] != self.batch_size:
-            raise ValueError(f"q has {q.shape[0]} rows, this wrapper is planned for {self.batch_size}")
+            raise ValueError(f"q has {q.shape[0]} rows, this wrapper is scheduled for {self.batch_size}")
         if scale is not None and not math.isclose(scale, self.sm_scale, rel_tol=1e-6):
             raise ValueError(f"scale {scale} != the planned sm_scale {self.sm_scale} (set at construction)")
         return self.wrapper.run(q.contiguous(), kv, out=self.out if out is None else out, enable_pdl=self.enable_pdl)
