@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
                     per_arm={Planning.RESIDENT: dict(overlap=args.overlap)})
     e0 = next(iter(runs.values())).engine
     print(f"order {e0.config.order.value}, buckets {e0.buckets}, page size {e0.config.page_size}, "
-          f"pages {[p.num_pages for p in e0.page_pools.values()]}, token budget {e0.config.token_budget}, "
+          f"pages {[p.num_pages for p in e0.admission.page_pools.values()]}, token budget {e0.config.token_budget}, "
           f"attention {args.attention}")
     print(f"layout: {e0.layout.describe(2 * e0.buckets[-1] + 1)}")
     arms = list(runs)

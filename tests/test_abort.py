@@ -23,11 +23,11 @@ REQS = random_requests(QWEN, 10, prompt_len=(3, 14), gen_len=(4, 12), seed=21)
 def assert_all_free(e: Engine) -> None:
     """Nothing is held: every page, handle, recurrent slot and planner slot is free, no step is in flight."""
     check_pools(e)
-    assert not e.has_work() and e._inflight is None and not e.live
-    assert all(p.free == p.capacity for p in e.page_pools.values())
-    assert e.handles.free == e.handles.size and e.rec.free == e.rec.size
+    assert not e.has_work() and e.launcher.inflight is None and not e.table.live
+    assert all(p.free == p.capacity for p in e.admission.page_pools.values())
+    assert e.admission.handles.free == e.admission.handles.size and e.admission.rec.free == e.admission.rec.size
     if e.resident:
-        assert (e.state.ledger.slot_owner[1:] == FREE).all() and not e.state.ledger.slot_of.any()
+        assert (e.arm.state.ledger.slot_owner[1:] == FREE).all() and not e.arm.state.ledger.slot_of.any()
     assert not e.scheduler.offloaded and not e.scheduler.prefilling and not e.scheduler.waiting
 
 
@@ -41,14 +41,14 @@ STAGES = {  # stage: (config changes, predicate on the engine telling the victim
                     lambda e, rid: _status(e, rid) == Status.PREFILLING and e.scheduler.prefilled[_handle(e, rid)] > 0),
     "decoding": (dict(max_running=4), lambda e, rid: _status(e, rid) == Status.DECODING),
     "in-flight": (dict(max_running=4, overlap=True),
-                  lambda e, rid: e._inflight is not None and _handle(e, rid) in e._inflight.rows.tolist()),
+                  lambda e, rid: (f := e.launcher.inflight) is not None and _handle(e, rid) in f.rows.tolist()),
     "retiring": (dict(max_running=4, overlap=True), lambda e, rid: _status(e, rid) == Status.RETIRING),
     "offloaded": (dict(max_running=8, num_pages=14), lambda e, rid: _status(e, rid) == Status.OFFLOADED),
 }  # fmt: skip
 
 
 def _handle(e: Engine, rid: str) -> int | None:
-    return next((h for h, live in e.live.items() if live.pend.rid == rid), None)
+    return next((h for h, live in e.table.live.items() if live.pend.rid == rid), None)
 
 
 def _status(e: Engine, rid: str) -> int | None:
@@ -71,7 +71,7 @@ def test_an_abort_at_each_stage_frees_everything_and_changes_no_other_request(st
         if victim is None:
             e.step()
     assert victim is not None, f"no request was ever {stage}"
-    had = e.gen[_handle(e, victim)] if _handle(e, victim) is not None else 0
+    had = e.table.gen[_handle(e, victim)] if _handle(e, victim) is not None else 0
     assert e.abort(victim) is True
     out = e.results[victim]
     assert out.finish_reason is FinishReason.ABORT and len(out.tokens) == had
@@ -103,11 +103,11 @@ def test_results_are_handed_over_once_and_their_ids_forgotten():
     e.on_finish = seen.append  # a callback takes the results instead: nothing is kept
     while e.has_work():
         e.step()
-    assert [r.request_id for r in seen] == ["x"] and not e.results and not e._rids and not e._t_submit
+    assert [r.request_id for r in seen] == ["x"] and not e.results and not e.table.rids and not e.table.t_submit
     with pytest.raises(ValueError, match="on_finish"):
         e.run([Request((1,), SamplingParams(max_tokens=1))])
     e.on_finish = None
-    assert len(e.run(REQS[:3])) == 3 and not e.results and not e._rids  # run() hands its results back
+    assert len(e.run(REQS[:3])) == 3 and not e.results and not e.table.rids  # run() hands its results back
 
 
 class AbortMachine(RuleBasedStateMachine):
@@ -140,10 +140,10 @@ class AbortMachine(RuleBasedStateMachine):
             if self.e.has_work():
                 self.e.step()
 
-    @precondition(lambda self: set(self.e._rids) - set(self.e.results))
+    @precondition(lambda self: set(self.e.table.rids) - set(self.e.results))
     @rule(i=st.integers(0, 63))
     def abort(self, i):
-        unfinished = sorted(set(self.e._rids) - set(self.e.results))
+        unfinished = sorted(set(self.e.table.rids) - set(self.e.results))
         rid = unfinished[i % len(unfinished)]
         assert self.e.abort(rid)
         self.aborted.add(rid)
@@ -162,7 +162,7 @@ class AbortMachine(RuleBasedStateMachine):
         for rid, want in self.want.items():
             got = self.e.pop_result(rid).tokens
             assert got == want if rid not in self.aborted else got == want[: len(got)], rid
-        assert not self.e._rids and self.e.stats.mismatches == 0
+        assert not self.e.table.rids and self.e.stats.mismatches == 0
 
 
 CACHE: dict = {}

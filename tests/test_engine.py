@@ -163,7 +163,7 @@ def test_triton_attention_in_both_arms_matches_torch_attention():
     cfg = attrs.evolve(BASE, max_running=8)
     runs = run_arms(QWEN, attrs.evolve(cfg, attention=Backend.TRITON), PROMPTS[:16])
     assert_same(runs, PROMPTS[:16])
-    assert runs[R].engine.state.cfg.buckets[0].host_plan_free
+    assert runs[R].engine.arm.state.cfg.buckets[0].host_plan_free
     assert runs[R].tokens == run_arms(QWEN, cfg, PROMPTS[:16], arms=(R,))[R].tokens
 
 
@@ -174,15 +174,15 @@ def test_a_decode_steps_wall_time_includes_the_pre_plan_it_makes(monkeypatch):
     step's time shows: every pre-plan made in a decode step's iteration must be inside ``decode_ns``."""
     import time
 
-    import models.engine.driver as driver
+    import models.engine.planning as planning
 
-    plan = driver.plan
+    plan = planning.plan
 
     def slow_plan(*args, **kwargs):
         time.sleep(0.1)
         return plan(*args, **kwargs)
 
-    monkeypatch.setattr(driver, "plan", slow_plan)
+    monkeypatch.setattr(planning, "plan", slow_plan)
     st = run_arms(QWEN, attrs.evolve(BASE, max_running=4, row_check=False), PROMPTS[:6], arms=(R,))[R].engine.stats
     made_in_decode_steps = st.preplans - st.prefill_steps - st.mixed_steps  # at most one pre-plan a step
     assert st.preplan_hits > 0 and made_in_decode_steps >= 3

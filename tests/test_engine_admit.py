@@ -29,7 +29,7 @@ from models.engine import (
     build_adapter,
 )
 from models.engine.compare import check_pools, random_requests
-from models.engine.driver import EarlyFill
+from models.engine.planning import HostArm, ResidentArm
 
 QWEN = build_adapter("qwen3_5-tiny", seed=0)
 PS = 4
@@ -43,16 +43,16 @@ def refused_admit(planning: Planning, overlap: bool = False) -> tuple[Engine, in
     refused. Returns the engine, A's handle, the crossing column, the page given back, the page the retry took."""
     e = Engine(QWEN, attrs.evolve(CFG, planning=planning, overlap=overlap))
     e.submit(A)
-    while not (e._txn is not None and e._txn.crossings):
+    while not (e.ahead.txn is not None and e.ahead.txn.crossings):
         e.step()
-    (h,) = e.live
-    (c,) = e._txn.crossings
+    (h,) = e.table.live
+    (c,) = e.ahead.txn.crossings
     col, given_back = int(c.cols[0]), int(c.pages[0])
     assert e.streams.kv["kv"].pages[h, col] == given_back
     if planning is Planning.RESIDENT:  # the pre-plan staged exactly that crossing
-        pp = e._preplan
+        pp = e.ahead.early
         assert pp is not None and pp.program.crossings == 1 and given_back in pp.program.staged_val
-    free = e.page_pools["kv"].free
+    free = e.admission.page_pools["kv"].free
     e.submit(W)
     e.step()
     assert e.stats.refused_admits == 1
@@ -60,8 +60,8 @@ def refused_admit(planning: Planning, overlap: bool = False) -> tuple[Engine, in
     assert retried != given_back  # the FIFO pool handed out another page first
     # rolled back whole: W waits at the head of the queue; only A's retried crossing page is gone from the pool
     assert [p.rid for p in e.scheduler.waiting] == ["W"]
-    assert e.page_pools["kv"].free == free and e.rec.free == 0 and e.handles.free == 1
-    assert list(e.live) == [h] and e.scheduler.admit_quota == 0
+    assert e.admission.page_pools["kv"].free == free and e.admission.rec.free == 0 and e.admission.handles.free == 1
+    assert list(e.table.live) == [h] and e.scheduler.admit_quota == 0
     check_pools(e)
     return e, h, col, given_back, retried
 
@@ -71,7 +71,7 @@ def test_a_refused_admit_drops_the_preplan_naming_its_pages():
     assert e.stats.preplan_drops == 1
     assert e.stats.mismatches == 0, e.stats.first_mismatches
     store = e.executor.store_numpy()
-    assert store[e.state.slot(h), e.layout.span("kv").start + col] == retried
+    assert store[e.arm.state.slot(h), e.layout.span("kv").start + col] == retried
     results = {r.request_id: r for r in _finish(e)}
     assert e.stats.mismatches == 0 and e.stats.row_checks == e.stats.decode_steps
     host, *_ = refused_admit(Planning.HOST)
@@ -80,7 +80,7 @@ def test_a_refused_admit_drops_the_preplan_naming_its_pages():
 
 
 def test_without_the_drop_the_retried_step_writes_into_a_page_it_gave_back(monkeypatch):
-    monkeypatch.setattr(Engine, "_drop_preplan_naming", lambda self, pages: None)
+    monkeypatch.setattr(ResidentArm, "names", lambda self, early, pages: False)
     e, h, col, given_back, retried = refused_admit(Planning.RESIDENT)
     assert e.stats.preplan_drops == 0 and e.stats.preplan_hits > 0
     bad = {m.what: m for m in e.stats.first_mismatches if m.handle == h}
@@ -97,7 +97,7 @@ def test_a_refused_admit_makes_the_host_arms_early_fill_stale(check, monkeypatch
     crossing page p. The refused admit gives p back and the retry takes p', so the early fill must not be used: the
     step fills again and writes at p'. Without the check of the rows' streams it writes into p, which A gave back."""
     if not check:
-        monkeypatch.setattr(EarlyFill, "of", staticmethod(lambda engine, rows: np.zeros(1)))
+        monkeypatch.setattr(HostArm, "seen", lambda self, rows: np.zeros(1))
     written, launch = [], Engine._launch
 
     def logged_launch(self, graph, b, rows, *a, **k):  # the page the replay writes A's token into

@@ -34,7 +34,7 @@ def test_resident_matches_host_on_32_prompts_at_0_8b_shape(backend, concurrency)
     assert runs[R].tokens == runs[H].tokens
     st = runs[R].engine.stats
     assert st.mismatches == 0 and st.row_checks > 0
-    assert runs[R].engine.state.cfg.buckets[0].host_plan_free is (backend is not Backend.FA2)
+    assert runs[R].engine.arm.state.cfg.buckets[0].host_plan_free is (backend is not Backend.FA2)
 
 
 def test_overlapped_resident_matches_host_with_stop_tokens():

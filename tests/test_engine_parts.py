@@ -11,6 +11,7 @@ from sim import expected_buffers
 
 from models.engine import AdmitRefusal, AdmitRefused, PagePool, Sampler, decode_buckets, recurrent_pool
 from models.engine.host_arm import HostFill
+from models.engine.planning import HostArm
 from models.engine.sampler import hash32
 from resplan import HostStreams, KVPool, RowLayout, SamplerCell, StepBuffers, StreamMode, float_bits
 
@@ -226,7 +227,7 @@ def test_a_resource_that_refuses_resident_planning_keeps_the_engine_host_planned
     cfg = EngineConfig(page_size=4, max_seq_len=32, max_running=4)
     with caplog.at_level(logging.WARNING, logger="models.engine.driver"):
         e = Engine(windowed, attrs.evolve(cfg, planning=Planning.RESIDENT))
-    assert not e.resident and e.state is None and e.refusal.problem is CaptureProblem.REFUSED
+    assert not e.resident and isinstance(e.arm, HostArm) and e.refusal.problem is CaptureProblem.REFUSED
     assert [r.getMessage() for r in caplog.records].count(
         f"qwen3_5-tiny: resident planning refused, the engine is host-planned: {e.refusal}") == 1
     assert "SLIDING_WINDOW" in str(e.refusal)

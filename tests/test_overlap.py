@@ -42,7 +42,7 @@ def test_overlapped_arm_matches_host(case, arm):
         assert s.row_checks == s.decode_steps and s.mismatches == 0, s.first_mismatches
     else:  # the fill and plan made while the step before ran were used
         assert s.preplan_hits > 0 and s.preplans > hs.preplans == 0
-    assert res.engine._inflight is None and res.engine.scheduler.admitted == 0
+    assert res.engine.launcher.inflight is None and res.engine.scheduler.admitted == 0
 
 
 def test_rows_that_stopped_while_the_next_step_ran_are_dropped():
@@ -124,6 +124,6 @@ def test_requests_arriving_between_steps_with_stop_tokens(seed):
     for arm in (R, H):
         over = _serve(attrs.evolve(cfg, planning=arm, overlap=True), reqs, arrive)
         assert [over.results[r.request_id] for r in reqs] == want
-        assert over._inflight is None
+        assert over.launcher.inflight is None
         s = over.stats
         assert arm is H or (s.row_checks == s.decode_steps and s.mismatches == 0), s.first_mismatches

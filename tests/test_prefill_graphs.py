@@ -122,7 +122,7 @@ def test_an_engine_on_prefill_graphs_gives_the_eager_engines_tokens(case):
     graphed = run_arms(QWEN, attrs.evolve(cfg, prefill_graphs=3, prefill_graph_tokens=64), EQUAL)
     for arm in eager:
         assert graphed[arm].tokens == eager[arm].tokens
-        assert graphed[arm].engine.prefill_graphs.stats.replays > 0
+        assert graphed[arm].engine.prefill.graphs.stats.replays > 0
         assert graphed[arm].engine.stats.mismatches == 0
 
 
@@ -200,6 +200,6 @@ def test_an_engine_on_cuda_prefill_graphs_gives_the_eager_engines_tokens():
     graphed = run_arms(adapter, attrs.evolve(cfg, prefill_graphs=4), reqs)
     for arm in eager:
         assert graphed[arm].tokens == eager[arm].tokens
-        s = graphed[arm].engine.prefill_graphs.stats
+        s = graphed[arm].engine.prefill.graphs.stats
         print(f"\n{arm}: prefill graphs {s}")
         assert s.replays > 0

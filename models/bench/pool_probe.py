@@ -42,7 +42,7 @@ def nonfinite(engine: Engine) -> dict:
 def owners(engine: Engine, pages: list[int], slots: list[int]) -> dict:
     """Who holds each page and slot: 'sink', 'free', or the handle and its status."""
     s = engine.streams.kv["kv"]
-    held = engine.n_pages["kv"]
+    held = engine.admission.n_pages["kv"]
     who = {}
     for p in pages:
         if p == 0:

@@ -1,5 +1,5 @@
-"""The serving engine: request validation, pools, scheduler, sampler, model adapters, and the decode loop driver
-with its two planning arms (resident through resplan, and the host-planned baseline)."""
+"""The serving engine: request validation, pools and admission, scheduler, request table, sampler, model adapters,
+the two planning arms (resident through resplan, and the host-planned baseline), and the driver that composes them."""
 
 from models.engine.adapters import MODELS, Adapter, QwenAdapter, WhisperAdapter, build_adapter
 from models.engine.driver import Engine, EngineConfig, EngineStats, Planning

@@ -90,8 +90,8 @@ def run_arms(
 
 def check_pools(engine: Engine) -> None:
     """Assert the engine's page bookkeeping and the scheduler's kept decode rows (tests; it walks every handle)."""
-    for key, pool in engine.page_pools.items():
-        s, held = engine.streams.kv[key], engine.n_pages[key]
+    for key, pool in engine.admission.page_pools.items():
+        s, held = engine.streams.kv[key], engine.admission.n_pages[key]
         cols = np.arange(s.pages.shape[1])
         live = s.pages[cols[None, :] < held[:, None]]
         assert (live > 0).all(), f"pool {key!r}: a held page is the sink"

@@ -1,0 +1,152 @@
+"""The launcher: a step's input ids, its graph replay, and the readback of its sampled tokens.
+
+A step's sampled tokens stay on the device (``tokens_all``); a graph that takes its input ids from the device takes
+each row's id from there when the row ran in the last replayed step (``src`` = its position), else from a host id (a
+row that prefilled, or last ran earlier). The host copies ``(ids, src)`` only when they change: a steady step copies
+none. Pinned host buffers come in two sets used by alternate launches: a buffer is rewritten only after the launch
+before last has landed, so one step may be in flight while the next is launched (overlap).
+"""
+
+from __future__ import annotations
+
+import time
+
+import attrs
+import numpy as np
+import torch
+
+from resplan import Graph
+
+
+@attrs.frozen(eq=False)
+class InFlight:
+    """A launched step whose sampled tokens the host has not read yet."""
+
+    rows: np.ndarray  # [n] handles, in the step's row order
+    serial: np.ndarray  # [n] their admissions' serials at launch: a row whose serial changed since is dropped
+    bucket: int
+    parity: int  # which pinned readback buffer and events it uses
+    decode: bool  # a pure decode step (its phases count in the stats)
+
+
+@attrs.frozen(slots=True)
+class Launched:
+    """What a launch did (counted in the stats). A host-planned step's launch counts only its rows."""
+
+    rows_decoded: int
+    padded_rows: int
+    launch_ns: int = 0  # decode steps: input ids copy (if any) + graph replay launch + token readback enqueue
+    h2d_copies: int = 0
+    h2d_bytes: int = 0
+    ids_copies: int = 0
+
+
+@attrs.frozen(slots=True)
+class Landed:
+    """What landing a step did: its sampled tokens ([n] int64, the launch's row order) and, for a decode step, the
+    wait and its graph's GPU time (with timing on)."""
+
+    sampled: np.ndarray
+    wait_ns: int = 0
+    gpu_ms: float = 0.0
+
+
+class Launcher:
+    def __init__(self, buckets: tuple[int, ...], capacity: int, device: torch.device, timing: bool) -> None:
+        B, cuda = buckets[-1], device.type == "cuda"
+        self.timing = timing
+        i64 = dict(dtype=torch.int64, device=device)
+        self.tokens_all = torch.zeros(B, **i64)  # [B] the last replayed step's sampled tokens, in its row order
+        self.tokens = {b: self.tokens_all[:b] for b in buckets}  # [b] written by bucket b's graphs
+        self.idsrc = {b: torch.zeros(2, b, **i64) for b in buckets}  # [2, b]: host ids; src (-1: host id)
+        self.ids = {b: self.idsrc[b][0] for b in buckets}  # [b] a host-planned graph's input ids
+        self._idsrc_now = {b: np.zeros((2, b), np.int64) for b in buckets}  # what idsrc[b] holds
+        self._idsrc_now_ids = {b: self._idsrc_now[b][0] for b in buckets}  # views made once (hot path)
+        flat = [torch.zeros(2 * B, dtype=torch.int64, pin_memory=cuda) for _ in range(2)]
+        self._idsrc_host = [{b: t[: 2 * b].view(2, b) for b in buckets} for t in flat]
+        self._idsrc_host_np = [{b: v.numpy() for b, v in d.items()} for d in self._idsrc_host]
+        self._ids_host = [{b: d[b][0] for b in buckets} for d in self._idsrc_host]
+        self._ids_host_np = [{b: d[b][0] for b in buckets} for d in self._idsrc_host_np]
+        toks = [torch.zeros(B, dtype=torch.int64, pin_memory=cuda) for _ in range(2)]
+        self._tok_host = [{b: t[:b] for b in buckets} for t in toks]
+        self._tok_np = [t.numpy() for t in toks]
+        self._landed = [torch.cuda.Event() if cuda else None for _ in range(2)]
+        self._timers = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda
+                        else None for _ in range(2)]  # fmt: skip
+        self._parity = 0
+        self._tok_pos = np.full(capacity, -1, np.int64)  # each handle's position in tokens_all, -1 when not there
+        self._last_rows = np.zeros(0, np.int64)  # the rows of the step that wrote tokens_all
+        self._arange = np.arange(B, dtype=np.int64)
+        self.inflight: InFlight | None = None  # the step launched and not landed (overlap)
+
+    def forget(self, h: int) -> None:
+        """Handle h serves a new request, or none: its id is the host's, not a token in ``tokens_all``."""
+        self._tok_pos[h] = -1
+
+    def launch(self, graph: Graph, b: int, rows: np.ndarray, serial: np.ndarray, last_token: np.ndarray,
+               device_ids: bool, decode: bool) -> tuple[InFlight, Launched]:  # fmt: skip
+        """Copy the step's input ids (the rows' ``last_token``, [H] by handle; a graph that takes them from the device
+        copies them only if they changed), replay, enqueue the sampled tokens' readback. ``serial``: [n] the rows'
+        admission serials. ``decode``: a pure decode step, whose phases (launch, wait, GPU time) the stats count."""
+        n, k = rows.size, self._parity
+        self._parity ^= 1
+        t0 = time.perf_counter_ns()
+        copies = nbytes = ids_copies = 0
+        if device_ids:
+            copies = ids_copies = self._stage_idsrc(b, rows, last_token, k)
+            nbytes = 16 * b * copies
+        else:
+            assert self.inflight is None, "a host-planned step's ids are the host's: land the step in flight first"
+            a = self._ids_host_np[k][b]
+            a[:n] = last_token[rows]
+            a[n:] = 0
+            self._idsrc_now_ids[b][:] = a
+            self.ids[b].copy_(self._ids_host[k][b], non_blocking=True)
+            if decode:
+                copies, nbytes = 1, 8 * b
+        timer = self._timers[k] if self.timing and decode else None
+        if timer is not None:
+            timer[0].record()
+        graph.replay()
+        if timer is not None:
+            timer[1].record()
+        self._tok_host[k][b].copy_(self.tokens[b], non_blocking=True)
+        if self._landed[k] is not None:
+            self._landed[k].record()
+        self._tok_pos[self._last_rows] = -1  # tokens_all now holds this step's tokens
+        self._tok_pos[rows] = self._arange[:n]
+        self._last_rows = rows
+        launch_ns = time.perf_counter_ns() - t0 if decode else 0
+        return InFlight(rows, serial, b, k, decode), Launched(n, b - n, launch_ns, copies, nbytes, ids_copies)
+
+    def _stage_idsrc(self, b: int, rows: np.ndarray, last_token: np.ndarray, k: int) -> int:
+        """A device-ids step's (host ids, src): src = each row's position in the last replayed step's tokens, -1 for
+        a row not in it, whose id the host knows (it prefilled, or last ran in a step already read back). Copied to
+        the device only when it differs from what idsrc[b] holds; returns the copies made (0 or 1)."""
+        n = rows.size
+        src = self._tok_pos[rows]
+        now = self._idsrc_now[b]
+        if n == b and np.array_equal(now[1], src) and src.min() >= 0 and not now[0].any():
+            return 0  # steady: every row takes the token the last step sampled for it, as the device already has
+        new = self._idsrc_host_np[k][b]
+        new[1, :n] = src
+        new[1, n:] = -1
+        new[0, :n] = np.where(src < 0, last_token[rows], 0)
+        new[0, n:] = 0
+        if np.array_equal(now, new):
+            return 0
+        now[:] = new
+        self.idsrc[b].copy_(self._idsrc_host[k][b], non_blocking=True)
+        return 1
+
+    def land(self, f: InFlight) -> Landed:
+        """Wait for a launched step's tokens."""
+        t0 = time.perf_counter_ns()
+        if self._landed[f.parity] is not None:
+            self._landed[f.parity].synchronize()
+        tokens = self._tok_np[f.parity][: f.rows.size].copy()
+        if not f.decode:
+            return Landed(tokens)
+        wait_ns = time.perf_counter_ns() - t0
+        timer = self._timers[f.parity] if self.timing else None
+        return Landed(tokens, wait_ns, timer[0].elapsed_time(timer[1]) if timer is not None else 0.0)
