@@ -234,3 +234,18 @@ def test_a_resource_that_refuses_resident_planning_keeps_the_engine_host_planned
     reqs = random_requests(QWEN, 6, (3, 10), (2, 6), seed=9)
     host = Engine(QWEN, attrs.evolve(cfg, planning=Planning.HOST)).run(reqs)
     assert [r.tokens for r in e.run(reqs)] == [r.tokens for r in host]
+
+
+def test_stats_sum_a_parts_record_by_field_name():
+    """EngineStats.add sums a record's number fields into the counters of the same names, and nothing else: a
+    field that is not a counter (a step's seq) or not a number (a landed step's tokens) is left out."""
+    from models.engine.launcher import Landed
+    from models.engine.planning import Prepared
+    from models.engine.stats import EngineStats
+
+    st = EngineStats()
+    st.add(Prepared(seq=7, plan_ns=100, attn_schedule_ns=5, preplan_hits=1, h2d_copies=2, h2d_bytes=64))
+    st.add(Prepared(seq=8, plan_ns=50, h2d_copies=1))
+    st.add(Landed(np.array([3, 4, 5]), wait_ns=9, gpu_ms=0.5))
+    assert (st.plan_ns, st.attn_schedule_ns, st.preplan_hits, st.h2d_copies, st.h2d_bytes) == (150, 5, 1, 3, 64)
+    assert (st.wait_ns, st.gpu_ms, st.tokens, st.steps) == (9, 0.5, 0, 0)
