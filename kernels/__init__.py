@@ -1,27 +1,31 @@
-"""Triton kernels of the resident decode step (scatter staged cells, gather step rows, commit lengths), the fused
-Gated DeltaNet decode step (SSM + conv, in place on the slot pools), the fused decode step's row ops (residual add +
-norm, gates, the attention prologue), and their torch references."""
+"""Triton kernels, one folder per op: the kernel (``kernel.py``) beside its torch reference (``naive.py``).
 
-from kernels.attention_prep import attention_prep_
-from kernels.commit_lengths import commit_lengths
-from kernels.gates import sigmoid_gate_mul, silu_mul
-from kernels.gather_rows import gather_rows
-from kernels.gdn_decode import conv1d_decode_step_, gdn_decode_raw_step_, gdn_decode_step_
-from kernels.norms import add_rms_norm_, gated_rms_norm
-from kernels.reference import (
-    add_rms_norm_ref,
-    attention_prep_ref,
-    commit_lengths_ref,
+``kernels.rows``: the resident-row ops resplan's executor runs in the graph (scatter staged cells, gather a step's
+rows, commit lengths). The model's decode ops: ``gdn_decode`` (the fused Gated DeltaNet step, in place on the slot
+pools), ``norms``, ``gates``, ``attention_prep`` (the attention prologue), ``gemv`` (skinny GEMMs), ``paged_decode``
+(plan-free split-KV attention) and ``conv1d_prefill``. ``pdl`` is their programmatic-dependent-launch switch and
+``runtime`` says whether Triton's interpreter runs them. Nothing here imports ``models``.
+"""
+
+from kernels.attention_prep import attention_prep_, attention_prep_ref
+from kernels.gates import sigmoid_gate_mul, sigmoid_gate_mul_ref, silu_mul, silu_mul_ref
+from kernels.gdn_decode import (
+    conv1d_decode_step_,
     conv1d_decode_step_ref,
-    gated_rms_norm_ref,
-    gather_rows_ref,
+    gdn_decode_raw_step_,
     gdn_decode_raw_step_ref,
+    gdn_decode_step_,
     gdn_decode_step_ref,
-    scatter_cells_ref,
-    sigmoid_gate_mul_ref,
-    silu_mul_ref,
 )
-from kernels.scatter_cells import scatter_cells
+from kernels.norms import add_rms_norm_, add_rms_norm_ref, gated_rms_norm, gated_rms_norm_ref
+from kernels.rows import (
+    commit_lengths,
+    commit_lengths_ref,
+    gather_rows,
+    gather_rows_ref,
+    scatter_cells,
+    scatter_cells_ref,
+)
 
 __all__ = [
     "add_rms_norm_",

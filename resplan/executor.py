@@ -37,11 +37,11 @@ class KernelImpl(enum.Enum):
 
 
 def _kernels(impl: KernelImpl):
-    import kernels
+    import kernels.rows as rows  # (when an executor is built: kernels.rows imports resplan's records back)
 
     if impl is KernelImpl.TRITON:
-        return kernels.scatter_cells, kernels.gather_rows, kernels.commit_lengths
-    return kernels.scatter_cells_ref, kernels.gather_rows_ref, kernels.commit_lengths_ref
+        return rows.scatter_cells, rows.gather_rows, rows.commit_lengths
+    return rows.scatter_cells_ref, rows.gather_rows_ref, rows.commit_lengths_ref
 
 
 class Graph:

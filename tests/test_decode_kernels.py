@@ -1,4 +1,4 @@
-"""The fused decode step's row kernels (kernels/norms.py, gates.py, attention_prep.py, gdn_decode raw entry) against
+"""The fused decode step's row kernels (kernels/norms, gates, attention_prep, gdn_decode raw entry) against
 their torch references, which are the model's torch path op for op.
 
 Fresh random inputs per seed; odd widths (masked tails); padding rows (write_loc at the sink page, slot 0). Without CUDA

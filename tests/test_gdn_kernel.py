@@ -1,4 +1,4 @@
-"""The fused Gated DeltaNet decode kernels (kernels/gdn_decode.py) against gather -> models.layers.gdn step -> scatter.
+"""The fused Gated DeltaNet decode kernels (kernels/gdn_decode) against gather -> its naive step -> scatter.
 
 Without CUDA the kernels run in Triton's interpreter (TRITON_INTERPRET=1, set before triton is imported unless the
 environment already says otherwise). The ``gpu`` tests run compiled on the H200 at the 0.8B shape and in a CUDA graph.
@@ -180,9 +180,10 @@ def test_gdn_decode_in_cuda_graph():
 
 @pytest.mark.parametrize("seed", range(3))
 def test_conv1d_prefill_kernel_matches_the_torch_conv(seed):
-    """kernels.conv1d_prefill against causal_conv1d_prefill_batch's F.conv1d path on fresh random chunks of different
-    lengths (padding rows excluded: junk in both), with channel and token counts off the block sizes."""
-    from kernels.conv1d_prefill import conv1d_prefill
+    """kernels.conv1d_prefill against its reference (F.conv1d), which causal_conv1d_prefill_batch runs on the CPU, on
+    fresh random chunks of different lengths (padding rows excluded: junk in both), with channel and token counts off
+    the block sizes."""
+    from kernels.conv1d_prefill import conv1d_prefill, conv1d_prefill_ref
     from models.layers.gdn import causal_conv1d_prefill_batch
 
     gen = torch.Generator().manual_seed(seed)
@@ -195,6 +196,7 @@ def test_conv1d_prefill_kernel_matches_the_torch_conv(seed):
     got = conv1d_prefill(xs, w.to(DEVICE), T).cpu()
     valid = torch.arange(T)[None, :] < lens[:, None]
     torch.testing.assert_close(got[valid], want[valid], atol=ATOL, rtol=RTOL)
+    torch.testing.assert_close(conv1d_prefill_ref(xs.cpu(), w, T)[valid], want[valid])
     if DEVICE == "cuda":  # the whole function dispatches to the kernel on CUDA: output and new state
         out, new_state = causal_conv1d_prefill_batch(x.cuda(), state.cuda(), w.cuda(), lens.cuda())
         torch.testing.assert_close(out.cpu()[valid], want[valid], atol=ATOL, rtol=RTOL)

@@ -24,7 +24,7 @@ if not torch.cuda.is_available():
 
 import kernels.gemv  # noqa: E402  (after TRITON_INTERPRET is settled)
 import models.layers.fused as fused  # noqa: E402
-from kernels.gemv import DEFAULT_CONFIG, gemv, gemv_add_rms_norm, norm_fold_wins  # noqa: E402
+from kernels.gemv import DEFAULT_CONFIG, gemv, gemv_add_rms_norm, gemv_add_rms_norm_ref, norm_fold_wins  # noqa: E402
 from kernels.norms import add_rms_norm_  # noqa: E402
 from models.engine import build_adapter  # noqa: E402
 from models.layers.fused import PendingNorm, Residual, decode_linear, decode_normed_linear, norm_folds  # noqa: E402
@@ -69,14 +69,6 @@ def _assert_two_step_value(got: torch.Tensor, want: torch.Tensor) -> None:
         torch.testing.assert_close(got, want, **tol)
 
 
-def _reference(h, delta, nw, w, zero_centered=True) -> torch.Tensor:
-    """float64: s = h + delta, y = s * rsqrt(mean(s^2) + eps) * (1 + nw) @ w^T (no intermediate rounding)."""
-    s = h.double() + (0 if delta is None else delta.double())
-    wn = 1 + nw.double() if zero_centered else nw.double()
-    x = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + EPS) * wn
-    return x @ w.double().t()
-
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 @pytest.mark.parametrize("zero_centered", [True, False], ids=["1+w", "w"])
 @pytest.mark.parametrize("with_delta", [True, False], ids=["delta", "no-delta"])
@@ -94,9 +86,9 @@ def test_gemv_add_rms_norm(seed, N, K, config, with_delta, zero_centered, dtype)
     # (a) the two kernels it replaces; h_out is the residual add_rms_norm_ leaves in h, bit for bit
     _assert_two_step_value(got, want)
     assert torch.equal(h_out, h_want)
-    # (b) the float64 reference: float32 differs by reduction order; bf16 by the roundings of s, x and y
+    # (b) the reference (float64, rounded once): float32 differs by reduction order; bf16 by the roundings of s, x, y
     tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
-    torch.testing.assert_close(got.double(), _reference(h, delta, nw, w, zero_centered), **tol)
+    torch.testing.assert_close(got, gemv_add_rms_norm_ref(h, delta, nw, EPS, w, zero_centered=zero_centered), **tol)
     # (c) the inputs are only read
     assert torch.equal(h, h_in) and (delta is None or torch.equal(delta, d_in))
 
@@ -207,8 +199,8 @@ def _decode_one_row(model, fold: bool, steps: int, device: str, dtype: torch.dty
     bufs.block_tables[KV_POOL][0, : len(pages)] = torch.tensor(pages, dtype=torch.int32)
     bufs.recurrent_slots.fill_(1)
     calls = []
-    real = kernels.gemv.gemv_add_rms_norm
-    monkeypatch.setattr(kernels.gemv, "gemv_add_rms_norm", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = fused.gemv_add_rms_norm
+    monkeypatch.setattr(fused, "gemv_add_rms_norm", lambda *a, **k: calls.append(1) or real(*a, **k))
     out = []
     for t in range(7, 7 + steps):  # token t at position t
         bufs.seq_lens[KV_POOL].fill_(t + 1)

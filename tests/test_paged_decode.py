@@ -1,7 +1,7 @@
-"""The split-KV paged decode kernel (kernels/paged_decode.py) against the torch reference
-(``models.layers.paged.paged_decode_attention``) on fresh random caches, tables and lengths: empty rows, rows that
-fill the table, table columns past a row's length pointing at live pages of other rows, forced and default split
-counts. Without CUDA it runs in Triton's interpreter; on a GPU it runs compiled, float32 and bf16."""
+"""The split-KV paged decode kernel (kernels/paged_decode) against its torch reference (``paged_decode_ref``; the
+model's torch attention equals it) on fresh random caches, tables and lengths: empty rows, rows that fill the table,
+table columns past a row's length pointing at live pages of other rows, forced and default split counts. Without CUDA
+it runs in Triton's interpreter; on a GPU it runs compiled, float32 and bf16."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from kernels.paged_decode import (  # noqa: E402
     device_sms,
     num_splits,
     paged_decode,
+    paged_decode_ref,
     split_tokens,
     workspace_elements,
 )
@@ -65,22 +66,26 @@ def run(q, kv, bt, sl, scale, splits=None):
     [(1, 8, 2, 256, 16, 48), (5, 4, 4, 64, 16, 6), (7, 8, 1, 128, 8, 9), (3, 16, 2, 64, 64, 3), (9, 6, 2, 32, 4, 13)],
 )
 def test_matches_torch_reference_default_splits(b, hq, hk, D, ps, W, seed, dtype):
+    """Against the op's naive reference, which the model's torch attention (the CPU path) also equals."""
     q, kv, bt, sl = case(seed, b, hq, hk, D, ps, W, dtype)
     scale = D**-0.5
-    want = paged_decode_attention(q, kv, bt, sl, scale)
+    want = paged_decode_ref(q, kv, bt, sl, scale)
     torch.testing.assert_close(run(q, kv, bt, sl, scale), want, **TOL[dtype])
+    live = sl > 0  # (the model's attention serves rows of at least one token)
+    torch.testing.assert_close(paged_decode_attention(q, kv, bt, sl, scale)[live], want[live], **TOL[dtype])
 
 
 @pytest.mark.parametrize("splits", [1, 2, 3, 7, 40])
 def test_every_split_count_gives_the_same_attention(splits):
     """Forced split counts, including more splits than tokens in most rows (empty partials merge as zero weight)."""
     q, kv, bt, sl = case(5, 4, 8, 2, 64, 16, 10, DTYPES[-1])
-    want = paged_decode_attention(q, kv, bt, sl, 0.125)
+    want = paged_decode_ref(q, kv, bt, sl, 0.125)
     torch.testing.assert_close(run(q, kv, bt, sl, 0.125, splits=splits), want, **TOL[DTYPES[-1]])
 
 
 def test_all_rows_empty_give_zeros():
     q, kv, bt, sl = case(3, 3, 4, 2, 32, 16, 4, torch.float32, lens=[0, 0, 0])
+    assert torch.equal(paged_decode_ref(q, kv, bt, sl, 0.2), torch.zeros_like(q))
     for splits in (1, 4):
         assert torch.equal(run(q, kv, bt, sl, 0.2, splits=splits), torch.zeros_like(q))
 

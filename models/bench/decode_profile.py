@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("decode_profile measures CUDA graphs: it needs a GPU")
     dev, dt, ps = torch.device("cuda"), torch.bfloat16, a.page_size
     if a.gemv == "all":  # what-if: the weight stream at every skinny shape (the default configs where unlisted)
-        kernels.gemv.gemv_wins = lambda rows, n, k: 1 <= rows <= kernels.gemv.MAX_ROWS
+        models.layers.fused.gemv_wins = lambda rows, n, k: 1 <= rows <= kernels.gemv.MAX_ROWS
     adapter = build_adapter(a.model, seed=0, device=dev, dtype=dt)
     model = adapter.model
     batches = [int(x) for x in a.batches.split(",")]

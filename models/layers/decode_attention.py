@@ -12,7 +12,7 @@ class Backend(enum.Enum):
     TORCH = "torch"  # plain-torch paged attention reading the gathered tables (CPU, tests)
     FA2 = "fa2"  # FlashInfer's fa2 decode wrapper: its schedule is built on the host every step
     XQA = "xqa"  # FlashInfer XQA (sm_90): reads the gathered block table and lengths in the graph
-    TRITON = "triton"  # our split-KV Triton kernel (kernels/paged_decode.py): reads them in the graph too
+    TRITON = "triton"  # our split-KV Triton kernel (kernels/paged_decode): reads them in the graph too
 
     @property
     def host_plan_free(self) -> bool:

@@ -483,7 +483,7 @@ class FlashInferPrefill:
 #    initial_state [pool, HV, V, K] (V-major, K contiguous), initial_state_indices [B] int32/int64,
 #    output_state_indices=None, backend="auto"|"flashinfer")  -> (output, initial_state); state updated in place.
 # Gates in-kernel: g = -exp(A_log) * softplus(a + dt_bias) (beta 1, threshold 20), beta = sigmoid(b); l2norm eps
-# 1e-6 (gdn_kernels/gdn_decode_pretranspose.py:241, 268) -- the same as models/layers/gdn.py.
+# 1e-6 (gdn_kernels/gdn_decode_pretranspose.py:241, 268) -- the same as kernels/gdn_decode/naive.py.
 # State dtype: float32 pool -> "legacy" pretranspose kernel (K, V >= 128, pool stride(0) % 4 == 0; negative index
 # = padding row, output 0, state untouched); bfloat16 pool with K = V = 128 -> the bf16-state kernel (index -1 is
 # redirected to slot 0). Our state is float32 [h, dk, dv] (K-major): the pool must be stored transposed,

@@ -18,6 +18,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.gates import silu_mul
+from kernels.gemv import (
+    gemv,
+    gemv_add_rms_norm,
+    gemv_silu_mul,
+    gemv_wins,
+    norm_fold_wins,
+    silu_mul_fold_wins,
+)
+from kernels.norms import add_rms_norm_
+
 
 def _is_fused(w: torch.Tensor, linears: tuple[nn.Linear, ...]) -> bool:
     """Every linear's weight is the matching row block of w."""
@@ -54,11 +65,8 @@ def fused_weight(owner: nn.Module, name: str, *linears: nn.Linear) -> torch.Tens
 def decode_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x [M, K] @ w[N, K]^T for a decode step: the Triton weight stream (kernels.gemv) on CUDA at the shapes where it
     was measured faster than cuBLAS (``kernels.gemv.GEMV_CONFIGS``), else ``F.linear``."""
-    if x.is_cuda:
-        from kernels.gemv import gemv, gemv_wins
-
-        if gemv_wins(x.shape[0], w.shape[0], w.shape[1]):
-            return gemv(x, w)
+    if x.is_cuda and gemv_wins(x.shape[0], w.shape[0], w.shape[1]):
+        return gemv(x, w)
     return F.linear(x, w)
 
 
@@ -69,13 +77,8 @@ def decode_silu_mul_linear(gu: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """(silu(gu[:, :K]) * gu[:, K:]) @ w[N, K]^T for a decode step (gu [M, 2K], SwiGLU's gate|up output): on CUDA where
     it was measured faster, one kernel with silu_mul folded into its loads (kernels.gemv.gemv_silu_mul, equal to the
     two-step value bit for bit); else kernels.gates.silu_mul then ``decode_linear``."""
-    from kernels.gates import silu_mul
-
-    if gu.is_cuda:
-        from kernels.gemv import gemv_silu_mul, silu_mul_fold_wins
-
-        if FOLD_SILU_MUL and silu_mul_fold_wins(gu.shape[0], w.shape[0], w.shape[1]):
-            return gemv_silu_mul(gu, w)
+    if gu.is_cuda and FOLD_SILU_MUL and silu_mul_fold_wins(gu.shape[0], w.shape[0], w.shape[1]):
+        return gemv_silu_mul(gu, w)
     return decode_linear(silu_mul(gu), w)
 
 
@@ -117,19 +120,13 @@ class PendingNorm:
 
     def apply(self) -> torch.Tensor:
         """add_rms_norm_ on the stream (h updated in place): x [b, hidden]."""
-        from kernels.norms import add_rms_norm_
-
         return add_rms_norm_(self.res.h, self.delta, self.weight, self.eps, zero_centered=self.zero_centered)
 
 
 def norm_folds(p: PendingNorm, w: torch.Tensor) -> bool:
     """Whether ``decode_normed_linear(p, w)`` runs as one kernel (gemv_add_rms_norm): on CUDA, ``FOLD_NORM``, one row
     and a shape where the fold is configured (``kernels.gemv.NORM_CONFIGS``)."""
-    if not (FOLD_NORM and p.res.h.is_cuda):
-        return False
-    from kernels.gemv import norm_fold_wins
-
-    return norm_fold_wins(p.res.h.shape[0], w.shape[0], w.shape[1])
+    return FOLD_NORM and p.res.h.is_cuda and norm_fold_wins(p.res.h.shape[0], w.shape[0], w.shape[1])
 
 
 def decode_normed_linear(x: torch.Tensor | PendingNorm, w: torch.Tensor) -> torch.Tensor:
@@ -140,8 +137,6 @@ def decode_normed_linear(x: torch.Tensor | PendingNorm, w: torch.Tensor) -> torc
     if isinstance(x, torch.Tensor):
         return decode_linear(x, w)
     if norm_folds(x, w):
-        from kernels.gemv import gemv_add_rms_norm
-
         y = gemv_add_rms_norm(x.res.h, x.delta, x.weight, x.eps, w, x.res.take_spare(), zero_centered=x.zero_centered)
         x.res.swap()
         return y

@@ -1,4 +1,6 @@
-"""Gated DeltaNet math in plain torch: gates, causal depthwise conv, and the gated delta rule.
+"""Gated DeltaNet math in plain torch: gates, causal depthwise conv, and the gated delta rule. The one-token forms
+(gates, q/k normalisation, the conv step, the delta rule step) live beside the decode kernels they are the reference
+of (``kernels.gdn_decode.naive``) and are re-exported here; the prefill forms (a chunk, a batch of chunks) are here.
 
 State per head is S [dk, dv] (float32). One token does
     S <- exp(g) * S
@@ -10,32 +12,14 @@ with q, k l2-normalised and q scaled by dk^-0.5 before the rule (``normalize_qk`
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-L2_EPS = 1e-6  # matches transformers / FLA: x * rsqrt(sum(x^2) + eps)
-
-
-def gdn_gates(
-    a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """a, b [..., h] -> g = -exp(A_log) * softplus(a + dt_bias) (log decay, <= 0), beta = sigmoid(b); float32."""
-    g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float())
-    return g, b.float().sigmoid()
-
-
-def l2norm(x: torch.Tensor) -> torch.Tensor:
-    """x * rsqrt(sum(x^2) + eps) over the last dim."""
-    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2_EPS)
-
-
-def normalize_qk(q: torch.Tensor, k: torch.Tensor, n_rep: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """q, k [..., hk, dk] -> float32 [..., hk * n_rep, dk]: heads repeated, l2-normed, q scaled by dk^-0.5."""
-    if n_rep > 1:
-        q = q.repeat_interleave(n_rep, dim=-2)
-        k = k.repeat_interleave(n_rep, dim=-2)
-    q, k = l2norm(q.float()), l2norm(k.float())
-    return q * q.shape[-1] ** -0.5, k
-
+from kernels.conv1d_prefill import conv1d_prefill, conv1d_prefill_ref
+from kernels.gdn_decode.naive import L2_EPS as L2_EPS
+from kernels.gdn_decode.naive import causal_conv1d_step as causal_conv1d_step
+from kernels.gdn_decode.naive import gated_delta_step as gated_delta_step
+from kernels.gdn_decode.naive import gdn_gates as gdn_gates
+from kernels.gdn_decode.naive import l2norm as l2norm
+from kernels.gdn_decode.naive import normalize_qk as normalize_qk
 
 # -- causal depthwise conv (the state keeps the last K inputs, as transformers does) ---------------------------------
 
@@ -62,43 +46,14 @@ def causal_conv1d_prefill_batch(
     xs = cat(conv_state^T, x) [R, K + T_max, C]. On CUDA the conv is one Triton kernel (kernels.conv1d_prefill)."""
     R, K = x.shape[0], conv_state.shape[-1]
     xs = torch.cat([conv_state.transpose(1, 2).to(weight.dtype), x.to(weight.dtype)], dim=1)  # [R, K+T_max, C]
-    if x.is_cuda:
-        from kernels.conv1d_prefill import conv1d_prefill
-
-        out = conv1d_prefill(xs, weight, x.shape[1])  # [R, T_max, C], silu applied
-    else:
-        out = F.conv1d(xs.transpose(1, 2), weight[:, None, :], groups=weight.shape[0])[:, :, 1:]  # [R, C, T_max]
-        out = F.silu(out).transpose(1, 2)
+    conv = conv1d_prefill if x.is_cuda else conv1d_prefill_ref
+    out = conv(xs, weight, x.shape[1])  # [R, T_max, C], silu applied
     idx = lens[:, None] + torch.arange(K, device=x.device)[None, :]  # [R, K]: xs rows T_r .. T_r + K - 1
     new_state = xs.gather(1, idx[:, :, None].expand(R, K, xs.shape[2])).transpose(1, 2)  # [R, C, K]
     return out.to(x.dtype), new_state.to(conv_state.dtype)
 
 
-def causal_conv1d_step(
-    x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token a row. x [b, C]; conv_state [b, C, K]; weight [C, K] -> out [b, C], new state [b, C, K]."""
-    xs = torch.cat([conv_state.to(weight.dtype), x[:, :, None].to(weight.dtype)], dim=-1)  # [b, C, K+1]
-    new_state = xs[:, :, 1:]  # [b, C, K]
-    out = (new_state * weight[None]).sum(-1)  # [b, C]
-    return F.silu(out).to(x.dtype), new_state.to(conv_state.dtype)
-
-
 # -- gated delta rule ----------------------------------------------------------------------------------------------
-
-
-def gated_delta_step(
-    state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token. state [..., h, dk, dv]; q, k [..., h, dk]; v [..., h, dv]; g, beta [..., h]. Float32 in and out.
-
-    S = exp(g) S; S += k (beta (v - S^T k))^T; o = S^T q. Returns o [..., h, dv] and the new S.
-    """
-    state = state * g.exp()[..., None, None]
-    kv_mem = torch.einsum("...kv,...k->...v", state, k)  # [..., h, dv]
-    delta = (v - kv_mem) * beta[..., None]  # [..., h, dv]
-    state = state + k[..., :, None] * delta[..., None, :]
-    return torch.einsum("...kv,...k->...v", state, q), state
 
 
 def gated_delta_sequential(

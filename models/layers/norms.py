@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-
-def rms_normalize(x: torch.Tensor, eps: float, weight: torch.Tensor | None = None) -> torch.Tensor:
-    """x / sqrt(mean(x^2) + eps) over the last dim (times ``weight``), in float32: one fused kernel on CUDA, where
-    the unfused form costs five launches, and a decode step runs some sixty norms."""
-    return F.rms_norm(x.float(), (x.shape[-1],), weight, eps)
+from kernels.norms.naive import gated_rms_norm as gated_rms_norm
+from kernels.norms.naive import rms_normalize as rms_normalize
 
 
 class ZeroCenteredRMSNorm(nn.Module):
@@ -35,10 +31,3 @@ class GatedRMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         return gated_rms_norm(x, z, self.weight, self.eps)
-
-
-def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """(w * rms_normalize(x)) * silu(z) over the last dim, rounded to x's dtype after the norm, the weight and the
-    gate (``GatedRMSNorm``; the decode kernel ``kernels.norms.gated_rms_norm`` rounds where this does)."""
-    y = weight * rms_normalize(x, eps).to(x.dtype)
-    return (y * F.silu(z.float())).to(x.dtype)

@@ -9,19 +9,12 @@ from __future__ import annotations
 
 import torch
 
+from kernels.attention_prep.naive import write_kv as write_kv
+
 
 def allocate_kv(num_pages: int, page_size: int, n_kv_heads: int, head_dim: int, *, dtype, device) -> torch.Tensor:
     """A zeroed paged KV cache for one layer: [num_pages, 2, page_size, n_kv_heads, head_dim]."""
     return torch.zeros(num_pages, 2, page_size, n_kv_heads, head_dim, dtype=dtype, device=device)
-
-
-def write_kv(kv: torch.Tensor, write_loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """kv[loc // ps, :, loc % ps] = (k, v) for each token. write_loc [n] int; k, v [n, h, d]."""
-    ps = kv.shape[2]
-    loc = write_loc.long()
-    page, off = loc // ps, loc % ps
-    kv[page, 0, off] = k.to(kv.dtype)
-    kv[page, 1, off] = v.to(kv.dtype)
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:

@@ -9,6 +9,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from kernels.attention_prep.naive import apply_partial_rope as apply_partial_rope
+from kernels.attention_prep.naive import rotate_half as rotate_half
+
 
 class PartialRotary(nn.Module):
     """Holds inv_freq (non-persistent, like transformers) and turns positions into (cos, sin)."""
@@ -32,17 +35,3 @@ class PartialRotary(nn.Module):
         freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [n, rot/2]
         emb = torch.cat([freqs, freqs], dim=-1)  # [n, rot]
         return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """[x1, x2] -> [-x2, x1] on the last dim."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([-x2, x1], dim=-1)
-
-
-def apply_partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [n, h, d]; cos, sin [n, r]: x[..., :r] * cos + rotate_half(x[..., :r]) * sin, x[..., r:] unchanged."""
-    r = cos.shape[-1]
-    rot, rest = x[..., :r], x[..., r:]
-    cos, sin = cos[:, None, :], sin[:, None, :]  # [n, 1, r]
-    return torch.cat([rot * cos + rotate_half(rot) * sin, rest], dim=-1)

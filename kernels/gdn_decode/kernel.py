@@ -25,8 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.gdn_decode.naive import L2_EPS as _L2_EPS
 from kernels.pdl import launch_options, pdl_wait
-from models.layers.gdn import L2_EPS as _L2_EPS
 
 L2_EPS = tl.constexpr(_L2_EPS)
 
