@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from kernels.attention_prep import attention_prep_
+from kernels.gates import sigmoid_gate_mul
 from models.layers.fused import PendingNorm, decode_linear, decode_normed_linear, fused_weight
 from models.layers.norms import ZeroCenteredRMSNorm
 from models.layers.paged import paged_decode_attention, write_kv
@@ -103,9 +105,6 @@ class GatedAttention(nn.Module):
     ) -> torch.Tensor:
         """``decode`` in five kernels around the attention: qkv GEMM, prologue (norms, RoPE, K/V write), attention,
         sigmoid gate, o_proj. Triton (CUDA or the interpreter). [b, hidden]."""
-        from kernels.attention_prep import attention_prep_
-        from kernels.gates import sigmoid_gate_mul
-
         qkv = decode_normed_linear(x, self.qkv_weight())  # [b, hq 2d + 2 hk d]
         q = attention_prep_(qkv, self.q_norm.weight, self.k_norm.weight, cos, sin, kv, write_loc, self.n_heads,
                             self.q_norm.eps)  # fmt: skip

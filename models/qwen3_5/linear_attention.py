@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from kernels.gdn_decode import conv1d_decode_step_, gdn_decode_raw_step_, gdn_decode_step_
+from kernels.norms import gated_rms_norm
 from models.layers.fused import PendingNorm, decode_linear, decode_normed_linear, fused_weight
 from models.layers.gdn import (
     causal_conv1d_prefill_batch,
@@ -116,8 +118,6 @@ class GatedDeltaNet(nn.Module):
         """
         mixed, z, g, beta = self._project(x)
         if x.is_cuda if self.fused_decode is None else self.fused_decode:
-            from kernels.gdn_decode import conv1d_decode_step_, gdn_decode_step_  # triton only where it runs
-
             mixed = conv1d_decode_step_(conv_pool, slots, mixed, self.conv_weight)  # [b, C]
             q, k, v = self._split(mixed, repeat=False)  # q, k [b, hk, dk]: the kernel maps value heads to key heads
             o = torch.empty(v.shape, dtype=torch.float32, device=v.device)  # [b, hv, dv]
@@ -144,9 +144,6 @@ class GatedDeltaNet(nn.Module):
     ) -> torch.Tensor:
         """``decode`` in five kernels: one input GEMM, conv step, delta-rule step (norms and gates inside), gated norm,
         out_proj. Triton (CUDA or the interpreter). [b, hidden]."""
-        from kernels.gdn_decode import conv1d_decode_step_, gdn_decode_raw_step_
-        from kernels.norms import gated_rms_norm
-
         p = decode_normed_linear(x, self.in_weight())  # [b, C | vd | hv | hv]
         b, C, kd, vd, hv = p.shape[0], self.conv_dim, self.key_dim, self.value_dim, self.hv
         mixed = conv1d_decode_step_(conv_pool, slots, p[:, :C], self.conv_weight)  # [b, C]: q | k | v

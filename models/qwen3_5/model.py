@@ -12,6 +12,7 @@ import attrs
 import torch
 from torch import nn
 
+from kernels.norms import add_rms_norm_
 from models.layers.fused import PendingNorm, Residual, decode_linear
 from models.layers.mlp import SwiGLU
 from models.layers.norms import ZeroCenteredRMSNorm
@@ -251,8 +252,6 @@ class Qwen35Model(nn.Module):
         into its first GEMM (models.layers.fused.decode_normed_linear; the residual stream then alternates between two
         buffers, ``Residual``). Same math; roundings differ only where a kernel keeps float32 across what the torch
         path rounds (tests/test_qwen3_5_vs_transformers.py holds it to transformers)."""
-        from kernels.norms import add_rms_norm_
-
         block_table, seq_lens = bufs.block_tables[KV_POOL], bufs.seq_lens[KV_POOL]  # [b, W], [b]
         write_loc, slots = bufs.write_loc[KV_POOL], bufs.recurrent_slots  # [b], [b]
         res = Residual(self.model.embed_tokens(input_ids))  # res.h [b, hidden], the residual stream
