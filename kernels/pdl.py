@@ -11,8 +11,10 @@ nothing it writes, is touched before ``gdc_wait`` (only weights are). Waiting is
 after the previous kernel completed, which itself waited for the one before. Kernels launched without PDL (torch's,
 cuBLAS) wait for full completion as usual.
 
-Enabled on CUDA devices of compute capability >= 9 when Triton can launch with PDL and ``RESPLAN_PDL`` is not "0";
-never in Triton's interpreter. ``set_enabled`` overrides it (benchmarks A/B it; capture records what was set).
+Supported on CUDA devices of compute capability >= 9 when Triton can launch with PDL, never in Triton's interpreter.
+Each kernel wrapper takes ``pdl``: True or False (where unsupported, False either way), or None for the process
+default, ``RESPLAN_PDL`` (on unless "0"). An engine fixes it in its ``KernelChoices`` (``kernels.choices``) and passes
+it down; a captured graph keeps what its launches were given.
 """
 
 from __future__ import annotations
@@ -31,9 +33,6 @@ try:  # Triton >= 3.3
 except ImportError:  # pragma: no cover - older Triton: PDL stays off, the names are never traced
     gdc_launch_dependents = gdc_wait = None
 
-_override: bool | None = None
-
-
 @functools.cache
 def _supported() -> bool:
     if interpreted() or gdc_wait is None:
@@ -47,17 +46,10 @@ def _supported() -> bool:
     return "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
 
 
-def enabled() -> bool:
-    """Whether this process launches the step's kernels with PDL."""
-    if _override is not None:
-        return _override and _supported()
-    return os.environ.get("RESPLAN_PDL", "1") != "0" and _supported()
-
-
-def set_enabled(value: bool | None) -> None:
-    """Force PDL on (where supported) or off; None restores the default. Affects launches from now on."""
-    global _override
-    _override = value
+def enabled(pdl: bool | None = None) -> bool:
+    """Whether a launch asked for ``pdl`` (None: the process default, ``RESPLAN_PDL``) runs with PDL here."""
+    asked = os.environ.get("RESPLAN_PDL", "1") != "0" if pdl is None else pdl
+    return asked and _supported()
 
 
 @triton.jit
@@ -70,8 +62,9 @@ def pdl_wait(PDL: tl.constexpr):
         gdc_wait()
 
 
-def launch_options() -> dict:
-    """Keyword arguments for a kernel launch: ``PDL`` (the kernel's constexpr) and Triton's ``launch_pdl``."""
-    on = enabled()
+def launch_options(pdl: bool | None = None) -> dict:
+    """Keyword arguments for a kernel launch asked for ``pdl`` (``enabled``): ``PDL`` (the kernel's constexpr) and
+    Triton's ``launch_pdl``."""
+    on = enabled(pdl)
     return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
 

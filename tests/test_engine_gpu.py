@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from kernels.choices import KernelChoices
 from models.engine import EngineConfig, Planning, build_adapter
 from models.engine.compare import random_requests, run_arms
 from models.layers.decode_attention import Backend
@@ -146,11 +147,6 @@ def test_pdl_changes_no_token_and_no_logit():
     reqs = random_requests(adapter, 24, prompt_len=(16, 80), gen_len=(24, 40), seed=9)
     cfg = EngineConfig(device="cuda", dtype="bfloat16", attention=Backend.TRITON, max_running=16, page_size=16,
                        max_seq_len=256)
-    tokens = {}
-    try:
-        for on in (False, True):
-            pdl.set_enabled(on)
-            tokens[on] = run_arms(adapter, cfg, reqs, arms=(R,))[R].tokens
-    finally:
-        pdl.set_enabled(None)
+    tokens = {on: run_arms(adapter, attrs.evolve(cfg, kernels=KernelChoices(pdl=on)), reqs, arms=(R,))[R].tokens
+              for on in (False, True)}  # fmt: skip
     assert tokens[True] == tokens[False]

@@ -249,3 +249,18 @@ def test_stats_sum_a_parts_record_by_field_name():
     st.add(Landed(np.array([3, 4, 5]), wait_ns=9, gpu_ms=0.5))
     assert (st.plan_ns, st.attn_schedule_ns, st.preplan_hits, st.h2d_copies, st.h2d_bytes) == (150, 5, 1, 3, 64)
     assert (st.wait_ns, st.gpu_ms, st.tokens, st.steps) == (9, 0.5, 0, 0)
+
+
+def test_kernel_choices_say_where_the_weight_stream_and_the_folds_run():
+    """KernelChoices at Qwen3.5-0.8B's shapes: the weight stream where measured (or at every skinny GEMM, or never),
+    the folds where configured unless turned off."""
+    from kernels.choices import GemvPick, KernelChoices
+    from kernels.gemv import MAX_ROWS
+
+    kc = KernelChoices()
+    assert kc.streams(1, 7168, 1024) and not kc.streams(1, 12288, 2048)  # measured; a 2B shape, never benchmarked
+    every, never = KernelChoices(gemv=GemvPick.EVERY), KernelChoices(gemv=GemvPick.NEVER)
+    assert every.streams(1, 12288, 2048) and every.streams(MAX_ROWS, 12288, 2048)
+    assert not every.streams(MAX_ROWS + 1, 7168, 1024) and not never.streams(1, 7168, 1024)
+    assert kc.folds_silu_mul(1, 1024, 3584) and not KernelChoices(fold_silu_mul=False).folds_silu_mul(1, 1024, 3584)
+    assert kc.folds_norm(1, 8224, 1024) and not kc.folds_norm(2, 8224, 1024)

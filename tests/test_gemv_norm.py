@@ -24,6 +24,7 @@ if not torch.cuda.is_available():
 
 import kernels.gemv  # noqa: E402  (after TRITON_INTERPRET is settled)
 import models.layers.fused as fused  # noqa: E402
+from kernels.choices import DEFAULT, KernelChoices  # noqa: E402
 from kernels.gemv import DEFAULT_CONFIG, gemv, gemv_add_rms_norm, gemv_add_rms_norm_ref, norm_fold_wins  # noqa: E402
 from kernels.norms import add_rms_norm_  # noqa: E402
 from models.engine import build_adapter  # noqa: E402
@@ -124,11 +125,12 @@ def test_gemv_add_rms_norm_refuses_aliasing_and_rows():
 
 def test_fold_is_configured_at_one_row_of_the_measured_shapes_only():
     """0.8B's GDN in_proj, gate|up and qkv at one row; never at more rows, never the lm_head; only on CUDA, only with
-    FOLD_NORM (the meta tensors stand in for CPU ones: no data needed)."""
+    the fold chosen (the meta tensors stand in for CPU ones: no data needed)."""
     assert all(norm_fold_wins(1, n, 1024) for n in (8224, 7168, 5120))
     assert not norm_fold_wins(2, 8224, 1024) and not norm_fold_wins(1, 248320, 1024)
     p = PendingNorm(Residual(torch.empty(1, 1024, device="meta")), None, torch.empty(1024, device="meta"), EPS)
-    assert not norm_folds(p, torch.empty(8224, 1024, device="meta"))  # not CUDA
+    assert not norm_folds(p, torch.empty(8224, 1024, device="meta"), DEFAULT)  # not CUDA
+    assert DEFAULT.folds_norm(1, 8224, 1024) and not KernelChoices(fold_norm=False).folds_norm(1, 8224, 1024)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
@@ -142,27 +144,27 @@ def test_decode_normed_linear_branches_leave_the_residual_in_res_h(with_delta, d
 
     split = Residual(h.clone())
     buf = split.h
-    y_split = decode_normed_linear(PendingNorm(split, delta, nw, EPS), w)
+    y_split = decode_normed_linear(PendingNorm(split, delta, nw, EPS), w, DEFAULT)
     assert split.h is buf and split.spare is None
 
-    monkeypatch.setattr(fused, "norm_folds", lambda p, w: True)
+    monkeypatch.setattr(fused, "norm_folds", lambda p, w, kc: True)
     fold = Residual(h.clone())
     buf = fold.h
-    y_fold = decode_normed_linear(PendingNorm(fold, delta, nw, EPS), w)
+    y_fold = decode_normed_linear(PendingNorm(fold, delta, nw, EPS), w, DEFAULT)
     assert fold.h is not buf and fold.spare is buf and torch.equal(buf, h)
     assert torch.equal(fold.h, split.h)
     _assert_two_step_value(y_fold, _two_step(h, delta, nw, w, kernels.gemv.NORM_CONFIGS.get((False, N, K)))[0])
     tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(y_fold, y_split, **tol)
 
-    again = decode_normed_linear(PendingNorm(fold, delta, nw, EPS), w)  # the stream moves back to the first buffer
+    again = decode_normed_linear(PendingNorm(fold, delta, nw, EPS), w, DEFAULT)  # the stream moves back: first buffer
     assert fold.h is buf
     y2, h2 = _two_step(split.h, delta, nw, w)
     assert torch.equal(fold.h, h2)
     _assert_two_step_value(again, y2)
     # a plain tensor goes straight to decode_linear
     x = torch.randn(1, K, generator=torch.Generator().manual_seed(1)).to(dtype=dtype, device=DEVICE)
-    assert torch.equal(decode_normed_linear(x, w), decode_linear(x, w))
+    assert torch.equal(decode_normed_linear(x, w, DEFAULT), decode_linear(x, w, DEFAULT))
 
 
 # -- the model's decode, fold on and off ------------------------------------------------------------------------------
@@ -184,9 +186,9 @@ def _model(name: str, device: str, dtype: torch.dtype):
 
 
 def _decode_one_row(model, fold: bool, steps: int, device: str, dtype: torch.dtype, monkeypatch) -> list:
-    """A 7-token prompt prefilled into slot 1, then ``steps`` decode steps of one row over fixed tokens with FOLD_NORM
-    set to ``fold``; the logits [1, V] of each step, and how many GEMMs folded their norm."""
-    monkeypatch.setattr(fused, "FOLD_NORM", fold)
+    """A 7-token prompt prefilled into slot 1, then ``steps`` decode steps of one row over fixed tokens with the norm
+    fold chosen or not (``fold``); the logits [1, V] of each step, and how many GEMMs folded their norm."""
+    kc = KernelChoices(fold_norm=fold)
     gen = torch.Generator().manual_seed(11)
     V = model.cfg.vocab_size
     ids = torch.randint(0, V, (7 + steps,), generator=gen)
@@ -206,7 +208,7 @@ def _decode_one_row(model, fold: bool, steps: int, device: str, dtype: torch.dty
         bufs.seq_lens[KV_POOL].fill_(t + 1)
         bufs.write_loc[KV_POOL].fill_(pages[t // PAGE] * PAGE + t % PAGE)
         bufs.positions.fill_(t)
-        out.append(model.decode(state, ids[t : t + 1].to(device), bufs))
+        out.append(model.decode(state, ids[t : t + 1].to(device), bufs, kc=kc))
     return out, len(calls)
 
 
@@ -216,7 +218,7 @@ def test_model_decode_with_the_fold_equals_without(monkeypatch):
     the split GEMMs are F.linear on the CPU, hence a tolerance) and tokens."""
     model = _model("qwen3_5-tiny", DEVICE, torch.float32)
     if DEVICE == "cpu":
-        monkeypatch.setattr(fused, "norm_folds", lambda p, w: fused.FOLD_NORM and p.res.h.shape[0] == 1)
+        monkeypatch.setattr(fused, "norm_folds", lambda p, w, kc: kc.fold_norm and p.res.h.shape[0] == 1)
     split, n_split = _decode_one_row(model, False, 3, DEVICE, torch.float32, monkeypatch)
     fold, n_fold = _decode_one_row(model, True, 3, DEVICE, torch.float32, monkeypatch)
     if DEVICE == "cpu":
@@ -229,7 +231,7 @@ def test_model_decode_with_the_fold_equals_without(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_0_8b_decode_with_the_fold_equals_without_gpu(monkeypatch):
-    """Qwen3.5-0.8B's shape, bf16, compiled: one row decoded with FOLD_NORM on (its 48 pre-norms folded into the GDN
+    """Qwen3.5-0.8B's shape, bf16, compiled: one row decoded with the norm fold on (its 48 pre-norms folded into the GDN
     in_proj, qkv and gate|up GEMMs) and off. Logits within bf16 roundings (the fold may reduce the sum of squares in
     another order, see module doc); the same argmax wherever the split step's top two are not within that tolerance."""
     model = _model("qwen3_5-0.8b", "cuda", torch.bfloat16)
@@ -243,3 +245,27 @@ def test_0_8b_decode_with_the_fold_equals_without_gpu(monkeypatch):
         top2 = b[0].topk(2).values
         if float(top2[0] - top2[1]) > 0.2:
             assert torch.equal(a.argmax(-1), b.argmax(-1))
+
+
+def test_the_engines_kernel_choices_reach_the_decode_walk(monkeypatch):
+    """EngineConfig.kernels is what the captured decode step's kernels take: an engine that turns the norm fold off
+    runs no folded GEMM, one that keeps it folds every pre-norm of its one-row steps (forced off CUDA, as above), and
+    both give the same tokens."""
+    from models.engine import Engine, EngineConfig, Request, SamplingParams
+
+    adapter = build_adapter("qwen3_5-tiny", seed=0, device=DEVICE)
+    adapter.model.fused_decode = True
+    if DEVICE == "cpu":
+        monkeypatch.setattr(fused, "norm_folds", lambda p, w, kc: kc.fold_norm and p.res.h.shape[0] == 1)
+    real, calls = fused.gemv_add_rms_norm, []
+    monkeypatch.setattr(fused, "gemv_add_rms_norm", lambda *a, **k: calls.append(1) or real(*a, **k))
+    tokens = {}
+    for fold in (False, True):
+        calls.clear()
+        cfg = EngineConfig(max_running=1, page_size=4, max_seq_len=32, device=DEVICE,
+                           kernels=KernelChoices(fold_norm=fold))  # fmt: skip
+        (r,) = Engine(adapter, cfg).run([Request([5, 17, 99], SamplingParams(max_tokens=3))])
+        tokens[fold] = r.tokens
+        decode_steps = len(r.tokens) - 1  # the first token comes from the prefill
+        assert len(calls) == (decode_steps * 2 * adapter.model.cfg.num_hidden_layers if fold else 0)
+    assert tokens[True] == tokens[False]

@@ -16,6 +16,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from kernels.choices import DEFAULT  # noqa: E402
 from kernels.gates import silu_mul  # noqa: E402  (after TRITON_INTERPRET is settled)
 from kernels.gemv import DEFAULT_CONFIG, gemv, gemv_silu_mul, gemv_silu_mul_ref  # noqa: E402
 from models.layers.fused import decode_linear, decode_silu_mul_linear  # noqa: E402
@@ -102,7 +103,7 @@ def test_decode_silu_mul_linear_is_the_two_step_value(M):
     """The dispatch: whichever path it takes (the fused kernel on CUDA where it wins, silu_mul + F.linear or gemv
     elsewhere), its value is decode_linear(silu_mul(gu), w) exactly."""
     gu, w = _case(M, M, 96, 200, torch.float32)
-    assert torch.equal(decode_silu_mul_linear(gu, w), decode_linear(silu_mul(gu), w))
+    assert torch.equal(decode_silu_mul_linear(gu, w, DEFAULT), decode_linear(silu_mul(gu), w, DEFAULT))
 
 
 @pytest.mark.parametrize("M", [1, 3, 16])
@@ -113,7 +114,7 @@ def test_swiglu_forward_fused_matches_forward(seed, M):
     x = torch.randn(M, 64, generator=torch.Generator().manual_seed(seed + 100)).to(DEVICE)
     with torch.no_grad():
         want = mlp(x)
-        got = mlp.forward_fused(x)
+        got = mlp.forward_fused(x, DEFAULT)
     tol = dict(atol=2e-2, rtol=2e-2) if DEVICE == "cuda" else dict(atol=1e-5, rtol=1e-5)  # TF32 on the GPU
     torch.testing.assert_close(got, want, **tol)
 
@@ -128,8 +129,8 @@ def test_swiglu_forward_fused_takes_the_fused_stream_gpu(M):
     mlp = SwiGLU(1024, 3584).to(device=DEVICE, dtype=torch.bfloat16)
     x = torch.randn(M, 1024, device=DEVICE, dtype=torch.bfloat16)
     with torch.no_grad():
-        gu = decode_linear(x, mlp.gate_up_weight())
-        want = decode_linear(silu_mul(gu), mlp.down_proj.weight)
-        got = mlp.forward_fused(x)
+        gu = decode_linear(x, mlp.gate_up_weight(), DEFAULT)
+        want = decode_linear(silu_mul(gu), mlp.down_proj.weight, DEFAULT)
+        got = mlp.forward_fused(x, DEFAULT)
     assert silu_mul_fold_wins(1, 1024, 3584) and not silu_mul_fold_wins(16, 1024, 3584)
     assert torch.equal(got, want)

@@ -1,5 +1,6 @@
 """The PDL switch (kernels/pdl.py): off in Triton's interpreter and off the GPU whatever is asked, so CPU runs never
-pass ``launch_pdl``; the kernels' PDL branch is exercised compiled by the GPU tests (tests/test_engine_gpu.py)."""
+pass ``launch_pdl``; the kernels' PDL branch is exercised compiled by the GPU tests (tests/test_engine_gpu.py). What
+is asked comes from the caller (``KernelChoices.pdl``), or the process default ``RESPLAN_PDL``."""
 
 from __future__ import annotations
 
@@ -7,23 +8,27 @@ import pytest
 import torch
 
 import kernels.pdl as pdl
+from kernels.choices import KernelChoices
 
 
 def test_pdl_is_off_in_the_interpreter_or_without_a_gpu():
     if torch.cuda.is_available() and not pdl.os.environ.get("TRITON_INTERPRET"):
         pytest.skip("a compiled GPU run: tests/test_engine_gpu.py covers PDL there")
-    try:
-        for value in (None, True, False):
-            pdl.set_enabled(value)
-            assert not pdl.enabled()
-            assert pdl.launch_options() == {"PDL": False}
-    finally:
-        pdl.set_enabled(None)
+    for asked in (None, True, False):
+        assert not pdl.enabled(asked) and not KernelChoices(pdl=asked).launches_pdl()
+        assert pdl.launch_options(asked) == {"PDL": False}
 
 
-def test_set_enabled_false_turns_it_off_everywhere():
-    try:
-        pdl.set_enabled(False)
-        assert not pdl.enabled() and pdl.launch_options() == {"PDL": False}
-    finally:
-        pdl.set_enabled(None)
+def test_asking_for_no_pdl_turns_it_off_everywhere(monkeypatch):
+    monkeypatch.setenv("RESPLAN_PDL", "1")
+    assert not pdl.enabled(False) and pdl.launch_options(False) == {"PDL": False}
+
+
+def test_the_process_default_follows_resplan_pdl(monkeypatch):
+    """None asks for the environment's choice: "0" is off wherever PDL is supported (and off where it is not)."""
+    monkeypatch.setenv("RESPLAN_PDL", "0")
+    assert not pdl.enabled(None)
+    monkeypatch.setattr(pdl, "_supported", lambda: True)  # as on an H200
+    assert not pdl.enabled(None) and pdl.enabled(True)
+    monkeypatch.setenv("RESPLAN_PDL", "1")
+    assert pdl.enabled(None) and pdl.launch_options(None) == {"PDL": True, "launch_pdl": True}

@@ -99,6 +99,7 @@ def attention_prep_(
     num_q_heads: int,
     eps: float,
     q_out: torch.Tensor | None = None,  # [n, HQ, D] contiguous, qkv's dtype unless given
+    pdl: bool | None = None,  # launch with PDL (kernels.pdl; None: the process default)
 ) -> torch.Tensor:
     """Normed, rotated queries [n, HQ, D]; normed, rotated keys and the values written into ``kv``. See module doc."""
     n = qkv.shape[0]
@@ -117,6 +118,6 @@ def attention_prep_(
         qkv.stride(0), cos.stride(0), kv.stride(0), kv.stride(1), kv.stride(2), kv.stride(3),
         q_out.stride(0), q_out.stride(1), float(eps),
         HQ=hq, HK=hk, D=d, R=r, PS=ps, BLOCK=triton.next_power_of_2(d), num_warps=4,
-        **launch_options(),
+        **launch_options(pdl),
     )  # fmt: skip
     return q_out

@@ -27,7 +27,7 @@ def _silu_mul_kernel(gu_ptr, out_ptr, gu_b, out_b, INTER: tl.constexpr, BLOCK: t
     tl.store(out_ptr + r * out_b + offs, (g * tl.sigmoid(g) * u).to(out_ptr.dtype.element_ty), mask=m)
 
 
-def silu_mul(gu: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def silu_mul(gu: torch.Tensor, out: torch.Tensor | None = None, *, pdl: bool | None = None) -> torch.Tensor:
     """gu [n, 2I] -> silu(gu[:, :I]) * gu[:, I:] [n, I] in gu's dtype (unless ``out`` says otherwise)."""
     n, two_i = gu.shape
     assert two_i % 2 == 0 and gu.stride(-1) == 1, (gu.shape, gu.stride())
@@ -39,7 +39,7 @@ def silu_mul(gu: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         return out
     block = min(BLOCK_SILU, triton.next_power_of_2(inter))
     _silu_mul_kernel[(n, triton.cdiv(inter, block))](
-        gu, out, gu.stride(0), out.stride(0), INTER=inter, BLOCK=block, num_warps=4, **launch_options()
+        gu, out, gu.stride(0), out.stride(0), INTER=inter, BLOCK=block, num_warps=4, **launch_options(pdl)
     )
     return out
 
@@ -62,6 +62,7 @@ def sigmoid_gate_mul(
     o: torch.Tensor,  # [n, H, D], the attention output
     qkv: torch.Tensor,  # [n, >= 2 H D], the fused projection: per head h, [query D | gate D] at h * 2D
     out: torch.Tensor | None = None,  # [n, H * D], o's dtype unless given
+    pdl: bool | None = None,  # launch with PDL (kernels.pdl; None: the process default)
 ) -> torch.Tensor:
     """out[r, h] = o[r, h] * sigmoid(gate[r, h]), flattened to [n, H * D] for o_proj."""
     n, H, D = o.shape
@@ -73,6 +74,6 @@ def sigmoid_gate_mul(
         return out
     _sigmoid_gate_kernel[(n, H)](
         o, qkv, out, o.stride(0), o.stride(1), qkv.stride(0), out.stride(0),
-        D=D, BLOCK=triton.next_power_of_2(D), num_warps=4, **launch_options(),
+        D=D, BLOCK=triton.next_power_of_2(D), num_warps=4, **launch_options(pdl),
     )  # fmt: skip
     return out

@@ -117,9 +117,10 @@ def gdn_decode_step_(
     beta: torch.Tensor,  # [b, hv]
     out: torch.Tensor,  # [b, hv, dv], written
     block_v: int | None = None,
+    pdl: bool | None = None,  # launch with PDL (kernels.pdl; None: the process default)
 ) -> None:
     """One gated-delta-rule token per row on ``ssm_pool[slots[r]]``, in place; writes o to ``out``. See module doc."""
-    _launch_gdn(ssm_pool, slots, q, k, v, g, beta, out, block_v, prep=None)
+    _launch_gdn(ssm_pool, slots, q, k, v, g, beta, out, block_v, prep=None, pdl=pdl)
 
 
 def gdn_decode_raw_step_(
@@ -134,14 +135,15 @@ def gdn_decode_raw_step_(
     dt_bias: torch.Tensor,  # [hv]
     out: torch.Tensor,  # [b, hv, dv], written
     block_v: int | None = None,
+    pdl: bool | None = None,  # launch with PDL (kernels.pdl; None: the process default)
 ) -> None:
     """``gdn_decode_step_`` after ``normalize_qk(q, k, 1)`` and ``gdn_gates(a, b, A_log, dt_bias)``, in the kernel."""
     hv = ssm_pool.shape[1]
     assert A_log.shape == dt_bias.shape == (hv,), (A_log.shape, dt_bias.shape)
-    _launch_gdn(ssm_pool, slots, q, k, v, a, b, out, block_v, prep=(A_log, dt_bias))
+    _launch_gdn(ssm_pool, slots, q, k, v, a, b, out, block_v, prep=(A_log, dt_bias), pdl=pdl)
 
 
-def _launch_gdn(ssm_pool, slots, q, k, v, g, beta, out, block_v, prep) -> None:
+def _launch_gdn(ssm_pool, slots, q, k, v, g, beta, out, block_v, prep, pdl) -> None:
     _, hv, dk, dv = ssm_pool.shape
     b, hk = q.shape[0], q.shape[1]
     assert k.shape == q.shape == (b, hk, dk) and hv % hk == 0, (q.shape, k.shape, ssm_pool.shape)
@@ -162,7 +164,7 @@ def _launch_gdn(ssm_pool, slots, q, k, v, g, beta, out, block_v, prep) -> None:
         g.stride(0), beta.stride(0), out.stride(0), out.stride(1),
         HV=hv, N_REP=hv // hk, DK=dk, DV=dv, BLOCK_K=block_k, BLOCK_V=block_v, PREP=prep is not None,
         num_warps=4,
-        **launch_options(),
+        **launch_options(pdl),
     )  # fmt: skip
 
 
@@ -216,6 +218,7 @@ def conv1d_decode_step_(
     x: torch.Tensor,  # [b, C]
     weight: torch.Tensor,  # [C, K]
     out: torch.Tensor | None = None,  # [b, C], x's dtype unless given
+    pdl: bool | None = None,  # launch with PDL (kernels.pdl; None: the process default)
 ) -> torch.Tensor:
     """One causal-conv token per row on ``conv_pool[slots[r]]`` (shift in x, in place); returns silu(conv) [b, C].
 
@@ -247,6 +250,6 @@ def conv1d_decode_step_(
         BLOCK_C=block_c,
         BLOCK_K=triton.next_power_of_2(K),
         num_warps=4,
-        **launch_options(),
+        **launch_options(pdl),
     )
     return out

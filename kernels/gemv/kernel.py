@@ -203,6 +203,7 @@ def gemv(
     w: torch.Tensor,  # [N, K], unit column stride
     out: torch.Tensor | None = None,  # [M, N] contiguous, x's dtype unless given
     config: tuple[int, int, int, int] | None = None,  # (block_n, block_k, num_warps, num_stages)
+    pdl: bool | None = None,  # launch with PDL (kernels.pdl; None: the process default)
 ) -> torch.Tensor:
     """x @ w^T for a few rows, as one weight stream. See module doc. Under PDL the first tile of ``w`` is read before
     the kernel waits for the one before it: ``w`` must be a weight, never something an earlier kernel of the step
@@ -210,7 +211,7 @@ def gemv(
     M, K = x.shape
     N = w.shape[0]
     assert w.shape == (N, K) and x.stride(-1) == 1 and w.stride(-1) == 1, (x.shape, w.shape)
-    return _launch(x, w, out, config, M, N, K)
+    return _launch(x, w, out, config, M, N, K, pdl=pdl)
 
 
 def gemv_silu_mul(
@@ -218,12 +219,13 @@ def gemv_silu_mul(
     w: torch.Tensor,  # [N, K], the down projection, unit column stride
     out: torch.Tensor | None = None,  # [M, N] contiguous, gu's dtype unless given
     config: tuple[int, int, int, int] | None = None,  # (block_n, block_k, num_warps, num_stages)
+    pdl: bool | None = None,  # launch with PDL (kernels.pdl; None: the process default)
 ) -> torch.Tensor:
     """(silu(gu[:, :K]) * gu[:, K:]) @ w^T, bit for bit ``gemv(kernels.gates.silu_mul(gu), w)``, in one launch."""
     M, two_k = gu.shape
     N, K = w.shape
     assert two_k == 2 * K and gu.stride(-1) == 1 and w.stride(-1) == 1, (gu.shape, w.shape)
-    return _launch(gu, w, out, config, M, N, K, silu_mul=True)
+    return _launch(gu, w, out, config, M, N, K, silu_mul=True, pdl=pdl)
 
 
 def gemv_add_rms_norm(
@@ -236,6 +238,7 @@ def gemv_add_rms_norm(
     out: torch.Tensor | None = None,  # [1, N] contiguous, h_in's dtype unless given
     config: tuple[int, int, int, int] | None = None,  # (block_n, block_k, num_warps, num_stages)
     zero_centered: bool = True,
+    pdl: bool | None = None,  # launch with PDL (kernels.pdl; None: the process default)
 ) -> torch.Tensor:
     """h_out = s = round(h_in + delta); y = round(s * rsqrt(mean(s^2) + eps) * (1 + nw)) @ w^T, in one launch: the
     value of ``gemv(add_rms_norm_(h, delta, nw, eps), w)`` with ``h`` updated into h_out instead of in place."""
@@ -251,10 +254,11 @@ def gemv_add_rms_norm(
         assert delta.shape == (1, K) and delta.stride(-1) == 1, (delta.shape, h_in.shape)
         assert h_out.data_ptr() != delta.data_ptr(), "h_out must be another buffer than delta"
     norm = (h_in if delta is None else delta, norm_weight, h_out, float(eps), zero_centered, delta is not None)
-    return _launch(h_in, w, out, config, M, N, K, norm=norm)
+    return _launch(h_in, w, out, config, M, N, K, norm=norm, pdl=pdl)
 
 
-def _launch(x, w, out, config, M: int, N: int, K: int, silu_mul: bool = False, norm: tuple | None = None):
+def _launch(x, w, out, config, M: int, N: int, K: int, silu_mul: bool = False, norm: tuple | None = None,
+            pdl: bool | None = None):
     """Run _gemv_kernel over ``x`` ([M, K], or with ``silu_mul`` gu [M, 2K]) and ``w`` [N, K] into ``out``; ``norm``:
     (delta, norm weight, h_out, eps, zero_centered, has_delta) of gemv_add_rms_norm, x being its h_in."""
     assert M <= MAX_ROWS, f"gemv serves <= {MAX_ROWS} rows, got {M}"
@@ -271,6 +275,6 @@ def _launch(x, w, out, config, M: int, N: int, K: int, silu_mul: bool = False, n
         x, w, out, M, N, K, x.stride(0), w.stride(0), out.stride(0), d, nw, h_out, eps,
         BLOCK_M=16 if dot else 1, BLOCK_N=block_n, BLOCK_K=block_k, DOT=dot, SILU_MUL=silu_mul, NORM=norm is not None,
         HAS_DELTA=has_delta, ZERO_CENTERED=zero_centered, NORM_BLOCK=triton.next_power_of_2(K) if norm else 1,
-        num_warps=warps, num_stages=stages, **launch_options(),
+        num_warps=warps, num_stages=stages, **launch_options(pdl),
     )  # fmt: skip
     return out

@@ -63,6 +63,7 @@ def add_rms_norm_(
     *,
     zero_centered: bool = True,
     out: torch.Tensor | None = None,  # [n, N], h's dtype unless given
+    pdl: bool | None = None,  # launch with PDL (kernels.pdl; None: the process default)
 ) -> torch.Tensor:
     """h += delta (rounded to h's dtype), then out = rms_norm(h) * (1 + w) (or * w); returns out. See module doc."""
     n, N = h.shape
@@ -88,7 +89,7 @@ def add_rms_norm_(
         HAS_DELTA=delta is not None,
         ZERO_CENTERED=zero_centered,
         num_warps=4 if N <= 2048 else 8,
-        **launch_options(),
+        **launch_options(pdl),
     )
     return out
 
@@ -128,6 +129,7 @@ def gated_rms_norm(
     weight: torch.Tensor,  # [D], the model dtype
     eps: float,
     out: torch.Tensor | None = None,  # [n, H * D], weight's dtype unless given
+    pdl: bool | None = None,  # launch with PDL (kernels.pdl; None: the process default)
 ) -> torch.Tensor:
     """out[r, h] = (w * rms_normalize(o[r, h])) * silu(z[r, h]) per head, rounded where GatedRMSNorm rounds."""
     n, H, D = o.shape
@@ -140,6 +142,6 @@ def gated_rms_norm(
         return out
     _gated_rms_norm_kernel[(n, H)](
         o, z, weight, out, o.stride(0), o.stride(1), z.stride(0), out.stride(0), float(eps),
-        D=D, BLOCK=triton.next_power_of_2(D), num_warps=4, **launch_options(),
+        D=D, BLOCK=triton.next_power_of_2(D), num_warps=4, **launch_options(pdl),
     )  # fmt: skip
     return out

@@ -174,6 +174,7 @@ def paged_decode(
     out: torch.Tensor,  # [b, hq, D], q's dtype
     workspace: torch.Tensor | None = None,  # fp32, >= b * hk * S * G * (D + 2) elements when S > 1
     splits: int | None = None,  # split count (default: num_splits for this batch and table width)
+    pdl: bool | None = None,  # launch with PDL (kernels.pdl; None: the process default)
 ) -> torch.Tensor:
     """softmax(q K^T * scale) V per row over its paged tokens, GQA (hq = G * hk); see module doc."""
     b, hq, D = q.shape
@@ -204,11 +205,11 @@ def paged_decode(
         q, kv, block_table, seq_lens, acc, ml, float(scale), W, S, q.stride(0), q.stride(1), s0, s1, s2, s3,
         out.stride(0), out.stride(1),
         PS=ps, G=G, G_PAD=max(16, triton.next_power_of_2(G)), D=D, SPLIT_TOKENS=tokens, BLOCK_T=block_t, SPLIT=split,
-        num_warps=4, num_stages=2, **launch_options(),
+        num_warps=4, num_stages=2, **launch_options(pdl),
     )  # fmt: skip
     if split:
         _combine_kernel[(b, hq)](
-            acc, ml, out, S, out.stride(0), out.stride(1), G=G, D=D, BLOCK_S=BLOCK_S, num_warps=4, **launch_options()
+            acc, ml, out, S, out.stride(0), out.stride(1), G=G, D=D, BLOCK_S=BLOCK_S, num_warps=4, **launch_options(pdl)
         )
     return out
 

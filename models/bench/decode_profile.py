@@ -19,9 +19,7 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-import kernels.gemv
-import kernels.pdl
-import models.layers.fused
+from kernels.choices import GemvPick, KernelChoices
 from models.cli import OneLineParser
 from models.engine import build_adapter
 from models.engine.sampler import Sampler
@@ -100,8 +98,8 @@ def main(argv: list[str] | None = None) -> None:
     if not torch.cuda.is_available():
         raise SystemExit("decode_profile measures CUDA graphs: it needs a GPU")
     dev, dt, ps = torch.device("cuda"), torch.bfloat16, a.page_size
-    if a.gemv == "all":  # what-if: the weight stream at every skinny shape (the default configs where unlisted)
-        models.layers.fused.gemv_wins = lambda rows, n, k: 1 <= rows <= kernels.gemv.MAX_ROWS
+    # "all" is a what-if: the weight stream at every skinny shape (the default configs where unlisted)
+    gemv_pick = GemvPick.EVERY if a.gemv == "all" else GemvPick.MEASURED
     adapter = build_adapter(a.model, seed=0, device=dev, dtype=dt)
     model = adapter.model
     batches = [int(x) for x in a.batches.split(",")]
@@ -115,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     if a.attention == "xqa":
         attn = XQADecode(hq, hk, d, ps, max_batch=max(batches), device=dev, enable_pdl=pdl)
     else:
-        attn = TritonDecode(hq, hk, d, ps, max_batch=max(batches), max_pages_per_row=W, device=dev, dtype=dt)
+        attn = None  # per variant below: its launches follow the variant's PDL choice
     sampler = Sampler(model.cfg.vocab_size, dev)
     rng = np.random.default_rng(0)
     print(f"# decode step on {torch.cuda.get_device_name()}: {a.model}, ctx {a.ctx}, page {ps}, "
@@ -132,15 +130,16 @@ def main(argv: list[str] | None = None) -> None:
                     for f in a.silu_mul.split(",") for n in a.norm.split(",")]  # fmt: skip
         for path, pdl_on, silu, norm in variants:
             model.fused_decode = {"fused": True, "torch": False}[path]
-            kernels.pdl.set_enabled(pdl_on)
-            models.layers.fused.FOLD_SILU_MUL = silu == "fold"
-            models.layers.fused.FOLD_NORM = norm == "fold"
-            label = path + ("" if pdl_on and kernels.pdl.enabled() else " (no PDL)")
+            kc = KernelChoices(pdl=pdl_on, fold_silu_mul=silu == "fold", fold_norm=norm == "fold", gemv=gemv_pick)
+            if a.attention != "xqa":
+                attn = TritonDecode(hq, hk, d, ps, max_batch=max(batches), max_pages_per_row=W, device=dev, dtype=dt,
+                                    pdl=pdl_on)  # fmt: skip
+            label = path + ("" if kc.launches_pdl() else " (no PDL)")
             label += " (silu_mul split)" if silu == "split" and path == "fused" else ""
             label += " (norm split)" if norm == "split" and path == "fused" else ""
 
-            def step(ids=ids, bufs=bufs, out=out) -> None:
-                logits = model.decode(state, ids, bufs, attn)
+            def step(ids=ids, bufs=bufs, out=out, attn=attn, kc=kc) -> None:
+                logits = model.decode(state, ids, bufs, attn, kc)
                 out.copy_(logits.argmax(-1) if a.sampler == "greedy" else sampler(logits, bufs.sampler, bufs.positions))
 
             g = Graph(step, dev)

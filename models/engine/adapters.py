@@ -13,6 +13,7 @@ from collections.abc import Callable
 import attrs
 import torch
 
+from kernels.choices import DEFAULT, KernelChoices
 from models.engine.requests import InvalidRequest, Request
 from models.layers.specs import KVPoolSpec
 from models.qwen3_5 import KV_POOL, PrefillChunk, Qwen35Model
@@ -128,9 +129,11 @@ class Adapter:
         """The pass over ``prefill_inputs``' record: ``prefill_last``'s logits [R, V]. Graph-safe."""
         raise NotImplementedError(f"{self.name}: no capturable prefill pass")
 
-    def decode(self, state, ids: torch.Tensor, bufs: StepBuffers, attn=None) -> torch.Tensor:
+    def decode(self, state, ids: torch.Tensor, bufs: StepBuffers, attn=None,
+               kc: KernelChoices = DEFAULT) -> torch.Tensor:  # fmt: skip
         """One token a row from the static buffers, graph-safe: ids [b] -> logits [b, V]. ``attn``: the bucket's
-        decode attention (FlashInfer on the GPU); None = plain torch."""
+        decode attention (FlashInfer on the GPU); None = plain torch. ``kc``: the forms its kernels take (the
+        engine's ``EngineConfig.kernels``; a model without Triton decode kernels ignores them)."""
         raise NotImplementedError
 
     def attention_dims(self) -> tuple[int, int, int, float]:
@@ -173,8 +176,8 @@ class QwenAdapter(Adapter):
     def prefill_forward(self, state, batch):
         return self.model.prefill_forward(state, batch)
 
-    def decode(self, state, ids, bufs, attn=None):
-        return self.model.decode(state, ids, bufs, attn)
+    def decode(self, state, ids, bufs, attn=None, kc=DEFAULT):
+        return self.model.decode(state, ids, bufs, attn, kc)
 
     def attention_dims(self):
         c = self.model.cfg
@@ -232,7 +235,7 @@ class WhisperAdapter(Adapter):
     def prefill(self, state, ids, pages, start, rec_slot, read_lens, pos_offset):
         return self.model.prefill(state, ids, pages[SELF], start, pages[CROSS], read_lens[CROSS], pos_offset)
 
-    def decode(self, state, ids, bufs, attn=None):
+    def decode(self, state, ids, bufs, attn=None, kc=DEFAULT):
         if attn is not None:
             raise ValueError(f"{self.name}: decode runs plain torch attention only (no GPU backend for two pools)")
         return self.model.decode(state, ids, bufs)

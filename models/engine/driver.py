@@ -61,6 +61,7 @@ import attrs
 import numpy as np
 import torch
 
+from kernels.choices import KernelChoices
 from models.engine.adapters import Adapter
 from models.engine.admission import Admission
 from models.engine.graphs import capture_graphs, capture_plans, make_attention, step_fn
@@ -113,6 +114,7 @@ class EngineConfig:
     overlap: bool = False  # launch each decode step before reading the last one's tokens (input ids on the device)
     prefill_graphs: int = attrs.field(default=0, validator=attrs.validators.ge(0))  # prefill shapes kept captured
     prefill_graph_tokens: int = attrs.field(default=8192, validator=_positive)  # longer passes stay eager
+    kernels: KernelChoices = KernelChoices()  # the decode step's kernel forms: folds, PDL, the weight stream
 
 
 @attrs.define
@@ -174,7 +176,7 @@ class Engine:
         self.streams = self.admission.streams
         self.table = RequestTable(H, self.max_seq_len)
         # -- attention, capture plans, graphs, the decode arm --------------------------------------------------------
-        self.attn = make_attention(cfg.attention, adapter, self.layout, self.buckets, ps, device, w.dtype)
+        self.attn = make_attention(cfg.attention, adapter, self.layout, self.buckets, ps, device, w.dtype, cfg.kernels)
         self.refusal, self.plans = capture_plans(adapter, self.layout, self.buckets, self.attn,
                                                  cfg.planning is Planning.RESIDENT)  # fmt: skip
         self.resident = cfg.planning is Planning.RESIDENT and self.refusal is None
@@ -184,8 +186,8 @@ class Engine:
         self.tables = HostTables(self.layout, self.executor, self.plans, self.attn)
 
         def make_fn(b: int, greedy: bool, resident: bool) -> Callable[[], None]:
-            return step_fn(adapter, self.model_state, self.executor, self.launcher, self.sampler, self.attn[b], b,
-                           greedy, resident, device_ids=resident or cfg.overlap)  # fmt: skip
+            return step_fn(adapter, self.model_state, self.executor, self.launcher, self.sampler, self.attn[b],
+                           cfg.kernels, b, greedy, resident, device_ids=resident or cfg.overlap)  # fmt: skip
 
         W = self.layout.span(self.append_keys[0]).width
         self.host_graphs, self.graphs = capture_graphs(self.plans, self.attn, W, device, make_fn, self.resident)

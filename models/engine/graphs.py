@@ -9,6 +9,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from kernels.choices import KernelChoices
 from models.engine.adapters import DECODE, Adapter
 from models.engine.launcher import Launcher
 from models.engine.sampler import Sampler
@@ -21,9 +22,10 @@ GraphKey = tuple[BucketPlan, bool]  # (the bucket's capture plan, greedy)
 
 
 def make_attention(backend: Backend, adapter: Adapter, layout: RowLayout, buckets: tuple[int, ...], page_size: int,
-                   device: torch.device, dtype: torch.dtype) -> dict[int, object | None]:  # fmt: skip
+                   device: torch.device, dtype: torch.dtype,
+                   kc: KernelChoices) -> dict[int, object | None]:  # fmt: skip
     """Each bucket's decode attention: None (plain torch), one XQA or Triton attention shared by every bucket, or
-    fa2 per bucket. Triton runs on a CPU too, in Triton's interpreter."""
+    fa2 per bucket. Triton runs on a CPU too, in Triton's interpreter, and launches as ``kc.pdl`` says."""
     if backend is Backend.TORCH:
         return {b: None for b in buckets}
     if device.type != "cuda" and backend is not Backend.TRITON:
@@ -37,7 +39,8 @@ def make_attention(backend: Backend, adapter: Adapter, layout: RowLayout, bucket
     common = dict(max_pages_per_row=W, num_qo_heads=hq, num_kv_heads=hk, head_dim=d, page_size=page_size,
                   device=device, dtype=dtype, sm_scale=scale)  # fmt: skip
     if backend in (Backend.XQA, Backend.TRITON):
-        shared = make_decode_attention(backend, batch_size=buckets[-1], **common)
+        extra = dict(pdl=kc.pdl) if backend is Backend.TRITON else {}
+        shared = make_decode_attention(backend, batch_size=buckets[-1], **common, **extra)
         return {b: shared for b in buckets}
     return {b: make_decode_attention(Backend.FA2, batch_size=b, **common) for b in buckets}
 
@@ -61,10 +64,12 @@ def capture_plans(adapter: Adapter, layout: RowLayout, buckets: tuple[int, ...],
     return refusal, plans
 
 
-def step_fn(adapter: Adapter, model_state, executor: Executor, launcher: Launcher, sampler: Sampler, attn, b: int,
-            greedy: bool, resident: bool, device_ids: bool) -> Callable[[], None]:  # fmt: skip
-    """One decode step of bucket b: (resident: scatter + gather rows,) forward, sample, (resident: commit). A graph
-    with ``device_ids`` (resident, and a host-planned one under overlap) takes its input ids from the device."""
+def step_fn(adapter: Adapter, model_state, executor: Executor, launcher: Launcher, sampler: Sampler, attn,
+            kc: KernelChoices, b: int, greedy: bool, resident: bool,
+            device_ids: bool) -> Callable[[], None]:  # fmt: skip
+    """One decode step of bucket b: (resident: scatter + gather rows,) forward (its kernels as ``kc`` says), sample,
+    (resident: commit). A graph with ``device_ids`` (resident, and a host-planned one under overlap) takes its input
+    ids from the device."""
     ex, bufs, host_ids, out = executor, executor.buffers[b], launcher.ids[b], launcher.tokens[b]
     src, last = launcher.idsrc[b][1], launcher.tokens_all
 
@@ -74,7 +79,7 @@ def step_fn(adapter: Adapter, model_state, executor: Executor, launcher: Launche
             ex.before_forward(b)
         if device_ids:
             ids = torch.where(src >= 0, last[src.clamp(min=0)], host_ids)  # [b] last step's token, or the host's
-        logits = adapter.decode(model_state, ids, bufs, attn)  # [b, V]
+        logits = adapter.decode(model_state, ids, bufs, attn, kc)  # [b, V]
         out.copy_(logits.argmax(-1) if greedy else sampler(logits, bufs.sampler, bufs.positions))
         if resident:
             ex.after_forward(b)

@@ -375,7 +375,8 @@ def make_decode_attention(
     **kwargs,
 ) -> DecodeAttention:
     """The attention callable of one captured bucket. XQA and TRITON objects may be shared between buckets (size them
-    with the largest); FA2 needs one per bucket (its batch size is frozen); TORCH is stateless."""
+    with the largest); FA2 needs one per bucket (its batch size is frozen); TORCH is stateless. ``kwargs`` go to the
+    XQA or TRITON object (TRITON: ``pdl``)."""
     if backend is Backend.TORCH:
         return TorchDecode()
     if backend is Backend.XQA:
@@ -386,8 +387,8 @@ def make_decode_attention(
         from models.layers.triton_attention import TritonDecode
 
         return TritonDecode(num_qo_heads, num_kv_heads, head_dim, page_size, max_batch=batch_size,
-                            max_pages_per_row=max_pages_per_row, device=device, dtype=dtype,
-                            sm_scale=sm_scale)  # fmt: skip
+                            max_pages_per_row=max_pages_per_row, device=device, dtype=dtype, sm_scale=sm_scale,
+                            **kwargs)  # fmt: skip
     if backend is Backend.FA2:
         return FA2Decode(
             batch_size,

@@ -8,7 +8,8 @@ inside a CUDA-graph capture: call the model's ``fuse_projections()`` first (``bu
 
 Decode's GEMM dispatch is here too: ``decode_linear`` (the Triton weight stream where it was measured faster than
 cuBLAS), and the forms with the op before the GEMM folded into its loads: ``decode_silu_mul_linear`` (SwiGLU's
-silu_mul) and ``decode_normed_linear`` (the pre-norm, with the residual stream ``Residual`` it updates).
+silu_mul) and ``decode_normed_linear`` (the pre-norm, with the residual stream ``Residual`` it updates). Each takes
+the step's ``KernelChoices`` (``kernels.choices``): which of those forms to take, and whether to launch with PDL.
 """
 
 from __future__ import annotations
@@ -18,15 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.choices import KernelChoices
 from kernels.gates import silu_mul
-from kernels.gemv import (
-    gemv,
-    gemv_add_rms_norm,
-    gemv_silu_mul,
-    gemv_wins,
-    norm_fold_wins,
-    silu_mul_fold_wins,
-)
+from kernels.gemv import gemv, gemv_add_rms_norm, gemv_silu_mul
 from kernels.norms import add_rms_norm_
 
 
@@ -62,27 +57,23 @@ def fused_weight(owner: nn.Module, name: str, *linears: nn.Linear) -> torch.Tens
     return w
 
 
-def decode_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [M, K] @ w[N, K]^T for a decode step: the Triton weight stream (kernels.gemv) on CUDA at the shapes where it
-    was measured faster than cuBLAS (``kernels.gemv.GEMV_CONFIGS``), else ``F.linear``."""
-    if x.is_cuda and gemv_wins(x.shape[0], w.shape[0], w.shape[1]):
-        return gemv(x, w)
+def decode_linear(x: torch.Tensor, w: torch.Tensor, kc: KernelChoices) -> torch.Tensor:
+    """x [M, K] @ w[N, K]^T for a decode step: the Triton weight stream (kernels.gemv) on CUDA where ``kc.streams``
+    (by default the shapes where it was measured faster than cuBLAS, ``kernels.gemv.GEMV_CONFIGS``), else
+    ``F.linear``."""
+    if x.is_cuda and kc.streams(x.shape[0], w.shape[0], w.shape[1]):
+        return gemv(x, w, pdl=kc.pdl)
     return F.linear(x, w)
 
 
-FOLD_SILU_MUL = True  # decode_silu_mul_linear folds silu_mul into the weight stream where it runs (benches turn it off)
-
-
-def decode_silu_mul_linear(gu: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def decode_silu_mul_linear(gu: torch.Tensor, w: torch.Tensor, kc: KernelChoices) -> torch.Tensor:
     """(silu(gu[:, :K]) * gu[:, K:]) @ w[N, K]^T for a decode step (gu [M, 2K], SwiGLU's gate|up output): on CUDA where
-    it was measured faster, one kernel with silu_mul folded into its loads (kernels.gemv.gemv_silu_mul, equal to the
-    two-step value bit for bit); else kernels.gates.silu_mul then ``decode_linear``."""
-    if gu.is_cuda and FOLD_SILU_MUL and silu_mul_fold_wins(gu.shape[0], w.shape[0], w.shape[1]):
-        return gemv_silu_mul(gu, w)
-    return decode_linear(silu_mul(gu), w)
-
-
-FOLD_NORM = True  # decode_normed_linear folds the pre-norm into the weight stream where it runs (benches turn it off)
+    ``kc.folds_silu_mul`` (measured faster), one kernel with silu_mul folded into its loads
+    (kernels.gemv.gemv_silu_mul, equal to the two-step value bit for bit); else kernels.gates.silu_mul then
+    ``decode_linear``."""
+    if gu.is_cuda and kc.folds_silu_mul(gu.shape[0], w.shape[0], w.shape[1]):
+        return gemv_silu_mul(gu, w, pdl=kc.pdl)
+    return decode_linear(silu_mul(gu, pdl=kc.pdl), w, kc)
 
 
 @attrs.define(eq=False)
@@ -118,26 +109,28 @@ class PendingNorm:
     eps: float
     zero_centered: bool = True
 
-    def apply(self) -> torch.Tensor:
+    def apply(self, kc: KernelChoices) -> torch.Tensor:
         """add_rms_norm_ on the stream (h updated in place): x [b, hidden]."""
-        return add_rms_norm_(self.res.h, self.delta, self.weight, self.eps, zero_centered=self.zero_centered)
+        return add_rms_norm_(self.res.h, self.delta, self.weight, self.eps, zero_centered=self.zero_centered,
+                             pdl=kc.pdl)  # fmt: skip
 
 
-def norm_folds(p: PendingNorm, w: torch.Tensor) -> bool:
-    """Whether ``decode_normed_linear(p, w)`` runs as one kernel (gemv_add_rms_norm): on CUDA, ``FOLD_NORM``, one row
-    and a shape where the fold is configured (``kernels.gemv.NORM_CONFIGS``)."""
-    return FOLD_NORM and p.res.h.is_cuda and norm_fold_wins(p.res.h.shape[0], w.shape[0], w.shape[1])
+def norm_folds(p: PendingNorm, w: torch.Tensor, kc: KernelChoices) -> bool:
+    """Whether ``decode_normed_linear(p, w, kc)`` runs as one kernel (gemv_add_rms_norm): on CUDA, where
+    ``kc.folds_norm`` (one row, a shape where the fold is configured: ``kernels.gemv.NORM_CONFIGS``)."""
+    return p.res.h.is_cuda and kc.folds_norm(p.res.h.shape[0], w.shape[0], w.shape[1])
 
 
-def decode_normed_linear(x: torch.Tensor | PendingNorm, w: torch.Tensor) -> torch.Tensor:
+def decode_normed_linear(x: torch.Tensor | PendingNorm, w: torch.Tensor, kc: KernelChoices) -> torch.Tensor:
     """x @ w[N, K]^T for a decode step, where x [b, K] may be a pre-norm not yet applied (``PendingNorm``): where
     ``norm_folds``, one kernel with the norm in its loads (kernels.gemv.gemv_add_rms_norm; the residual moves to the
     stream's spare buffer), else add_rms_norm_ (the residual updated in place) then ``decode_linear``. Both leave the
     updated residual in ``x.res.h``."""
     if isinstance(x, torch.Tensor):
-        return decode_linear(x, w)
-    if norm_folds(x, w):
-        y = gemv_add_rms_norm(x.res.h, x.delta, x.weight, x.eps, w, x.res.take_spare(), zero_centered=x.zero_centered)
+        return decode_linear(x, w, kc)
+    if norm_folds(x, w, kc):
+        y = gemv_add_rms_norm(x.res.h, x.delta, x.weight, x.eps, w, x.res.take_spare(), zero_centered=x.zero_centered,
+                              pdl=kc.pdl)  # fmt: skip
         x.res.swap()
         return y
-    return decode_linear(x.apply(), w)
+    return decode_linear(x.apply(kc), w, kc)

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.choices import KernelChoices
 from models.layers.fused import PendingNorm, decode_normed_linear, decode_silu_mul_linear, fused_weight
 
 
@@ -25,9 +26,10 @@ class SwiGLU(nn.Module):
         """[2I, hidden]: gate_proj's rows then up_proj's (see models.layers.fused)."""
         return fused_weight(self, "gate_up", self.gate_proj, self.up_proj)
 
-    def forward_fused(self, x: torch.Tensor | PendingNorm) -> torch.Tensor:
+    def forward_fused(self, x: torch.Tensor | PendingNorm, kc: KernelChoices) -> torch.Tensor:
         """The same map in two kernels where the weight stream serves the down GEMM: one gate|up GEMM, then the down
         GEMM with silu_mul folded into its input loads; elsewhere three (gate|up GEMM, silu_mul, down GEMM). Triton;
         CUDA or the interpreter (models.layers.fused.decode_silu_mul_linear). ``x`` [b, hidden], or the pre-norm that
-        makes it, applied by the gate|up GEMM (folded into it where ``decode_normed_linear`` folds)."""
-        return decode_silu_mul_linear(decode_normed_linear(x, self.gate_up_weight()), self.down_proj.weight)
+        makes it, applied by the gate|up GEMM (folded into it where ``decode_normed_linear`` folds). ``kc``: the step's
+        kernel choices."""
+        return decode_silu_mul_linear(decode_normed_linear(x, self.gate_up_weight(), kc), self.down_proj.weight, kc)

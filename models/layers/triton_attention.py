@@ -32,8 +32,10 @@ class TritonDecode:
         device: torch.device | str = "cuda",
         dtype: torch.dtype = torch.bfloat16,
         sm_scale: float | None = None,
+        pdl: bool | None = None,  # launch with PDL (kernels.pdl; None: the process default)
     ) -> None:
         dev = torch.device(device)
+        self.pdl = pdl
         if dev.type != "cuda" and not interpreted():
             raise ValueError(f"Triton attention on {dev} needs TRITON_INTERPRET=1 (the interpreter); or use CUDA")
         if num_qo_heads % num_kv_heads:
@@ -63,4 +65,4 @@ class TritonDecode:
                              f"{self.max_batch} x {self.max_pages_per_row}")  # fmt: skip
         out = self.out[:b] if out is None else out
         return paged_decode(q.contiguous(), kv, block_table, seq_lens, self.sm_scale if scale is None else scale,
-                            out, self.workspace)  # fmt: skip
+                            out, self.workspace, pdl=self.pdl)  # fmt: skip

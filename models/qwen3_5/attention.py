@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from kernels.attention_prep import attention_prep_
+from kernels.choices import KernelChoices
 from kernels.gates import sigmoid_gate_mul
 from models.layers.fused import PendingNorm, decode_linear, decode_normed_linear, fused_weight
 from models.layers.norms import ZeroCenteredRMSNorm
@@ -102,14 +103,16 @@ class GatedAttention(nn.Module):
         cos: torch.Tensor,  # [b, rot]
         sin: torch.Tensor,
         attn=None,
+        *,
+        kc: KernelChoices,  # the step's kernel choices
     ) -> torch.Tensor:
         """``decode`` in five kernels around the attention: qkv GEMM, prologue (norms, RoPE, K/V write), attention,
         sigmoid gate, o_proj. Triton (CUDA or the interpreter). [b, hidden]."""
-        qkv = decode_normed_linear(x, self.qkv_weight())  # [b, hq 2d + 2 hk d]
+        qkv = decode_normed_linear(x, self.qkv_weight(), kc)  # [b, hq 2d + 2 hk d]
         q = attention_prep_(qkv, self.q_norm.weight, self.k_norm.weight, cos, sin, kv, write_loc, self.n_heads,
-                            self.q_norm.eps)  # fmt: skip
+                            self.q_norm.eps, pdl=kc.pdl)  # fmt: skip
         if attn is None:
             o = paged_decode_attention(q, kv, block_table, seq_lens, self.scale)  # [b, hq, d]
         else:
             o = attn(q, kv, block_table, seq_lens, self.scale)
-        return decode_linear(sigmoid_gate_mul(o, qkv), self.o_proj.weight)
+        return decode_linear(sigmoid_gate_mul(o, qkv, pdl=kc.pdl), self.o_proj.weight, kc)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from kernels.choices import KernelChoices
 from kernels.gdn_decode import conv1d_decode_step_, gdn_decode_raw_step_, gdn_decode_step_
 from kernels.norms import gated_rms_norm
 from models.layers.fused import PendingNorm, decode_linear, decode_normed_linear, fused_weight
@@ -141,17 +142,18 @@ class GatedDeltaNet(nn.Module):
         conv_pool: torch.Tensor,  # [slots, C, K]
         ssm_pool: torch.Tensor,  # [slots, hv, dk, dv]
         slots: torch.Tensor,  # [b] int32, 0 (sink) for padding rows
+        kc: KernelChoices,  # the step's kernel choices
     ) -> torch.Tensor:
         """``decode`` in five kernels: one input GEMM, conv step, delta-rule step (norms and gates inside), gated norm,
         out_proj. Triton (CUDA or the interpreter). [b, hidden]."""
-        p = decode_normed_linear(x, self.in_weight())  # [b, C | vd | hv | hv]
+        p = decode_normed_linear(x, self.in_weight(), kc)  # [b, C | vd | hv | hv]
         b, C, kd, vd, hv = p.shape[0], self.conv_dim, self.key_dim, self.value_dim, self.hv
-        mixed = conv1d_decode_step_(conv_pool, slots, p[:, :C], self.conv_weight)  # [b, C]: q | k | v
+        mixed = conv1d_decode_step_(conv_pool, slots, p[:, :C], self.conv_weight, pdl=kc.pdl)  # [b, C]: q | k | v
         q = mixed[:, :kd].view(b, self.hk, self.dk)
         k = mixed[:, kd : 2 * kd].view(b, self.hk, self.dk)
         v = mixed[:, 2 * kd :].view(b, hv, self.dv)
         beta_raw, a_raw = p[:, C + vd : C + vd + hv], p[:, C + vd + hv :]
         o = torch.empty(b, hv, self.dv, dtype=torch.float32, device=p.device)  # [b, hv, dv]
-        gdn_decode_raw_step_(ssm_pool, slots, q, k, v, a_raw, beta_raw, self.A_log, self.dt_bias, o)
-        y = gated_rms_norm(o, p[:, C : C + vd], self.norm.weight, self.norm.eps)  # [b, vd]
-        return decode_linear(y, self.out_proj.weight)
+        gdn_decode_raw_step_(ssm_pool, slots, q, k, v, a_raw, beta_raw, self.A_log, self.dt_bias, o, pdl=kc.pdl)
+        y = gated_rms_norm(o, p[:, C : C + vd], self.norm.weight, self.norm.eps, pdl=kc.pdl)  # [b, vd]
+        return decode_linear(y, self.out_proj.weight, kc)

@@ -12,6 +12,7 @@ import attrs
 import torch
 from torch import nn
 
+from kernels.choices import DEFAULT, KernelChoices
 from kernels.norms import add_rms_norm_
 from models.layers.fused import PendingNorm, Residual, decode_linear
 from models.layers.mlp import SwiGLU
@@ -224,14 +225,16 @@ class Qwen35Model(nn.Module):
         return self.lm_head.weight.is_cuda if self.fused_decode is None else self.fused_decode
 
     @torch.no_grad()
-    def decode(self, state: Qwen35State, input_ids: torch.Tensor, bufs, attn=None) -> torch.Tensor:
+    def decode(self, state: Qwen35State, input_ids: torch.Tensor, bufs, attn=None,
+               kc: KernelChoices = DEFAULT) -> torch.Tensor:  # fmt: skip
         """One token a row from the static StepBuffers (pool "kv", positions, recurrent_slots): logits [b, V].
-        ``attn``: the bucket's decode attention (FlashInfer XQA / fa2 on the GPU); None = plain torch.
+        ``attn``: the bucket's decode attention (FlashInfer XQA / fa2 on the GPU); None = plain torch. ``kc``: the
+        forms the fused step's kernels take (folds, PDL, the weight stream; ``kernels.choices``).
 
         CUDA-graph safe: no host sync, no data-dependent shapes; padding rows hit the sink page and sink slot.
         """
         if self.uses_fused_decode():
-            return self._decode_fused(state, input_ids, bufs, attn)
+            return self._decode_fused(state, input_ids, bufs, attn, kc)
         block_table, seq_lens = bufs.block_tables[KV_POOL], bufs.seq_lens[KV_POOL]  # [b, W], [b]
         write_loc, slots = bufs.write_loc[KV_POOL], bufs.recurrent_slots  # [b], [b]
         h = self.model.embed_tokens(input_ids)  # [b, hidden]
@@ -246,7 +249,7 @@ class Qwen35Model(nn.Module):
             h = layer.ffn(h)
         return self.lm_head(self.model.norm(h))  # [b, V]
 
-    def _decode_fused(self, state: Qwen35State, input_ids: torch.Tensor, bufs, attn) -> torch.Tensor:
+    def _decode_fused(self, state: Qwen35State, input_ids: torch.Tensor, bufs, attn, kc: KernelChoices) -> torch.Tensor:
         """``decode`` with each residual add folded into the next norm (add_rms_norm_) and the fused layer forms:
         about ten kernels a layer instead of some fifty, two fewer at one row where each sublayer's pre-norm folds
         into its first GEMM (models.layers.fused.decode_normed_linear; the residual stream then alternates between two
@@ -262,10 +265,12 @@ class Qwen35Model(nn.Module):
             x = PendingNorm(res, delta, layer.input_layernorm.weight, layer.input_layernorm.eps)
             j = self._pool_index[i]
             if layer.is_linear:
-                delta = layer.linear_attn.decode_fused(x, state.conv[j], state.ssm[j], slots)
+                delta = layer.linear_attn.decode_fused(x, state.conv[j], state.ssm[j], slots, kc)
             else:
-                delta = layer.self_attn.decode_fused(x, state.kv[j], block_table, seq_lens, write_loc, cos, sin, attn)
+                delta = layer.self_attn.decode_fused(x, state.kv[j], block_table, seq_lens, write_loc, cos, sin, attn,
+                                                     kc=kc)  # fmt: skip
             x = PendingNorm(res, delta, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps)
-            delta = layer.mlp.forward_fused(x)
-        x = add_rms_norm_(res.h, delta, self.model.norm.weight, self.model.norm.eps)  # not folded: see NORM_CONFIGS
-        return decode_linear(x, self.lm_head.weight)  # [b, V]
+            delta = layer.mlp.forward_fused(x, kc)
+        # the last norm is not folded into the lm_head GEMM (see kernels.gemv.NORM_CONFIGS)
+        x = add_rms_norm_(res.h, delta, self.model.norm.weight, self.model.norm.eps, pdl=kc.pdl)
+        return decode_linear(x, self.lm_head.weight, kc)  # [b, V]

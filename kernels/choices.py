@@ -1,0 +1,53 @@
+"""Which forms the decode step's kernels take: one value, fixed when a decode step is built (an engine's, a
+benchmark's variant) and passed down the model's decode walk, instead of module state a caller mutates.
+
+A captured graph keeps the choices it was captured with; two engines in one process may differ.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+from kernels import pdl as _pdl
+from kernels.gemv import MAX_ROWS, gemv_wins, norm_fold_wins, silu_mul_fold_wins
+
+
+class GemvPick(enum.Enum):
+    """Where a decode GEMM runs as the Triton weight stream (``kernels.gemv``) instead of cuBLAS."""
+
+    MEASURED = "measured"  # the shapes where it was measured faster (kernels.gemv.GEMV_CONFIGS)
+    EVERY = "every"  # every skinny GEMM (<= MAX_ROWS rows), default configs where unmeasured: a what-if
+    NEVER = "never"  # none: cuBLAS everywhere
+
+
+@attrs.frozen
+class KernelChoices:
+    """PDL launches, the two one-row folds into the weight stream, and where the weight stream runs at all."""
+
+    pdl: bool | None = None  # launch with programmatic dependent launch; None: the process default (RESPLAN_PDL)
+    fold_silu_mul: bool = True  # SwiGLU's silu_mul folded into the down GEMM where measured (SILU_MUL_CONFIGS)
+    fold_norm: bool = True  # a sublayer's pre-norm folded into its first GEMM where configured (NORM_CONFIGS)
+    gemv: GemvPick = GemvPick.MEASURED
+
+    def streams(self, rows: int, n: int, k: int) -> bool:
+        """Whether the GEMM [rows, k] x [n, k]^T runs as the weight stream."""
+        if self.gemv is GemvPick.MEASURED:
+            return gemv_wins(rows, n, k)
+        return self.gemv is GemvPick.EVERY and 1 <= rows <= MAX_ROWS
+
+    def folds_silu_mul(self, rows: int, n: int, k: int) -> bool:
+        """Whether silu_mul folds into this down GEMM (``kernels.gemv.gemv_silu_mul``)."""
+        return self.fold_silu_mul and silu_mul_fold_wins(rows, n, k)
+
+    def folds_norm(self, rows: int, n: int, k: int) -> bool:
+        """Whether the pre-norm folds into this GEMM (``kernels.gemv.gemv_add_rms_norm``)."""
+        return self.fold_norm and norm_fold_wins(rows, n, k)
+
+    def launches_pdl(self) -> bool:
+        """Whether the step's kernels launch with PDL on this machine (never in the interpreter or off sm_90+)."""
+        return _pdl.enabled(self.pdl)
+
+
+DEFAULT = KernelChoices()  # what a decode walk takes when its caller passes nothing
