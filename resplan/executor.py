@@ -14,11 +14,13 @@ import os
 import warnings
 from collections.abc import Callable
 
+import attrs
 import numpy as np
 import torch
 
 from resplan.buffers import StepBuffers
 from resplan.layout import RowLayout
+from resplan.pinned import PinnedRing, host_zeros
 from resplan.records import FlushProgram
 
 
@@ -100,6 +102,30 @@ class Graph:
             self.graph.replay()
 
 
+@attrs.frozen(eq=False)
+class _Stager:
+    """One ring entry of the executor's stager: host buffers for a slot row [B], B whole rows [B * width] and the whole
+    staging buffer, with the numpy views and per-bucket slices a flush writes and copies from."""
+
+    slot: torch.Tensor
+    slot_views: dict[int, torch.Tensor]  # bucket -> slot[:b]
+    rows: torch.Tensor
+    stage: torch.Tensor
+    slot_np: np.ndarray
+    rows_np: np.ndarray
+    stage_np: np.ndarray
+
+    @classmethod
+    def make(cls, B: int, width: int, staging_cap: int, buckets, pinned: bool) -> _Stager:
+        slot, rows = host_zeros(B, torch.int32, pinned), host_zeros(B * width, torch.int32, pinned)
+        stage = host_zeros(2 + 2 * staging_cap, torch.int32, pinned)
+        return cls(slot, {b: slot[:b] for b in buckets}, rows, stage, slot.numpy(), rows.numpy(), stage.numpy())
+
+    @property
+    def nbytes(self) -> int:
+        return 4 * (self.slot.numel() + self.rows.numel() + self.stage.numel())
+
+
 class Executor:
     """Owns the store, the staging buffer, each bucket's slot row and StepBuffers, and the pinned stager ring.
 
@@ -129,46 +155,31 @@ class Executor:
         self.slot_rows = {b: torch.zeros(b, **i32) for b in bucket_sizes}  # [b], 0 = trash row
         self.buffers = {b: StepBuffers.allocate(layout, b, self.device) for b in bucket_sizes}
         self.len_cols = tuple(layout.len_col(p.key) for p in layout.append_pools)
-        pinned = self.device.type == "cuda"
         # the stager ring: per entry a slot-row, a whole-rows and a staged-cells host buffer, with the views a flush
         # copies from made once here (a torch slice costs microseconds of host time)
-        def host(n: int) -> torch.Tensor:
-            return torch.zeros(n, dtype=torch.int32, pin_memory=pinned)
-
-        self._slot_t = [host(B) for _ in range(ring)]  # [B]
-        self._slot_views = [{b: t[:b] for b in bucket_sizes} for t in self._slot_t]
-        self._rows_t = [host(B * layout.width) for _ in range(ring)]  # [B * width]: B full rows
-        self._stage_t = [host(2 + 2 * self.staging_cap) for _ in range(ring)]  # the whole staging buffer
-        self._slot_np = [t.numpy() for t in self._slot_t]
-        self._rows_np = [t.numpy() for t in self._rows_t]
-        self._stage_np = [t.numpy() for t in self._stage_t]
-        self._events = [torch.cuda.Event() if pinned else None for _ in range(ring)]
-        self._next = 0
+        self._ring = PinnedRing(ring, lambda pinned: _Stager.make(B, layout.width, self.staging_cap, bucket_sizes,
+                                                                  pinned), self.device.type == "cuda")  # fmt: skip
         self.copies = 0  # H2D copies issued, all time
         self.bytes = 0  # H2D bytes issued, all time
 
     @property
     def stager_bytes(self) -> int:
-        return sum(t.numel() * 4 for ts in (self._slot_t, self._rows_t, self._stage_t) for t in ts)
+        return sum(e.nbytes for e in self._ring.entries)
 
     # -- host side ---------------------------------------------------------------------------------------------
     def flush(self, program: FlushProgram) -> None:
         """Issue the program's H2D copies on the current stream, in step order. An empty program issues none."""
         if program.empty:
             return
-        i = self._next
-        self._next = (i + 1) % len(self._events)
-        ev = self._events[i]
-        if ev is not None:
-            ev.synchronize()  # the copies that last read this entry, ring-1 steps ago, are long done
+        _, st = self._ring.take()  # the copies that last read this entry, ring-1 flushes ago, are long done
         if program.slot_row is not None:
             b = program.slot_row.size
-            self._slot_np[i][:b] = program.slot_row
-            self.slot_rows[b].copy_(self._slot_views[i][b], non_blocking=True)
+            st.slot_np[:b] = program.slot_row
+            self.slot_rows[b].copy_(st.slot_views[b], non_blocking=True)
             self.copies += 1
         if program.run_len.size:
-            buf = self._rows_t[i]
-            self._rows_np[i][: program.run_cells.size] = program.run_cells
+            buf = st.rows
+            st.rows_np[: program.run_cells.size] = program.run_cells
             o = 0
             for slot, col, n in zip(program.run_slot.tolist(), program.run_col.tolist(), program.run_len.tolist(),
                                     strict=True):
@@ -179,15 +190,14 @@ class Executor:
         if k:
             if k > self.staging_cap:
                 raise ValueError(f"{k} staged cells exceed the staging buffer's {self.staging_cap}")
-            host = self._stage_np[i]
+            host = st.stage_np
             host[0] = k
             host[2 : 2 + 2 * k : 2] = program.staged_idx
             host[3 : 3 + 2 * k : 2] = program.staged_val
-            self.staging.copy_(self._stage_t[i], non_blocking=True)  # fixed size: no slice on the step path
+            self.staging.copy_(st.stage, non_blocking=True)  # fixed size: no slice on the step path
             self.copies += 1
         self.bytes += program.h2d_bytes
-        if ev is not None:
-            ev.record()
+        self._ring.done()
 
     # -- in the graph ------------------------------------------------------------------------------------------
     def before_forward(self, bucket: int) -> None:

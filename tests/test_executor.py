@@ -28,12 +28,17 @@ def test_a_steady_step_issues_no_h2d_and_a_crossing_step_exactly_one():
 def test_the_stager_holds_the_largest_flush_without_growing():
     lay = qwen_like(page_size=4, pages=512, max_seq_len=64)
     e = SimEngine(lay, (1, 4))
-    ring = [t.data_ptr() for ts in (e.ex._slot_t, e.ex._rows_t, e.ex._stage_t) for t in ts]
-    assert e.ex.stager_bytes == len(e.ex._events) * 4 * (4 + 4 * lay.width + 2 + 2 * e.ex.staging_cap)
+    entries = e.ex._ring.entries
+
+    def ring() -> list[int]:
+        return [t.data_ptr() for st in entries for t in (st.slot, st.rows, st.stage)]
+
+    before = ring()
+    assert e.ex.stager_bytes == len(entries) * 4 * (4 + 4 * lay.width + 2 + 2 * e.ex.staging_cap)
     hs = [e.admit(lay.span("kv").width * 4 - 1) for _ in range(4)]  # full rows: every column used
     _, program = e.resident_step(hs)
     assert program.run_cells.size == 4 * lay.width
-    assert [t.data_ptr() for ts in (e.ex._slot_t, e.ex._rows_t, e.ex._stage_t) for t in ts] == ring
+    assert ring() == before
 
 
 @pytest.mark.parametrize("factory", [qwen_like, whisper_like], ids=["qwen-like", "whisper-like"])
@@ -156,3 +161,23 @@ def test_a_capture_that_fails_twice_raises_and_other_errors_are_not_retried():
     with pytest.raises(RuntimeError, match="shape mismatch"):
         Graph._capture(broken, None, new_graph=object, capturing=flaky)
     assert flaky.calls == 1
+
+
+def test_the_pinned_ring_hands_its_entries_out_in_turn():
+    """Entries built once by make(pinned), taken round-robin with their index; ``last`` names the one taken last (the
+    one ``done`` marks). Off CUDA there are no events: waiting returns at once."""
+    from resplan.pinned import PinnedRing
+
+    built = []
+    ring = PinnedRing(3, lambda pinned: built.append(pinned) or torch.zeros(2), cuda=False)
+    assert built == [False] * 3 and len(ring) == 3
+    taken = []
+    for _ in range(7):
+        i, entry = ring.take()
+        assert entry is ring.entries[i] and ring.last == i
+        ring.done()
+        ring.wait(i)
+        taken.append(i)
+    assert taken == [0, 1, 2, 0, 1, 2, 0]
+    with pytest.raises(ValueError):
+        PinnedRing(0, lambda pinned: None, cuda=False)

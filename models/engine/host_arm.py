@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from resplan import HostStreams, RowLayout, StepBuffers, StreamMode
+from resplan.pinned import PinnedRing, host_zeros
 
 
 def _offset(view: torch.Tensor, flat: torch.Tensor) -> int:
@@ -35,14 +36,10 @@ class HostFill:
         self.exact_pages = exact_pages
         self.size = b = bufs.size
         self.device = bufs.flat.device
-        pinned = self.device.type == "cuda"
         flat = bufs.flat
         n = flat.numel()
         self.nbytes = n * 4
-        self._host = [torch.zeros(n, dtype=torch.int32, pin_memory=pinned) for _ in range(ring)]
-        self._events = [torch.cuda.Event() if pinned else None for _ in range(ring)]
-        self._next = 0
-        self.last = 0
+        self._ring = PinnedRing(ring, lambda pinned: host_zeros(n, torch.int32, pinned), self.device.type == "cuda")
         template = np.zeros(n, np.int32)
         for p in layout.append_pools:
             o = _offset(bufs.seq_lens[p.key], flat)
@@ -52,7 +49,7 @@ class HostFill:
         # per ring entry, numpy views of every buffer: (pool, page size, width, append, bt, sl, wl, col * ps,
         # L // ps and L % ps by stored length L)
         self._views = []
-        for t in self._host:
+        for t in self._ring.entries:
             a = t.numpy()
 
             def view(x: torch.Tensor, a=a) -> np.ndarray:
@@ -89,25 +86,18 @@ class HostFill:
         """Write the buffers for rows ``h`` ([n] int64 handles, n <= size) and issue the copy."""
         t = self.build(streams, h)
         self.bufs.flat.copy_(t, non_blocking=True)
-        ev = self._events[self.last]
-        if ev is not None:
-            ev.record()
+        self._ring.done()
 
     def tables(self, key: str) -> tuple[np.ndarray, np.ndarray]:
         """The last build's block table [b, W] and seq_lens [b] of pool ``key`` (numpy views; what fa2 plans on)."""
-        for pool in self._views[self.last][2]:
+        for pool in self._views[self._ring.last][2]:
             if pool[0] == key:
                 return pool[4], pool[5]
         raise KeyError(f"no pool {key!r}")
 
     def build(self, streams: HostStreams, h: np.ndarray) -> torch.Tensor:
         """Write the buffers for rows ``h`` into the next host buffer of the ring (no copy); returns it."""
-        i = self._next
-        self.last = i
-        self._next = (i + 1) % len(self._views)
-        ev = self._events[i]
-        if ev is not None:
-            ev.synchronize()  # the copy that last read this host buffer has finished
+        i, _ = self._ring.take()  # once the copy that last read this host buffer has finished
         t, host, pools, (pos, rec, smp) = self._views[i]
         np.copyto(host, self._template)
         n = h.size

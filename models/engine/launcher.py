@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from resplan import Graph
+from resplan.pinned import PinnedRing, host_zeros
 
 
 @attrs.frozen(eq=False)
@@ -51,6 +52,28 @@ class Landed:
     gpu_ms: float = 0.0
 
 
+@attrs.frozen(eq=False)
+class _HostIO:
+    """One launch's pinned host buffers, by bucket: (host ids, src) [2, b] and the sampled tokens read back [b], with
+    their numpy views (made once: a torch slice costs microseconds of host time)."""
+
+    idsrc: dict[int, torch.Tensor]  # b -> [2, b]
+    idsrc_np: dict[int, np.ndarray]
+    ids: dict[int, torch.Tensor]  # b -> [b], idsrc[b][0]: a host-planned step's input ids
+    ids_np: dict[int, np.ndarray]
+    tokens: dict[int, torch.Tensor]  # b -> [b]
+    tokens_np: np.ndarray  # [B]
+
+    @classmethod
+    def make(cls, buckets: tuple[int, ...], pinned: bool) -> _HostIO:
+        B = buckets[-1]
+        flat, toks = host_zeros(2 * B, torch.int64, pinned), host_zeros(B, torch.int64, pinned)
+        idsrc = {b: flat[: 2 * b].view(2, b) for b in buckets}
+        idsrc_np = {b: v.numpy() for b, v in idsrc.items()}
+        return cls(idsrc, idsrc_np, {b: v[0] for b, v in idsrc.items()}, {b: v[0] for b, v in idsrc_np.items()},
+                   {b: toks[:b] for b in buckets}, toks.numpy())  # fmt: skip
+
+
 class Launcher:
     def __init__(self, buckets: tuple[int, ...], capacity: int, device: torch.device, timing: bool) -> None:
         B, cuda = buckets[-1], device.type == "cuda"
@@ -62,18 +85,10 @@ class Launcher:
         self.ids = {b: self.idsrc[b][0] for b in buckets}  # [b] a host-planned graph's input ids
         self._idsrc_now = {b: np.zeros((2, b), np.int64) for b in buckets}  # what idsrc[b] holds
         self._idsrc_now_ids = {b: self._idsrc_now[b][0] for b in buckets}  # views made once (hot path)
-        flat = [torch.zeros(2 * B, dtype=torch.int64, pin_memory=cuda) for _ in range(2)]
-        self._idsrc_host = [{b: t[: 2 * b].view(2, b) for b in buckets} for t in flat]
-        self._idsrc_host_np = [{b: v.numpy() for b, v in d.items()} for d in self._idsrc_host]
-        self._ids_host = [{b: d[b][0] for b in buckets} for d in self._idsrc_host]
-        self._ids_host_np = [{b: d[b][0] for b in buckets} for d in self._idsrc_host_np]
-        toks = [torch.zeros(B, dtype=torch.int64, pin_memory=cuda) for _ in range(2)]
-        self._tok_host = [{b: t[:b] for b in buckets} for t in toks]
-        self._tok_np = [t.numpy() for t in toks]
-        self._landed = [torch.cuda.Event() if cuda else None for _ in range(2)]
+        # two entries, used by alternate launches: an entry's completion is its sampled tokens' readback
+        self._ring = PinnedRing(2, lambda pinned: _HostIO.make(buckets, pinned), cuda)
         self._timers = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda
                         else None for _ in range(2)]  # fmt: skip
-        self._parity = 0
         self._tok_pos = np.full(capacity, -1, np.int64)  # each handle's position in tokens_all, -1 when not there
         self._last_rows = np.zeros(0, np.int64)  # the rows of the step that wrote tokens_all
         self._arange = np.arange(B, dtype=np.int64)
@@ -88,20 +103,20 @@ class Launcher:
         """Copy the step's input ids (the rows' ``last_token``, [H] by handle; a graph that takes them from the device
         copies them only if they changed), replay, enqueue the sampled tokens' readback. ``serial``: [n] the rows'
         admission serials. ``decode``: a pure decode step, whose phases (launch, wait, GPU time) the stats count."""
-        n, k = rows.size, self._parity
-        self._parity ^= 1
+        n = rows.size
         t0 = time.perf_counter_ns()
+        k, io = self._ring.take()  # (the launch before last has landed: its readback is done)
         copies = nbytes = ids_copies = 0
         if device_ids:
-            copies = ids_copies = self._stage_idsrc(b, rows, last_token, k)
+            copies = ids_copies = self._stage_idsrc(b, rows, last_token, io)
             nbytes = 16 * b * copies
         else:
             assert self.inflight is None, "a host-planned step's ids are the host's: land the step in flight first"
-            a = self._ids_host_np[k][b]
+            a = io.ids_np[b]
             a[:n] = last_token[rows]
             a[n:] = 0
             self._idsrc_now_ids[b][:] = a
-            self.ids[b].copy_(self._ids_host[k][b], non_blocking=True)
+            self.ids[b].copy_(io.ids[b], non_blocking=True)
             if decode:
                 copies, nbytes = 1, 8 * b
         timer = self._timers[k] if self.timing and decode else None
@@ -110,16 +125,15 @@ class Launcher:
         graph.replay()
         if timer is not None:
             timer[1].record()
-        self._tok_host[k][b].copy_(self.tokens[b], non_blocking=True)
-        if self._landed[k] is not None:
-            self._landed[k].record()
+        io.tokens[b].copy_(self.tokens[b], non_blocking=True)
+        self._ring.done()
         self._tok_pos[self._last_rows] = -1  # tokens_all now holds this step's tokens
         self._tok_pos[rows] = self._arange[:n]
         self._last_rows = rows
         launch_ns = time.perf_counter_ns() - t0 if decode else 0
         return InFlight(rows, serial, b, k, decode), Launched(n, b - n, launch_ns, copies, nbytes, ids_copies)
 
-    def _stage_idsrc(self, b: int, rows: np.ndarray, last_token: np.ndarray, k: int) -> int:
+    def _stage_idsrc(self, b: int, rows: np.ndarray, last_token: np.ndarray, io: _HostIO) -> int:
         """A device-ids step's (host ids, src): src = each row's position in the last replayed step's tokens, -1 for
         a row not in it, whose id the host knows (it prefilled, or last ran in a step already read back). Copied to
         the device only when it differs from what idsrc[b] holds; returns the copies made (0 or 1)."""
@@ -128,7 +142,7 @@ class Launcher:
         now = self._idsrc_now[b]
         if n == b and np.array_equal(now[1], src) and src.min() >= 0 and not now[0].any():
             return 0  # steady: every row takes the token the last step sampled for it, as the device already has
-        new = self._idsrc_host_np[k][b]
+        new = io.idsrc_np[b]
         new[1, :n] = src
         new[1, n:] = -1
         new[0, :n] = np.where(src < 0, last_token[rows], 0)
@@ -136,15 +150,14 @@ class Launcher:
         if np.array_equal(now, new):
             return 0
         now[:] = new
-        self.idsrc[b].copy_(self._idsrc_host[k][b], non_blocking=True)
+        self.idsrc[b].copy_(io.idsrc[b], non_blocking=True)
         return 1
 
     def land(self, f: InFlight) -> Landed:
         """Wait for a launched step's tokens."""
         t0 = time.perf_counter_ns()
-        if self._landed[f.parity] is not None:
-            self._landed[f.parity].synchronize()
-        tokens = self._tok_np[f.parity][: f.rows.size].copy()
+        self._ring.wait(f.parity)
+        tokens = self._ring.entries[f.parity].tokens_np[: f.rows.size].copy()
         if not f.decode:
             return Landed(tokens)
         wait_ns = time.perf_counter_ns() - t0

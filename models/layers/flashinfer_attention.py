@@ -27,6 +27,7 @@ import torch
 
 from models.layers.decode_attention import Backend
 from models.layers.paged import paged_decode_attention
+from resplan.pinned import PinnedRing, host_zeros
 
 DEFAULT_WORKSPACE_BYTES = 128 << 20  # FlashInfer's recommended float workspace (XQA: 8 MiB semaphores + scratch)
 XQA_SEMAPHORE_BYTES = 8 << 20  # xqa_batch_decode_with_kv_cache reserves the first 8 MiB of the workspace for them
@@ -283,13 +284,13 @@ class FA2Decode:
         self.indptr_buf = torch.zeros(b + 1, dtype=torch.int32, device=dev)
         self.indices_buf = torch.zeros(b * W, dtype=torch.int32, device=dev)
         self.last_page_len_buf = torch.ones(b, dtype=torch.int32, device=dev)
-        # host staging: pinned, so every H2D of plan() is asynchronous
-        pin = dev.type == "cuda"
-        self._indptr_host = torch.zeros(b + 1, dtype=torch.int32, pin_memory=pin)
-        self._indices_host = torch.zeros(b * W, dtype=torch.int32, pin_memory=pin)
-        self._last_host = torch.ones(b, dtype=torch.int32, pin_memory=pin)
+        # host staging, one entry: pinned, so every H2D of plan() is asynchronous; (indptr [b + 1], indices [b W],
+        # last page lengths [b])
+        self._staging = PinnedRing(1, lambda pinned: (host_zeros(b + 1, torch.int32, pinned),
+                                                      host_zeros(b * W, torch.int32, pinned),
+                                                      host_zeros(b, torch.int32, pinned).fill_(1)),
+                                   dev.type == "cuda")  # fmt: skip
         self._indices_stage = torch.zeros(b * W, dtype=torch.int32, device=dev)  # plan() copies it D2D
-        self._copied = torch.cuda.Event() if dev.type == "cuda" else None
         self._scheduled = False
         self.wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             self.workspace,
@@ -309,21 +310,15 @@ class FA2Decode:
         outside capture, before every replay."""
         if block_tables.shape != (self.batch_size, self.max_pages_per_row):
             raise ValueError(f"block_tables {block_tables.shape} != ({self.batch_size}, {self.max_pages_per_row})")
-        if self._scheduled and self._copied is not None:
-            self._copied.synchronize()  # the previous plan's H2D copies have read the pinned buffers
+        _, (indptr, indices, last) = self._staging.take()  # once the previous plan's H2D copies have read them
         _, _, _, nnz = build_paged_kv_csr(
-            block_tables,
-            seq_lens,
-            self.page_size,
-            self._indptr_host.numpy(),
-            self._indices_host.numpy(),
-            self._last_host.numpy(),
+            block_tables, seq_lens, self.page_size, indptr.numpy(), indices.numpy(), last.numpy()
         )
-        self._indices_stage[:nnz].copy_(self._indices_host[:nnz], non_blocking=True)
+        self._indices_stage[:nnz].copy_(indices[:nnz], non_blocking=True)
         self.wrapper.plan(
-            self._indptr_host,  # host tensor: plan() reads it on the host and copies it H2D
+            indptr,  # host tensor: plan() reads it on the host and copies it H2D
             self._indices_stage[:nnz],  # device tensor: copied D2D into indices_buf, no host sync
-            self._last_host,
+            last,
             self.num_qo_heads,
             self.num_kv_heads,
             self.head_dim,
@@ -335,8 +330,7 @@ class FA2Decode:
             sm_scale=self.sm_scale,
             non_blocking=True,
         )
-        if self._copied is not None:
-            self._copied.record()
+        self._staging.done()
         self._scheduled = True
 
     def __call__(

@@ -1,0 +1,57 @@
+"""The pinned staging ring: ``n`` entries of host buffers (pinned on CUDA, so copies from them are asynchronous), used
+in turn. An entry is handed out again only once the copies that last read it (or wrote it) have completed: an event
+recorded after them, waited on when the entry comes round. With ``n`` >= 2 and steps that land in order, that wait
+is for work long done; off CUDA there is nothing to wait for.
+
+Its users: the executor's stager (a flush program's slot row, whole rows and staged cells), the host arm's fill (a
+bucket's StepBuffers), the launcher (input ids, and the sampled tokens read back) and fa2's schedule (its CSR tables).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+
+def host_zeros(n: int, dtype: torch.dtype, pinned: bool) -> torch.Tensor:
+    """[n] zeros in host memory, pinned when ``pinned`` (a CUDA device's staging)."""
+    return torch.zeros(n, dtype=dtype, pin_memory=pinned)
+
+
+class PinnedRing(Generic[T]):
+    """``take()`` the next entry (after its last copies completed), fill it, enqueue the copies, ``done()``."""
+
+    def __init__(self, n: int, make: Callable[[bool], T], cuda: bool) -> None:
+        if n < 1:
+            raise ValueError(f"a ring needs at least one entry, got {n}")
+        self.entries: list[T] = [make(cuda) for _ in range(n)]  # make(pinned) builds one entry's buffers
+        self._events = [torch.cuda.Event() if cuda else None for _ in range(n)]
+        self._next = 0
+        self.last = 0  # the entry taken last
+
+    def take(self) -> tuple[int, T]:
+        """The next entry and its index, once the copies that last used it have completed."""
+        i = self._next
+        self._next = (i + 1) % len(self.entries)
+        self.last = i
+        self.wait(i)
+        return i, self.entries[i]
+
+    def done(self) -> None:
+        """The copies that use the last entry taken are enqueued on the current stream: mark their completion."""
+        ev = self._events[self.last]
+        if ev is not None:
+            ev.record()
+
+    def wait(self, i: int) -> None:
+        """Block until the copies marked on entry ``i`` have completed (at once if none were, or off CUDA)."""
+        ev = self._events[i]
+        if ev is not None:
+            ev.synchronize()
+
+    def __len__(self) -> int:
+        return len(self.entries)
