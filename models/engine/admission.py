@@ -56,6 +56,11 @@ class Admission:
             need[k] = int(np.count_nonzero(col >= self.n_pages[k][rows]))
         return need
 
+    def crossings_fit(self, rows: np.ndarray) -> bool:
+        """Whether every APPEND pool has a free page for each of the rows' next tokens that opens one."""
+        need = self.crossing_need(rows)
+        return all(need[k] <= self.page_pools[k].free for k in need)
+
     def take_crossings(self, rows: np.ndarray, txn: AdmitTxn) -> None:
         """A page for each row whose next token opens one (vectorised per pool)."""
         for k in self.append_keys:
@@ -145,8 +150,7 @@ class Admission:
     def victim(self, batch: Batch) -> int | None:
         """The request to offload so the decode rows' crossings find pages, or None when they fit: the least recently
         run request outside the step, else the least recently run of its rows."""
-        need = self.crossing_need(batch.rows)
-        if all(need[k] <= self.page_pools[k].free for k in need):
+        if self.crossings_fit(batch.rows):
             return None
         sch = self.scheduler
         in_step = np.concatenate([batch.rows, np.array([c.handle for c in batch.chunks], np.int64)])

@@ -390,8 +390,7 @@ class Engine:
         rows = batch.rows
         if not self.has_work() or rows.size == 0:
             return Ahead()
-        need, free = self.admission.crossing_need(rows), self.admission.free()
-        if any(need[k] > free[k] for k in need):
+        if not self.admission.crossings_fit(rows):
             return Ahead()  # the step itself will offload
         txn = AdmitTxn()
         self.admission.take_crossings(rows, txn)
