@@ -3,10 +3,11 @@
 ``kernels.rows``: the resident-row ops resplan's executor runs in the graph (scatter staged cells, gather a step's
 rows, commit lengths). The model's decode ops: ``gdn_decode`` (the fused Gated DeltaNet step, in place on the slot
 pools), ``norms``, ``gates``, ``attention_prep`` (the attention prologue), ``gemv`` (skinny GEMMs), ``paged_decode``
-(plan-free split-KV attention) and ``conv1d_prefill``. ``choices.KernelChoices`` is the one value that says which
-forms they take (PDL launches, the one-row folds, where the weight stream runs), passed down a model's decode walk;
-``pdl`` is the launch switch it sets and ``runtime`` says whether Triton's interpreter runs them. Nothing here
-imports ``models``.
+(plan-free split-KV attention). The prefill pass's: ``conv1d_varlen`` (the causal conv over sequences back to back)
+and ``gdn_prefill`` (fla-core's chunked delta rule, CUDA only; a torch reference everywhere).
+``choices.KernelChoices`` is the one value that says which forms they take (PDL launches, the one-row folds, where
+the weight stream runs), passed down a model's decode walk; ``pdl`` is the launch switch it sets and ``runtime`` says
+whether Triton's interpreter runs them. Nothing here imports ``models``.
 """
 
 from kernels.attention_prep import attention_prep_, attention_prep_ref

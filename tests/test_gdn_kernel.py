@@ -173,31 +173,3 @@ def test_gdn_decode_in_cuda_graph():
         torch.cuda.synchronize()
         torch.testing.assert_close(out[:b], o_want, atol=1e-4, rtol=1e-4, msg=f"replay {step}")
         torch.testing.assert_close(pool[1:], pool_want[1:], atol=1e-4, rtol=1e-4, msg=f"replay {step}")
-
-
-# -- the prefill conv ------------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("seed", range(3))
-def test_conv1d_prefill_kernel_matches_the_torch_conv(seed):
-    """kernels.conv1d_prefill against its reference (F.conv1d), which causal_conv1d_prefill_batch runs on the CPU, on
-    fresh random chunks of different lengths (padding rows excluded: junk in both), with channel and token counts off
-    the block sizes."""
-    from kernels.conv1d_prefill import conv1d_prefill, conv1d_prefill_ref
-    from models.layers.gdn import causal_conv1d_prefill_batch
-
-    gen = torch.Generator().manual_seed(seed)
-    R, C, K, lens = 3, 200, 4, torch.tensor([37, 1, 20])
-    T = int(lens.max())
-    x = torch.randn(R, T, C, generator=gen)
-    state, w = torch.randn(R, C, K, generator=gen), torch.randn(C, K, generator=gen)
-    want, want_state = causal_conv1d_prefill_batch(x, state, w, lens)  # on the CPU: the F.conv1d path
-    xs = torch.cat([state.transpose(1, 2), x], dim=1).to(DEVICE)
-    got = conv1d_prefill(xs, w.to(DEVICE), T).cpu()
-    valid = torch.arange(T)[None, :] < lens[:, None]
-    torch.testing.assert_close(got[valid], want[valid], atol=ATOL, rtol=RTOL)
-    torch.testing.assert_close(conv1d_prefill_ref(xs.cpu(), w, T)[valid], want[valid])
-    if DEVICE == "cuda":  # the whole function dispatches to the kernel on CUDA: output and new state
-        out, new_state = causal_conv1d_prefill_batch(x.cuda(), state.cuda(), w.cuda(), lens.cuda())
-        torch.testing.assert_close(out.cpu()[valid], want[valid], atol=ATOL, rtol=RTOL)
-        torch.testing.assert_close(new_state.cpu(), want_state)

@@ -15,7 +15,7 @@ from test_engine import BASE, QWEN
 from models.engine import Engine, EngineConfig, build_adapter
 from models.engine.compare import random_requests, run_arms
 from models.engine.prefill_graphs import PrefillGraphs
-from models.layers.varlen import Segments
+from models.layers.flat import bucket_shape
 from models.qwen3_5 import PrefillChunk
 
 MODEL = QWEN.model
@@ -51,25 +51,29 @@ def _pools(state):
     return [t.clone() for t in (*state.kv, *state.conv, *state.ssm)]
 
 
-@pytest.mark.parametrize("starts", [None, [0, 5, 2]], ids=["fresh", "continuing"])
-def test_a_replayed_pass_equals_the_eager_pass_on_new_inputs(starts):
-    """Batches A, B and C of one key (same shapes; other tokens, pages, slots, offsets): A runs eagerly and is
-    remembered, B eagerly and is captured, C replays B's capture. Logits and every pool equal eager passes of A, B
-    and C from the same starting state."""
+@pytest.mark.parametrize("starts", [None, "mixed"], ids=["fresh", "continuing"])
+def test_a_replayed_bucket_pass_equals_the_eager_pass_for_any_composition(starts):
+    """Batches A, B and C of one token bucket (32 tokens, up to 4 chunks) but of different compositions (chunk count,
+    lengths, starts, pages, slots, offsets): A runs eagerly and is remembered, B eagerly and is captured, C replays
+    B's capture. Logits and every pool equal eager passes of A, B and C at their exact shapes from the same starting
+    state (padding tokens touch only the sink page and slot, which are not compared)."""
     rng = np.random.default_rng(0)
-    lens = [6, 3, 6]
-    abc = [_chunks(rng, lens, starts) for _ in range(3)]
+    compositions = ([6, 3, 6], [1, 20, 2, 9], [31])
+    abc = [_chunks(rng, lens, None if starts is None else rng.integers(0, 9, len(lens)).tolist())
+           for lens in compositions]  # fmt: skip
     graphed, eager = _state(), _state()
     _randomize(graphed, 1)
     _randomize(eager, 1)
+    shape = bucket_shape(32, 4, PAGES, PS)
     graphs = PrefillGraphs(lambda batch: MODEL.prefill_forward(graphed, batch), "cpu", capacity=2, max_tokens=64)
-    batches = [MODEL.prefill_inputs(graphed, c) for c in abc]
-    assert len({b.key for b in batches}) == 1 and batches[0].key[-1] is (starts is None)
+    batches = [MODEL.prefill_inputs(graphed, c, shape, graphed=True) for c in abc]
+    assert len({b.key for b in batches}) == 1
     for i, (batch, chunks) in enumerate(zip(batches, abc, strict=True)):
-        torch.testing.assert_close(graphs.run(batch), MODEL.prefill_batch(eager, chunks), rtol=0, atol=0)
+        got = graphs.run(batch)[: len(chunks)]
+        torch.testing.assert_close(got, MODEL.prefill_batch(eager, chunks), rtol=1e-5, atol=1e-5)
         assert (graphs.stats.captures, graphs.stats.replays) == ((0, 0), (1, 0), (1, 1))[i]
     for x, y in zip(_pools(graphed), _pools(eager), strict=True):
-        torch.testing.assert_close(x, y, rtol=0, atol=0)
+        torch.testing.assert_close(x[1:], y[1:], rtol=1e-5, atol=1e-5)  # the sink page / slot apart
 
 
 def test_keys_are_kept_up_to_capacity_and_long_passes_stay_eager():
@@ -97,18 +101,6 @@ def test_keys_are_kept_up_to_capacity_and_long_passes_stay_eager():
     assert s.captures == 3 and len(graphs.seen) == 2
     with pytest.raises(ValueError, match="capacity"):
         PrefillGraphs(forward, "cpu", capacity=0, max_tokens=12)
-
-
-def test_unpad_gathers_the_valid_rows_in_order():
-    rng = np.random.default_rng(2)
-    for _ in range(5):
-        lens = rng.integers(1, 9, rng.integers(1, 5)).tolist()
-        segs = Segments.build(lens, [0] * len(lens), "cpu")
-        x = torch.randn(len(lens), max(lens), 3)
-        torch.testing.assert_close(segs.unpad(x), x[segs.valid], rtol=0, atol=0)
-        n = sum(lens)
-        torch.testing.assert_close(segs.unpad(segs.pad(torch.arange(n)[:, None].float())).squeeze(1),
-                                   torch.arange(n).float())  # fmt: skip
 
 
 EQUAL = random_requests(QWEN, 24, prompt_len=(7, 7), gen_len=(2, 6), seed=4)  # one prompt length: keys repeat
@@ -141,23 +133,24 @@ def _cuda():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("starts", [None, [0, 40, 17]], ids=["fresh", "continuing"])
-def test_a_replayed_cuda_graph_pass_equals_the_eager_pass_at_0_8b_shape(starts):
-    """The 0.8B shape in bf16: batch A's pass remembered, B's captured, C's replayed over a copy of its inputs; logits
-    and pools equal eager passes of A, B and C (the same kernels on the same values)."""
+@pytest.mark.parametrize("starts", [None, "mixed"], ids=["fresh", "continuing"])
+def test_a_replayed_cuda_graph_bucket_pass_equals_the_eager_pass_at_0_8b_shape(starts):
+    """The 0.8B shape in bf16 on the prefill kernels (fla, FlashInfer, the Triton conv), one token bucket (256 tokens,
+    up to 4 chunks) and three compositions: A's pass remembered, B's captured, C's replayed over a copy of its inputs.
+    Logits and pools equal eager passes of A, B and C at their exact shapes (bf16 tolerance: the graphs' FlashInfer
+    plan always splits the KV, the exact one need not; argmax equal)."""
     _cuda()
     adapter = build_adapter("qwen3_5-0.8b", seed=0, device="cuda", dtype=torch.bfloat16)
     model = adapter.model
     rng = np.random.default_rng(3)
-    lens = [96, 33, 70]
-    starts = starts or [0, 0, 0]
-    ps, pages, slots = 16, 64, 8
+    ps, pages, slots = 16, 96, 8
 
-    def chunks():
-        need = [-(-(s + n) // ps) for s, n in zip(starts, lens, strict=True)]
+    def chunks(lens):
+        starts_ = [0] * len(lens) if starts is None else rng.integers(0, 60, len(lens)).tolist()
+        need = [-(-(s + n) // ps) for s, n in zip(starts_, lens, strict=True)]
         perm = rng.permutation(np.arange(1, pages))[: sum(need)]
         out, at = [], 0
-        for n, s, k, slot in zip(lens, starts, need, rng.permutation(np.arange(1, slots))[:3], strict=True):
+        for n, s, k, slot in zip(lens, starts_, need, rng.permutation(np.arange(1, slots))[: len(lens)], strict=True):
             ids = torch.from_numpy(rng.integers(0, model.cfg.vocab_size, n))
             out.append(PrefillChunk(ids, torch.from_numpy(perm[at : at + k]), s, int(slot), int(rng.integers(0, 3))))
             at += k
@@ -167,16 +160,18 @@ def test_a_replayed_cuda_graph_pass_equals_the_eager_pass_at_0_8b_shape(starts):
     for st in states:
         _randomize_cuda(st, 1)
     graphed, eager = states
+    shape = bucket_shape(256, 4, pages, ps)
     graphs = PrefillGraphs(lambda batch: model.prefill_forward(graphed, batch), "cuda", capacity=2, max_tokens=4096)
-    for i, c in enumerate((chunks(), chunks(), chunks())):
-        got = graphs.run(model.prefill_inputs(graphed, c)).clone()
+    for i, lens in enumerate(([96, 33, 70], [200, 1, 40, 7], [255])):
+        c = chunks(lens)
+        got = graphs.run(model.prefill_inputs(graphed, c, shape, graphed=True))[: len(c)].clone()
         want = model.prefill_batch(eager, c)
         assert graphs.stats.replays == max(0, i - 1)
-        print(f"\npass {i}: max |logits diff| {(got.float() - want.float()).abs().max().item():.3g}")
-        torch.testing.assert_close(got, want)
+        print(f"\npass {i} {lens}: max |logits diff| {(got.float() - want.float()).abs().max().item():.3g}")
+        torch.testing.assert_close(got, want, atol=5e-2, rtol=5e-2)
         assert torch.equal(got.argmax(-1), want.argmax(-1))
     for x, y in zip(_pools(graphed), _pools(eager), strict=True):
-        torch.testing.assert_close(x, y)
+        torch.testing.assert_close(x[1:], y[1:], atol=5e-2, rtol=5e-2)  # the sinks apart
 
 
 def _randomize_cuda(state, seed):
@@ -187,8 +182,8 @@ def _randomize_cuda(state, seed):
 
 @pytest.mark.gpu
 def test_an_engine_on_cuda_prefill_graphs_gives_the_eager_engines_tokens():
-    """0.8B shape, XQA in both arms' resident engine and fa2 in the host arm: equal-length prompts (their passes share
-    keys) served from captured prefill passes give the eager engine's tokens."""
+    """0.8B shape, XQA in both arms' resident engine and fa2 in the host arm: prompts served from captured token-bucket
+    passes (32 ... 256 tokens) give the eager engine's tokens."""
     _cuda()
     adapter = build_adapter("qwen3_5-0.8b", seed=0, device="cuda", dtype=torch.bfloat16)
     reqs = random_requests(adapter, 24, prompt_len=(64, 64), gen_len=(4, 12), seed=6)
@@ -197,7 +192,7 @@ def test_an_engine_on_cuda_prefill_graphs_gives_the_eager_engines_tokens():
     cfg = EngineConfig(device="cuda", dtype="bfloat16", attention=Backend.XQA, max_running=4, page_size=16,
                        max_seq_len=128)  # fmt: skip
     eager = run_arms(adapter, cfg, reqs)
-    graphed = run_arms(adapter, attrs.evolve(cfg, prefill_graphs=4), reqs)
+    graphed = run_arms(adapter, attrs.evolve(cfg, prefill_graphs=4, prefill_graph_tokens=256), reqs)
     for arm in eager:
         assert graphed[arm].tokens == eager[arm].tokens
         s = graphed[arm].engine.prefill.graphs.stats

@@ -198,26 +198,3 @@ def test_fused_projections_share_storage_with_the_state_dict():
     assert mlp.gate_up_weight() is not w and mlp.gate_up_weight().dtype == torch.float64
 
 
-# -- batched prefill attention -----------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("hq,hk", [(8, 2), (4, 4)], ids=["gqa", "mha"])
-def test_fresh_prefill_attention_equals_the_paged_path(hq, hk):
-    """Chunks that start their streams: SDPA over their own padded K/V gives the paged path's outputs on every real
-    token (lengths 1..13 in one batch, so most rows have padding; pages shuffled in the pool)."""
-    from models.layers.paged import write_kv
-    from models.layers.varlen import Segments, fresh_prefill_attention_batch, paged_prefill_attention_batch
-
-    gen = torch.Generator().manual_seed(0)
-    lens, ps, d = [13, 1, 7, 4], 4, 16
-    segs = Segments.build(lens, [0] * len(lens), "cpu")
-    assert segs.all_fresh and not Segments.build(lens, [0, 0, 3, 0], "cpu").all_fresh
-    N, W = sum(lens), 4
-    q, k, v = (torch.randn(N, h, d, generator=gen) for h in (hq, hk, hk))
-    kv = torch.zeros(1 + len(lens) * W, 2, ps, hk, d)
-    page_table = (torch.randperm(len(lens) * W, generator=gen) + 1).view(len(lens), W)  # [R, W]
-    write_loc = page_table[segs.seg, segs.pos // ps] * ps + segs.pos % ps
-    write_kv(kv, write_loc, k, v)
-    paged = segs.unpad(paged_prefill_attention_batch(segs.pad(q), kv, page_table, segs, d**-0.5))
-    fresh = segs.unpad(fresh_prefill_attention_batch(segs.pad(q), segs.pad(k), segs.pad(v), d**-0.5))
-    torch.testing.assert_close(fresh, paged, atol=ATOL, rtol=RTOL)

@@ -198,10 +198,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--rounds", type=int, default=2, help="rounds; the arm order alternates between rounds")
     ap.add_argument("--page-size", type=int, default=16, help="tokens a KV page holds (default 16)")
     ap.add_argument("--token-budget", type=int, default=None, help="prefill tokens a step (default: whole prompts)")
-    ap.add_argument("--prefill-graphs", type=int, default=4,
-                    help="prefill pass shapes kept as CUDA graphs, in every engine arm alike (0: eager prefill)")
+    ap.add_argument("--prefill-graphs", type=int, default=6,
+                    help="token buckets of prefill CUDA graphs, halving down from --prefill-graph-tokens (default 6: "
+                         "256 ... 8192), in every engine arm alike (0: eager prefill)")
     ap.add_argument("--prefill-graph-tokens", type=int, default=8192,
-                    help="passes of more tokens than this stay eager (GPU-bound already)")
+                    help="the largest token bucket; longer passes run eagerly (default 8192)")
     ap.add_argument("--out", type=Path, required=True, help="folder for results.md, results.json, tokps.png")
     ap.add_argument("--seed", type=int, default=0, help="seed of the weights and the prompts")
     return ap
@@ -249,7 +250,8 @@ def main(argv: list[str] | None = None) -> None:
             f"{args.prompt_len} tokens, {args.gen} new tokens each, page size {args.page_size}, {args.rounds} rounds "
             f"with the arm order alternated, random weights (bf16). Prefill passes of <= {args.prefill_graph_tokens} "
             f"tokens replayed from CUDA graphs in every engine arm: {'yes' if args.prefill_graphs else 'no'} "
-            f"({args.prefill_graphs} shapes kept). Host yardstick: {host_speed}.\n\n"
+            f"({args.prefill_graphs} token buckets up to {args.prefill_graph_tokens}). "
+            f"Host yardstick: {host_speed}.\n\n"
             "Command: `python -m models.bench.serve "
             + " ".join(argv if argv is not None else __import__("sys").argv[1:]) + "`\n\n")
     (args.out / "results.md").write_text(head + table + "\n")

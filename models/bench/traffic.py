@@ -92,9 +92,11 @@ def parser(prog: str = "python -m models.bench.traffic", description: str = __do
                    help="KV pages (sink included; default: every running request at the context)")
     e.add_argument("--max-seq-len", type=positive_int, default=None,
                    help="the engine's context (default: the longest prompt + output of the workload)")
-    e.add_argument("--prefill-graphs", type=int, default=4,
-                   help="prefill pass shapes kept as CUDA graphs, captured at a shape's second pass (0: eager)")
-    e.add_argument("--prefill-graph-tokens", type=positive_int, default=8192, help="longer passes stay eager")
+    e.add_argument("--prefill-graphs", type=int, default=6,
+                   help="token buckets of prefill CUDA graphs, halving down from --prefill-graph-tokens (default 6: "
+                        "256 ... 8192); a pass is padded to the smallest that holds it (0: eager prefill)")
+    e.add_argument("--prefill-graph-tokens", type=positive_int, default=8192,
+                   help="the largest token bucket; longer passes run eagerly (default 8192)")
     if not run_options:
         return ap
     r = ap.add_argument_group("run")
@@ -445,7 +447,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     head = (f"Traffic benchmark on {device_name} (torch {torch.__version__}), {args.model} (random weights, "
             f"{run.dtype}). Workload: {run.description}. Engine: max_running {args.max_running}, "
             f"token budget {args.token_budget}, page size {args.page_size}, context {run.max_seq_len}, prefill "
-            f"graphs {knobs['prefill_graphs']} (captured at a shape's second pass). {args.rounds} rounds, each its own "
+            f"graphs: {knobs['prefill_graphs']} token buckets up to {args.prefill_graph_tokens} (captured at a "
+            f"bucket's second pass). {args.rounds} rounds, each its own "
             f"draw of the traffic, {'served once untimed first, then ' if args.prerun else ''}timed in every arm, the "
             f"arm order reversed every other round; cells are median [min-max] over rounds, ratios paired by round. "
             f"Host yardstick: {host_speed}.\n\nCommand: `{command}`\n\n")  # fmt: skip

@@ -11,10 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import attrs
+import numpy as np
 import torch
 
 from kernels.choices import DEFAULT, KernelChoices
 from models.engine.requests import InvalidRequest, Request
+from models.layers.flat import bucket_shape
 from models.layers.specs import KVPoolSpec
 from models.qwen3_5 import KV_POOL, PrefillChunk, Qwen35Model
 from models.qwen3_5 import config as qwen_config
@@ -33,8 +35,8 @@ RECURRENT, POSITIONS, SAMPLER = "rec", "pos", "sampler"  # resource keys beside 
 class PrefillInput:
     """One request's chunk as ``Adapter.prefill`` takes it."""
 
-    ids: torch.Tensor  # [T] long
-    pages: dict[str, torch.Tensor]  # pool -> [n] long, the request's pages in order
+    ids: np.ndarray  # [T] int64
+    pages: dict[str, np.ndarray]  # pool -> [n], the request's pages in order (host)
     start: int
     rec_slot: int
     read_lens: dict[str, int]
@@ -120,9 +122,14 @@ class Adapter:
 
     capturable_prefill = False  # whether prefill_inputs / prefill_forward split prefill_last into a capturable pass
 
-    def prefill_inputs(self, state, chunks: list[PrefillInput]):
-        """``prefill_last``'s chunks as one pass's device inputs: an attrs record with ``key`` (what fixes its shapes)
-        and ``tokens``, whose tensor fields are every input ``prefill_forward`` reads; that forward has no host sync."""
+    def prefill_shape(self, state, tokens: int, max_chunks: int):
+        """The shape of a pass padded to ``tokens`` that holds up to ``max_chunks`` chunks (a token bucket's)."""
+        raise NotImplementedError(f"{self.name}: no capturable prefill pass")
+
+    def prefill_inputs(self, state, chunks: list[PrefillInput], shape=None):
+        """``prefill_last``'s chunks as one pass's device inputs in ``shape`` (``prefill_shape``'s; None: the chunks'
+        own): an attrs record with ``key`` (what fixes its shapes) and ``tokens``, whose tensor fields are every input
+        ``prefill_forward`` reads; that forward has no host sync. Its logits' rows past the chunks are padding."""
         raise NotImplementedError(f"{self.name}: no capturable prefill pass")
 
     def prefill_forward(self, state, batch) -> torch.Tensor:
@@ -168,10 +175,14 @@ class QwenAdapter(Adapter):
 
     capturable_prefill = True
 
-    def prefill_inputs(self, state, chunks):
+    def prefill_shape(self, state, tokens, max_chunks):
+        # the chunks' requests hold distinct pages, so the pool's page count bounds the pages of any pass
+        return bucket_shape(tokens, max_chunks, state.num_pages, state.page_size)
+
+    def prefill_inputs(self, state, chunks, shape=None):
         return self.model.prefill_inputs(
-            state, [PrefillChunk(c.ids, c.pages[KV_POOL], c.start, c.rec_slot, c.pos_offset) for c in chunks]
-        )
+            state, [PrefillChunk(c.ids, c.pages[KV_POOL], c.start, c.rec_slot, c.pos_offset) for c in chunks], shape,
+            graphed=shape is not None)  # fmt: skip
 
     def prefill_forward(self, state, batch):
         return self.model.prefill_forward(state, batch)

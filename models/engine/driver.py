@@ -112,8 +112,8 @@ class EngineConfig:
     attention: Backend = Backend.TORCH  # decode attention: TORCH, FA2 or XQA (CUDA), TRITON (CUDA, or interpreted)
     timing: bool = False  # ITL samples, decode graph and prefill GPU time (CUDA events; a prefill pass then syncs)
     overlap: bool = False  # launch each decode step before reading the last one's tokens (input ids on the device)
-    prefill_graphs: int = attrs.field(default=0, validator=attrs.validators.ge(0))  # prefill shapes kept captured
-    prefill_graph_tokens: int = attrs.field(default=8192, validator=_positive)  # longer passes stay eager
+    prefill_graphs: int = attrs.field(default=0, validator=attrs.validators.ge(0))  # token buckets of prefill graphs
+    prefill_graph_tokens: int = attrs.field(default=8192, validator=_positive)  # the largest; longer passes eager
     kernels: KernelChoices = KernelChoices()  # the decode step's kernel forms: folds, PDL, the weight stream
 
 
@@ -197,7 +197,7 @@ class Engine:
                     else HostArm(self.tables, self.streams, self.admission.n_pages, self.append_keys, self.seqs,
                                  cfg.overlap))  # fmt: skip
         self.prefill = Prefill(adapter, self.model_state, self.sampler, self.layout, self.streams,
-                               self.admission.n_pages, cfg.prefill_graphs, cfg.prefill_graph_tokens, device,
+                               self.admission.n_pages, cfg.prefill_graphs, cfg.prefill_graph_tokens, H, device,
                                cfg.timing)  # fmt: skip
         self.limits = Limits(adapter.name, adapter.vocab_size, self.max_seq_len)
         self.stats = EngineStats()

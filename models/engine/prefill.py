@@ -33,12 +33,20 @@ class Prefilled:
     prefill_gpu_ms: float  # the pass and first-token sampling on the GPU (CUDA events; with timing on), else 0
 
 
+def token_buckets(graphs: int, graph_tokens: int) -> tuple[int, ...]:
+    """The prefill graphs' token buckets: ``graphs`` sizes halving down from ``graph_tokens`` (ascending; at least
+    1 token each, duplicates dropped)."""
+    return tuple(sorted({max(1, graph_tokens >> i) for i in range(graphs)}))
+
+
 class Prefill:
-    """Runs a step's prefill chunks (``run``); ``graphs`` > 0 keeps that many pass shapes captured (PrefillGraphs)."""
+    """Runs a step's prefill chunks (``run``) as one flat pass (models.layers.flat). With ``graphs`` > 0 a pass of at
+    most ``graph_tokens`` tokens is padded to the smallest of ``token_buckets(graphs, graph_tokens)`` that holds it and
+    replayed from that bucket's captured graph (PrefillGraphs); a longer pass runs eagerly at its exact shape."""
 
     def __init__(self, adapter: Adapter, model_state, sampler: Sampler, layout: RowLayout, streams: HostStreams,
-                 n_pages: dict[str, np.ndarray], graphs: int, graph_tokens: int, device: torch.device,
-                 timing: bool) -> None:  # fmt: skip
+                 n_pages: dict[str, np.ndarray], graphs: int, graph_tokens: int, max_chunks: int,
+                 device: torch.device, timing: bool) -> None:  # fmt: skip
         self.adapter = adapter
         self.model_state = model_state
         self.sampler = sampler
@@ -47,11 +55,26 @@ class Prefill:
         self.append_keys = tuple(p.key for p in layout.append_pools)
         self.read_keys = tuple(p.key for p in layout.read_pools)
         self.device = device
-        self.graphs = (PrefillGraphs(partial(adapter.prefill_forward, model_state), device, graphs, graph_tokens)
-                       if graphs else None)  # fmt: skip
+        self.buckets = token_buckets(graphs, graph_tokens) if graphs else ()
+        self.graphs = (PrefillGraphs(partial(adapter.prefill_forward, model_state), device, len(self.buckets),
+                                     graph_tokens) if graphs else None)  # fmt: skip
+        self.max_chunks = max_chunks  # chunks a pass holds at most: one a running request
+        if self.graphs is not None:
+            self._capture_buckets(model_state.page_size)
         cuda = device.type == "cuda"
         self._timer = ((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                        if cuda and timing else None)  # fmt: skip
+
+    def _capture_buckets(self, page_size: int) -> None:
+        """Every token bucket's graph captured at build, as the decode graphs are: one dummy chunk of the bucket's
+        tokens on the sink page and recurrent slot 1, which no request holds yet (a fresh chunk reads its slot as
+        zeros, so what the dummy leaves there is never read)."""
+        for tokens in self.buckets:
+            dummy = PrefillInput(ids=np.zeros(tokens, np.int64),
+                                 pages={k: np.zeros(-(-tokens // page_size), np.int64) for k in self.n_pages},
+                                 start=0, rec_slot=1, read_lens={}, pos_offset=0)  # fmt: skip
+            shape = self.adapter.prefill_shape(self.model_state, tokens, self.max_chunks)
+            self.graphs.capture(self.adapter.prefill_inputs(self.model_state, [dummy], shape))
 
     def run(self, chunks: tuple[Chunk, ...], requests: list[Request]) -> Prefilled:
         """Run ``chunks`` (``requests[i]`` is chunk i's request) and sample the first token of each that ends its
@@ -79,17 +102,15 @@ class Prefill:
         inputs = []
         for chunk, req in zip(chunks, requests, strict=True):
             h, start, n = chunk.handle, chunk.start, chunk.n
-            pages = {
-                k: torch.from_numpy(st.kv[k].pages[h, : held[h]].astype(np.int64)).to(self.device)
-                for k, held in self.n_pages.items()
-            }
+            pages = {k: st.kv[k].pages[h, : held[h]] for k, held in self.n_pages.items()}  # host rows, not copied
             if start == 0 and self.read_keys:
-                self.adapter.encode(self.model_state, req, pages)
+                self.adapter.encode(self.model_state, req, {
+                    k: torch.from_numpy(v.astype(np.int64)).to(self.device) for k, v in pages.items()})  # fmt: skip
                 for k, n_ctx in self.adapter.read_tokens(req).items():
                     st.kv[k].lengths[h] = n_ctx
                     st.kv[k].epoch[h] += 1
             inputs.append(PrefillInput(
-                ids=torch.tensor(req.prompt[start : start + n], dtype=torch.int64, device=self.device),
+                ids=np.asarray(req.prompt[start : start + n], np.int64),
                 pages=pages,
                 start=start,
                 rec_slot=int(st.recurrent_slot[h]) if st.recurrent_slot is not None else 0,
@@ -99,7 +120,9 @@ class Prefill:
         if self.graphs is None:
             logits = self.adapter.prefill_last(self.model_state, inputs)  # [R, V]
         else:
-            logits = self.graphs.run(self.adapter.prefill_inputs(self.model_state, inputs))
+            bucket = next((b for b in self.buckets if b >= sum(c.n for c in chunks)), None)
+            shape = None if bucket is None else self.adapter.prefill_shape(self.model_state, bucket, self.max_chunks)
+            logits = self.graphs.run(self.adapter.prefill_inputs(self.model_state, inputs, shape))
         for chunk in chunks:
             for k in self.append_keys:
                 st.kv[k].lengths[chunk.handle] = chunk.start + chunk.n

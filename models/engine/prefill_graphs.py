@@ -97,6 +97,17 @@ class PrefillGraphs:
         self.stats.replays += 1
         return hit.out[0]
 
+    def capture(self, batch) -> None:
+        """Capture ``batch.key`` now (a shape known to recur, a token bucket's, at engine build): one eager pass over
+        ``batch`` initialises what a capture must not (Triton's JIT and autotuning, cuBLAS handles), then the capture.
+        The pass writes into the pools as any pass does: run it where they hold nothing yet."""
+        if batch.key in self.graphs:
+            return
+        self.forward(batch)
+        self.stats.eager += 1
+        self.seen.pop(batch.key, None)
+        self._capture(batch)
+
     def _capture(self, batch) -> None:
         if len(self.graphs) >= self.capacity:
             self.graphs.popitem(last=False)

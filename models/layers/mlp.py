@@ -22,6 +22,11 @@ class SwiGLU(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
+    def forward_one_gemm(self, x: torch.Tensor) -> torch.Tensor:
+        """The same map with gate|up as one GEMM over the fused weight (a prefill pass's many rows)."""
+        gate, up = F.linear(x, self.gate_up_weight()).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
     def gate_up_weight(self) -> torch.Tensor:
         """[2I, hidden]: gate_proj's rows then up_proj's (see models.layers.fused)."""
         return fused_weight(self, "gate_up", self.gate_proj, self.up_proj)

@@ -7,6 +7,7 @@ RoPE; out = o_proj(attn(q, k, v) * sigmoid(gate)).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from kernels.attention_prep import attention_prep_
@@ -15,8 +16,8 @@ from kernels.gates import sigmoid_gate_mul
 from models.layers.fused import PendingNorm, decode_linear, decode_normed_linear, fused_weight
 from models.layers.norms import ZeroCenteredRMSNorm
 from models.layers.paged import paged_decode_attention, write_kv
+from models.layers.prefill_attention import paged_prefill_ref
 from models.layers.rope import apply_partial_rope
-from models.layers.varlen import Segments, fresh_prefill_attention_batch, paged_prefill_attention_batch
 from models.qwen3_5.config import Qwen35Config
 
 
@@ -50,24 +51,40 @@ class GatedAttention(nn.Module):
 
     def prefill(
         self,
-        x: torch.Tensor,  # [N, hidden], R chunks concatenated
+        x: torch.Tensor,  # [N, hidden]: the pass's flat token stream
         kv: torch.Tensor,  # [num_pages, 2, ps, hk, d]
-        page_table: torch.Tensor,  # [R, W] long, each request's pages in order
-        write_loc: torch.Tensor,  # [N] long, each token's flat slot
         cos: torch.Tensor,  # [N, rot]
         sin: torch.Tensor,
-        segs: Segments,
+        batch,  # the pass's PrefillBatch (models.qwen3_5.model)
+        kernel=None,  # the pass's FlashInferPrefill (models.layers.prefill_attention), for batch.kernels
     ) -> torch.Tensor:
-        """R chunks in one pass: K/V of every token written at write_loc, then each chunk attends causally over its
-        own stream (tokens 0 .. start_r + T_r - 1); chunks that all start their streams attend over their own K/V.
-        [N, hidden]."""
-        q, k, v, gate = self._qkv(x, cos, sin)
-        write_kv(kv, write_loc, k, v)
-        if segs.all_fresh:
-            o = fresh_prefill_attention_batch(segs.pad(q), segs.pad(k), segs.pad(v), self.scale)  # [R, T_max, hq, d]
+        """K/V of every token written at its slot, then each sequence attends causally over its own stream (its
+        earlier chunks' pages and its own tokens): FlashInfer's paged prefill, or the torch reference. [N, hidden]."""
+        if batch.fused:  # q|k|v GEMM, then norms, RoPE and the K/V write in one kernel
+            qkv = F.linear(x, self.qkv_weight())  # [N, hq 2d + 2 hk d]
+            q = attention_prep_(qkv, self.q_norm.weight, self.k_norm.weight, cos, sin, kv, batch.write_loc,
+                                self.n_heads, self.q_norm.eps, pdl=False)  # fmt: skip
         else:
-            o = paged_prefill_attention_batch(segs.pad(q), kv, page_table, segs, self.scale)
-        return self._out(segs.unpad(o), gate)
+            q, k, v, gate = self._qkv_fused(x, cos, sin)
+            write_kv(kv, batch.write_loc, k, v)
+        if batch.kernels:
+            o = kernel(batch.attn, q, kv)  # [N, hq, d]
+        else:
+            o = paged_prefill_ref(q, kv, batch.cu_seqlens, batch.kv_indptr, batch.kv_indices, batch.kv_lens,
+                                  self.scale)  # fmt: skip
+        if batch.fused:
+            return F.linear(sigmoid_gate_mul(o, qkv, pdl=False), self.o_proj.weight)
+        return self._out(o, gate)
+
+    def _qkv_fused(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """``_qkv`` through the fused q|k|v GEMM: x [n, hidden] -> q [n, hq, d], k, v [n, hk, d], gate [n, hq * d]."""
+        n, hq, hk, d = x.shape[0], self.n_heads, self.n_kv, self.head_dim
+        p = F.linear(x, self.qkv_weight())  # [n, hq 2d + 2 hk d]
+        q, gate = p[:, : hq * 2 * d].view(n, hq, 2 * d).chunk(2, dim=-1)  # [n, hq, d] each
+        q = apply_partial_rope(self.q_norm(q), cos, sin)
+        k = apply_partial_rope(self.k_norm(p[:, hq * 2 * d : (hq * 2 + hk) * d].view(n, hk, d)), cos, sin)
+        v = p[:, (hq * 2 + hk) * d :].view(n, hk, d)
+        return q, k, v, gate.reshape(n, -1)
 
     def decode(
         self,

@@ -8,22 +8,17 @@ out = out_proj(rmsnorm(o) * w * silu(in_proj_z(x))).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from kernels.choices import KernelChoices
+from kernels.conv1d_varlen import conv1d_varlen_, conv1d_varlen_ref_
 from kernels.gdn_decode import conv1d_decode_step_, gdn_decode_raw_step_, gdn_decode_step_
+from kernels.gdn_prefill import gdn_prefill, gdn_prefill_ref
 from kernels.norms import gated_rms_norm
 from models.layers.fused import PendingNorm, decode_linear, decode_normed_linear, fused_weight
-from models.layers.gdn import (
-    causal_conv1d_prefill_batch,
-    causal_conv1d_step,
-    gated_delta_chunked,
-    gated_delta_step,
-    gdn_gates,
-    normalize_qk,
-)
+from models.layers.gdn import L2_EPS, causal_conv1d_step, gated_delta_step, gdn_gates, l2norm, normalize_qk
 from models.layers.norms import GatedRMSNorm
-from models.layers.varlen import Segments
 from models.qwen3_5.config import Qwen35Config
 
 
@@ -77,34 +72,40 @@ class GatedDeltaNet(nn.Module):
 
     def prefill(
         self,
-        x: torch.Tensor,  # [N, hidden], R chunks concatenated
+        x: torch.Tensor,  # [N, hidden]: the pass's flat token stream
         conv_pool: torch.Tensor,  # [slots, C, K]
         ssm_pool: torch.Tensor,  # [slots, hv, dk, dv]
-        slots: torch.Tensor,  # [R] long, distinct
-        fresh: torch.Tensor,  # [R] bool: start from zero state (a request's first chunk)
-        segs: Segments,
+        batch,  # the pass's PrefillBatch (models.qwen3_5.model): sequences, slots, fla's chunk index
     ) -> torch.Tensor:
-        """R chunks, each run from its slot's state (zeros when fresh), each slot left with the chunk's final conv +
-        SSM state. Padded to [R, T_max], the delta rule runs with (chunk, head) as its heads; padding rows get
-        beta = g = 0 (no update, no decay), which leaves every state as the real rows left it. [N, hidden]."""
-        mixed, z, g, beta = self._project(x)  # [N, C], [N, hv, dv], [N, hv], [N, hv]
-        R, T = segs.valid.shape
-        # a fresh chunk's slot is cleared, not multiplied by 0: it holds what its last owner left (0 * nan is nan)
-        conv0 = conv_pool[slots].masked_fill(fresh[:, None, None], 0)  # [R, C, K]
-        ssm0 = ssm_pool[slots].float().masked_fill(fresh[:, None, None, None], 0)  # [R, hv, dk, dv]
-        mixed, conv1 = causal_conv1d_prefill_batch(segs.pad(mixed), conv0, self.conv_weight, segs.lens)
-        q, k, v = self._split(mixed.reshape(R * T, self.conv_dim))  # [R T, hv, d] float32
-
-        def heads(t: torch.Tensor) -> torch.Tensor:  # [R, T, hv, ...] -> [T, R hv, ...]
-            return t.transpose(0, 1).flatten(1, 2)
-
-        q, k, v = (heads(t.reshape(R, T, *t.shape[1:])) for t in (q, k, v))
-        g, beta = heads(segs.pad(g)), heads(segs.pad(beta))  # [T, R hv], 0 at padding
-        o, ssm1 = gated_delta_chunked(q, k, v, g, beta, ssm0.flatten(0, 1))  # [T, R hv, dv], [R hv, dk, dv]
-        conv_pool[slots] = conv1
-        ssm_pool[slots] = ssm1.reshape(ssm0.shape).to(ssm_pool.dtype)
-        o = segs.unpad(o.reshape(T, R, self.hv, self.dv).transpose(0, 1))  # [N, hv, dv]
-        return self._out(o, z, x.dtype)
+        """Every sequence of the stream from its slot's state (zeros when fresh), each slot left with its sequence's
+        final conv + SSM state; padding runs as its own sequence on the sink slot. One fused input GEMM, the varlen
+        conv, the delta rule (fla-core's kernels, or the torch reference), the gated norm, out_proj. [N, hidden]."""
+        p = F.linear(x, self.in_weight())  # [N, C | vd | hv | hv]
+        N, C, kd, vd, hv = x.shape[0], self.conv_dim, self.key_dim, self.value_dim, self.hv
+        g, beta = gdn_gates(p[:, C + vd + hv :], p[:, C + vd : C + vd + hv], self.A_log, self.dt_bias)  # [N, hv]
+        conv_in = (p[:, :C], conv_pool, self.conv_weight, batch.seq_of, batch.cu_seqlens, batch.slots, batch.fresh)
+        if batch.fused and self.dk >= 16 and self.dk & (self.dk - 1) == 0:
+            # one kernel: conv, silu, q and k l2-normalised per head, q | k | v each contiguous (fla's layout)
+            q, k, v = conv1d_varlen_(*conv_in, split=(kd, 2 * kd), normed=True, eps=L2_EPS, block_c=self.dk)
+            q, k, v = q.view(N, self.hk, self.dk), k.view(N, self.hk, self.dk), v.view(N, hv, self.dv)
+        else:
+            mixed = (conv1d_varlen_ if batch.fused or batch.kernels else conv1d_varlen_ref_)(*conv_in)
+            q, k, v = mixed.split([kd, kd, self.value_dim], dim=-1)
+            q, k = l2norm(q.reshape(N, self.hk, self.dk).float()), l2norm(k.reshape(N, self.hk, self.dk).float())
+            v = v.reshape(N, hv, self.dv)
+        # a fresh sequence's slot is cleared, not multiplied by 0: it holds what its last owner left (0 * nan is nan)
+        h0 = ssm_pool[batch.slots].float().masked_fill(batch.fresh[:, None, None, None], 0)  # [S, hv, dk, dv]
+        scale = self.dk**-0.5
+        if batch.kernels:
+            o, ht = gdn_prefill(q.to(x.dtype), k.to(x.dtype), v.contiguous(), g, beta, h0, batch.cu_seqlens,
+                                batch.chunk_indices, batch.chunk_offsets, scale)  # fmt: skip
+        else:
+            o, ht = gdn_prefill_ref(q.float(), k.float(), v.float(), g, beta, h0, batch.cu_seqlens, scale)
+        ssm_pool[batch.slots] = ht.to(ssm_pool.dtype)
+        z = p[:, C : C + vd]  # [N, vd]
+        if batch.fused:
+            return F.linear(gated_rms_norm(o, z, self.norm.weight, self.norm.eps, pdl=False), self.out_proj.weight)
+        return self._out(o.float(), z.view(N, hv, self.dv), x.dtype)
 
     def decode(
         self,

@@ -9,17 +9,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import attrs
+import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from kernels.choices import DEFAULT, KernelChoices
+from kernels.gates import silu_mul
 from kernels.norms import add_rms_norm_
+from models.layers.flat import PassShape, exact_shape, flat_layout
 from models.layers.fused import PendingNorm, Residual, decode_linear
 from models.layers.mlp import SwiGLU
 from models.layers.norms import ZeroCenteredRMSNorm
+from models.layers.prefill_attention import FlashInferPrefill
 from models.layers.rope import PartialRotary
 from models.layers.specs import KVPoolSpec, RecurrentSpec
-from models.layers.varlen import Segments
 from models.qwen3_5.attention import GatedAttention
 from models.qwen3_5.config import LINEAR, Qwen35Config
 from models.qwen3_5.linear_attention import GatedDeltaNet
@@ -42,24 +46,43 @@ class PrefillChunk:
 
 @attrs.frozen
 class PrefillBatch:
-    """One prefill pass's device inputs, R chunks of N tokens in all. Passes of one ``key`` have the same shapes."""
+    """One prefill pass's device inputs (models.layers.flat): N tokens of S sequences, R of them chunks. Every
+    pass of one ``key`` has the same shapes and kernels, so one captured graph serves them all."""
 
     ids: torch.Tensor  # [N] long
-    segs: Segments
-    page_table: torch.Tensor  # [R, W] long, each request's pages in order, 0 past them
-    write_loc: torch.Tensor  # [N] long, each token's flat KV slot
-    offsets: torch.Tensor  # [R] long, each request's position offset
-    slots: torch.Tensor  # [R] long, each request's recurrent slot
+    pos: torch.Tensor  # [N] long rotary positions
+    write_loc: torch.Tensor  # [N] long flat K/V slot of each token
+    seq_of: torch.Tensor  # [N] int32 each token's sequence
+    cu_seqlens: torch.Tensor  # [S + 1] int32
+    slots: torch.Tensor  # [S] long recurrent slots (the sink past the chunks)
+    fresh: torch.Tensor  # [S] bool: starts its stream
+    last: torch.Tensor  # [S - 2] long each chunk's last token
+    chunk_indices: torch.Tensor  # [rows, 2] int32 fla's chunk index
+    chunk_offsets: torch.Tensor  # [S + 1] int32
+    kv_indptr: torch.Tensor  # [S + 1] int32 (the torch attention's; FlashInfer's plan has its own copy)
+    kv_indices: torch.Tensor  # [P] int32
+    kv_lens: torch.Tensor  # [S] int32
+    shape: PassShape
+    kernels: bool  # the mixers on fla-core and FlashInfer (CUDA), else their torch references
+    fused: bool  # the row-wise work and the conv on our Triton kernels (norms, RoPE + K/V write, gates), else torch
+    attn: object = None  # the FlashInfer wrapper planned for this pass (kernels only)
+    chunks: int = 0  # R: logits rows past it are padding
 
     @property
-    def key(self) -> tuple[int, int, int, int, bool]:
-        """(R, N, T_max, W, all_fresh): what fixes the pass's shapes and its one host branch."""
-        R, T_max = self.segs.valid.shape
-        return R, self.ids.shape[0], T_max, self.page_table.shape[1], self.segs.all_fresh
+    def key(self) -> tuple[PassShape, bool, bool]:
+        """What fixes the pass's shapes and kernels."""
+        return self.shape, self.kernels, self.fused
 
     @property
     def tokens(self) -> int:
-        return self.ids.shape[0]
+        return self.shape.tokens
+
+
+def _host(x: torch.Tensor | Sequence[int] | np.ndarray) -> np.ndarray:
+    """Token ids or pages as a host int64 array."""
+    if isinstance(x, torch.Tensor):
+        x = x.cpu().numpy()
+    return np.asarray(x, np.int64).reshape(-1)
 
 
 def _check_chunk(state: Qwen35State, T: int, n_pages: int, start: int, rec_slot: int) -> None:
@@ -106,6 +129,8 @@ class Qwen35Model(nn.Module):
     chunk each) and graph-safe batched ``decode``."""
 
     fused_decode: bool | None = None  # decode through the fused Triton step; None: where the weights are on CUDA
+    prefill_kernels: bool | None = None  # prefill mixers on fla-core / FlashInfer; None: where weights are on CUDA
+    prefill_fused: bool | None = None  # prefill's row-wise work on Triton; None: where the weights are on CUDA
 
     def __init__(self, cfg: Qwen35Config) -> None:
         super().__init__()
@@ -143,7 +168,13 @@ class Qwen35Model(nn.Module):
         rec = self.recurrent_specs()
         conv = tuple(torch.zeros(num_rec_slots, *s.conv_shape, dtype=dtype, device=device) for s in rec)
         ssm = tuple(torch.zeros(num_rec_slots, *s.ssm_shape, dtype=s.ssm_dtype, device=device) for s in rec)
-        return Qwen35State(kv, conv, ssm, page_size=page_size, num_pages=num_pages, num_slots=num_rec_slots)
+        attn = None
+        if torch.device(device).type == "cuda":
+            c = self.cfg
+            attn = FlashInferPrefill(c.num_attention_heads, c.num_key_value_heads, c.head_dim, page_size, dtype, device,
+                                     c.head_dim**-0.5)  # fmt: skip
+        return Qwen35State(kv, conv, ssm, page_size=page_size, num_pages=num_pages, num_slots=num_rec_slots,
+                           prefill_attention=attn)  # fmt: skip
 
     # -- forward -----------------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -165,49 +196,92 @@ class Qwen35Model(nn.Module):
     def prefill_batch(self, state: Qwen35State, chunks: Sequence[PrefillChunk]) -> torch.Tensor:
         """Several requests' chunks in one eager pass, each as ``prefill`` runs it: the logits of each chunk's last
         token [R, V]. Requests (their recurrent slots) must be distinct."""
-        return self.prefill_forward(state, self.prefill_inputs(state, chunks))
+        return self.prefill_forward(state, self.prefill_inputs(state, chunks))[: len(chunks)]
 
-    def prefill_inputs(self, state: Qwen35State, chunks: Sequence[PrefillChunk]) -> PrefillBatch:
-        """The chunks checked and laid out as one pass's device inputs (host work: the only part that reads them)."""
+    def prefill_inputs(self, state: Qwen35State, chunks: Sequence[PrefillChunk], shape: PassShape | None = None,
+                       graphed: bool = False) -> PrefillBatch:  # fmt: skip
+        """The chunks checked and laid out as one pass's device inputs in ``shape`` (default: the chunks' exact
+        shape), FlashInfer's plan included (host work: the only part that reads them). ``graphed``: the pass may be
+        captured (FlashInfer's plan then keeps its grid fixed for the shape)."""
         device = self.lm_head.weight.device
         ps = state.page_size
         for c in chunks:
             _check_chunk(state, len(c.token_ids), len(c.pages), c.start, c.rec_slot)
         if len({c.rec_slot for c in chunks}) != len(chunks):
             raise ValueError("prefill_batch: two chunks of one recurrent slot (one chunk a request a pass)")
-        ids = torch.cat([torch.as_tensor(c.token_ids, device=device).long().reshape(-1) for c in chunks])  # [N]
-        segs = Segments.build([len(c.token_ids) for c in chunks], [c.start for c in chunks], device)
-        page_table = nn.utils.rnn.pad_sequence(
-            [torch.as_tensor(c.pages, device=device).long().reshape(-1) for c in chunks], batch_first=True
-        )  # [R, W], 0 past each request's pages
-        write_loc = page_table[segs.seg, segs.pos // ps] * ps + segs.pos % ps  # [N]
-        offsets = torch.tensor([c.pos_offset for c in chunks], dtype=torch.long, device=device)
-        slots = torch.tensor([c.rec_slot for c in chunks], dtype=torch.long, device=device)  # [R]
-        return PrefillBatch(ids, segs, page_table, write_loc, offsets, slots)
+        ids = [_host(c.token_ids) for c in chunks]
+        pages = [_host(c.pages) for c in chunks]
+        if shape is None:
+            held = [-(-(c.start + len(t)) // ps) for c, t in zip(chunks, ids, strict=True)]
+            shape = exact_shape([len(t) for t in ids], held)
+        lay = flat_layout(ids, [c.start for c in chunks], [c.pos_offset for c in chunks],
+                          [c.rec_slot for c in chunks], pages, ps, shape)  # fmt: skip
+        kernels = self.uses_prefill_kernels()
+        if kernels and state.prefill_attention is None:
+            raise ValueError("prefill kernels need a state allocated on CUDA (its FlashInfer prefill attention)")
+        attn = state.prefill_attention.prepare(shape, lay, graphed) if kernels else None
+
+        def dev(a: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(a).to(device, non_blocking=True)
+
+        return PrefillBatch(
+            ids=dev(lay.ids), pos=dev(lay.pos), write_loc=dev(lay.write_loc), seq_of=dev(lay.seq_of),
+            cu_seqlens=dev(lay.cu_seqlens), slots=dev(lay.slots), fresh=dev(lay.fresh), last=dev(lay.last),
+            chunk_indices=dev(lay.chunk_indices), chunk_offsets=dev(lay.chunk_offsets), kv_indptr=dev(lay.kv_indptr),
+            kv_indices=dev(lay.kv_indices), kv_lens=dev(lay.kv_lens), shape=shape, kernels=kernels,
+            fused=self.uses_prefill_fused(), attn=attn, chunks=lay.chunks,
+        )  # fmt: skip
 
     @torch.inference_mode()
     def prefill_forward(self, state: Qwen35State, batch: PrefillBatch) -> torch.Tensor:
-        """The pass over ``batch``: the logits of each chunk's last token [R, V]. No host sync, every shape fixed by
-        ``batch.key``: capturable, and one captured pass serves every batch of its key (engine/prefill_graphs.py)."""
+        """The pass over ``batch``: the logits of each chunk's last token [S - 2, V] (rows past ``batch.chunks`` are
+        padding). No host sync on the kernels' path, every shape fixed by ``batch.key``: capturable, and one captured
+        pass serves every batch of its key (engine/prefill_graphs.py)."""
         h = self._prefill_pass(state, batch)
-        return self.lm_head(self.model.norm(h[batch.segs.last]))  # [R, V]
+        return self.lm_head(self.model.norm(h[batch.last]))  # [S - 2, V]
 
     def _prefill_pass(self, state: Qwen35State, batch: PrefillBatch) -> torch.Tensor:
-        """The layers over R chunks: row-wise work once over all N tokens; the conv, delta rule and attention per
-        chunk, batched over the chunks padded to the longest. Returns the final hidden states [N, hidden]."""
-        segs = batch.segs
-        fresh = segs.starts == 0
+        """The layers over the flat stream: row-wise work over all N tokens; the conv, delta rule and attention per
+        sequence (varlen kernels). Returns the final hidden states [N, hidden] (before the last norm)."""
         h = self.model.embed_tokens(batch.ids)  # [N, hidden]
-        cos, sin = self.rotary(segs.pos + batch.offsets[segs.seg], h.dtype)  # [N, rot]
+        cos, sin = self.rotary(batch.pos, h.dtype)  # [N, rot]
+        if batch.fused:
+            return self._prefill_layers_fused(state, batch, h, cos, sin)
         for i, layer in enumerate(self.model.layers):
             x = layer.input_layernorm(h)
             j = self._pool_index[i]
             if layer.is_linear:
-                h = h + layer.linear_attn.prefill(x, state.conv[j], state.ssm[j], batch.slots, fresh, segs)
+                h = h + layer.linear_attn.prefill(x, state.conv[j], state.ssm[j], batch)
             else:
-                h = h + layer.self_attn.prefill(x, state.kv[j], batch.page_table, batch.write_loc, cos, sin, segs)
-            h = layer.ffn(h)
+                h = h + layer.self_attn.prefill(x, state.kv[j], cos, sin, batch, state.prefill_attention)
+            h = h + layer.mlp.forward_one_gemm(layer.post_attention_layernorm(h))
         return h
+
+    def _prefill_layers_fused(self, state, batch, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """``_prefill_pass``'s layers with each residual add folded into the next norm (add_rms_norm_, in place on
+        h) and silu_mul one kernel: the row-wise work of a pass in Triton, as the decode step has it. [N, hidden]."""
+        delta = None  # the last sublayer's output, added into h by the next norm
+        for i, layer in enumerate(self.model.layers):
+            ln1, ln2 = layer.input_layernorm, layer.post_attention_layernorm
+            x = add_rms_norm_(h, delta, ln1.weight, ln1.eps, pdl=False)
+            j = self._pool_index[i]
+            if layer.is_linear:
+                delta = layer.linear_attn.prefill(x, state.conv[j], state.ssm[j], batch)
+            else:
+                delta = layer.self_attn.prefill(x, state.kv[j], cos, sin, batch, state.prefill_attention)
+            x = add_rms_norm_(h, delta, ln2.weight, ln2.eps, pdl=False)
+            delta = F.linear(silu_mul(F.linear(x, layer.mlp.gate_up_weight()), pdl=False), layer.mlp.down_proj.weight)
+        return h.add_(delta)
+
+    def uses_prefill_fused(self) -> bool:
+        """Whether prefill's row-wise work runs our Triton kernels: ``prefill_fused``, or by default where the
+        weights are on CUDA."""
+        return self.lm_head.weight.is_cuda if self.prefill_fused is None else self.prefill_fused
+
+    def uses_prefill_kernels(self) -> bool:
+        """Whether prefill runs the CUDA kernels (fla, FlashInfer, the Triton conv): ``prefill_kernels``, or by
+        default where the weights are on CUDA."""
+        return self.lm_head.weight.is_cuda if self.prefill_kernels is None else self.prefill_kernels
 
     def fuse_projections(self) -> Qwen35Model:
         """Fuse each layer's same-input projections into one weight (views; see models.layers.fused). Call after

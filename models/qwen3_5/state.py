@@ -16,6 +16,8 @@ class Qwen35State:
     page_size: int
     num_pages: int
     num_slots: int
+    prefill_attention: object = None  # models.layers.prefill_attention.FlashInferPrefill on CUDA: the prefill pass's
+    # FlashInfer wrappers and workspace, which live as long as the pools they read
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """Every pool tensor by a flat name (for comparisons and debugging)."""

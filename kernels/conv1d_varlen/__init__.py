@@ -1,0 +1,9 @@
+"""The causal depthwise conv of a varlen prefill pass (sequences back to back, each on its recurrent slot's state).
+
+``kernel``: the Triton kernels and their wrapper; ``naive``: the torch reference.
+"""
+
+from kernels.conv1d_varlen.kernel import conv1d_varlen_
+from kernels.conv1d_varlen.naive import conv1d_varlen_ref_
+
+__all__ = ["conv1d_varlen_", "conv1d_varlen_ref_"]

@@ -1,0 +1,129 @@
+"""A prefill pass as one flat token stream: every chunk's tokens back to back, no padding to the longest chunk.
+
+Sequences, in order: the pass's R chunks (one a request), then the padding sequence (the tokens that fill the stream
+up to the pass's token count; its slot the sink, its K/V on the sink page), then empty sequences up to the pass's
+sequence count (the last always empty: unused rows of fla's chunk index point at it). A pass of a fixed ``PassShape``
+(a token bucket's) is one CUDA graph that replays any composition of chunks that fits it.
+
+``flat_layout`` is the pure host function from the chunks to the pass's index arrays; the model turns them into its
+device record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+import numpy as np
+
+from kernels.gdn_prefill import chunk_index, chunk_rows
+
+SINK_PAGE = 0  # padding tokens write their K/V on the sink page and run on the sink recurrent slot (0)
+
+
+@attrs.frozen
+class PassShape:
+    """What fixes a pass's shapes (a captured graph's key): N tokens, S sequences, fla's chunk rows, P page-list
+    entries."""
+
+    tokens: int
+    seqs: int
+    chunk_rows: int
+    pages: int
+
+    @property
+    def max_chunks(self) -> int:
+        """Chunks (requests) it holds: S minus the padding sequence and the empty last one."""
+        return self.seqs - 2
+
+
+def exact_shape(lens: Sequence[int], n_pages: Sequence[int]) -> PassShape:
+    """The smallest shape of these chunks (an eager pass): no padding tokens, one empty sequence."""
+    R, N = len(lens), int(sum(lens))
+    seqs = R + 2
+    return PassShape(N, seqs, chunk_rows(N, seqs), int(sum(n_pages)) + 2)
+
+
+def bucket_shape(tokens: int, max_chunks: int, max_pages: int, page_size: int) -> PassShape:
+    """The shape of a token bucket: any <= max_chunks chunks of <= tokens tokens holding <= max_pages pages in all."""
+    seqs = max_chunks + 2
+    return PassShape(tokens, seqs, chunk_rows(tokens, seqs), max_pages + -(-tokens // page_size) + seqs)
+
+
+@attrs.frozen
+class FlatLayout:
+    """A pass's host arrays (numpy). N = shape.tokens, S = shape.seqs, R = the chunks."""
+
+    ids: np.ndarray  # [N] int64 token ids, 0 for padding
+    pos: np.ndarray  # [N] int64 rotary position: offset + stream position (0 for padding)
+    write_loc: np.ndarray  # [N] int64 flat K/V slot: page * page_size + position % page_size
+    seq_of: np.ndarray  # [N] int32 each token's sequence
+    cu_seqlens: np.ndarray  # [S + 1] int32
+    slots: np.ndarray  # [S] int64 recurrent slot (0, the sink, past the chunks)
+    fresh: np.ndarray  # [S] bool: starts its stream (reads zero state)
+    last: np.ndarray  # [S - 2] int64 each chunk's last token (0 past the chunks)
+    chunk_indices: np.ndarray  # [chunk_rows, 2] int32 (kernels.gdn_prefill.chunk_index)
+    chunk_offsets: np.ndarray  # [S + 1] int32
+    kv_indptr: np.ndarray  # [S + 1] int32 each sequence's pages in kv_indices
+    kv_indices: np.ndarray  # [P] int32 pages in order (0 past the used entries)
+    kv_last_page_len: np.ndarray  # [S] int32 tokens on each sequence's last page (1..page_size)
+    kv_lens: np.ndarray  # [S] int32 tokens each sequence attends over (its stream through this chunk; 1 if empty)
+    chunks: int  # R
+
+
+def flat_layout(
+    ids: Sequence[np.ndarray],  # R arrays [T_r] of token ids
+    starts: Sequence[int],  # each chunk's first stream position
+    offsets: Sequence[int],  # each request's rotary position offset
+    slots: Sequence[int],  # each request's recurrent slot (>= 1)
+    pages: Sequence[np.ndarray],  # each request's pages in order (at least ceil((start + T) / page_size))
+    page_size: int,
+    shape: PassShape,
+) -> FlatLayout:
+    """The chunks laid out in ``shape`` (module doc): refused with the reason if they do not fit it."""
+    R = len(ids)
+    lens = np.array([len(t) for t in ids], np.int64)
+    starts_a = np.asarray(starts, np.int64)
+    n_real = int(lens.sum())
+    N, S = shape.tokens, shape.seqs
+    if shape.max_chunks < R or n_real > N or R == 0 or lens.min() < 1:
+        raise ValueError(f"{R} chunks of {n_real} tokens (each >= 1) do not fit a pass of {shape}")
+    kv_lens_real = starts_a + lens  # [R]
+    n_pages_real = -(-kv_lens_real // page_size)
+    pad = N - n_real
+    seq_lens = np.zeros(S, np.int64)
+    seq_lens[:R], seq_lens[R] = lens, pad
+    cu = np.concatenate([[0], np.cumsum(seq_lens)])
+    seq_of = np.repeat(np.arange(S), seq_lens).astype(np.int32)
+    within = np.arange(N) - cu[:-1][seq_of]  # [N] position in its chunk
+    stream = within.copy()  # [N] stream position: start + i (the padding's own index)
+    stream[:n_real] += np.repeat(starts_a, lens)
+    pos = np.zeros(N, np.int64)
+    pos[:n_real] = stream[:n_real] + np.repeat(np.asarray(offsets, np.int64), lens)
+    seq_pages = np.ones(S, np.int64)  # an empty sequence attends over one token of the sink page
+    seq_pages[:R] = n_pages_real
+    seq_pages[R] = max(1, -(-pad // page_size))
+    kv_indptr = np.concatenate([[0], np.cumsum(seq_pages)])
+    if kv_indptr[-1] > shape.pages:
+        raise ValueError(f"{int(kv_indptr[-1])} pages do not fit a pass of {shape}")
+    kv_indices = np.full(shape.pages, SINK_PAGE, np.int64)
+    for r in range(R):  # one slice a chunk (R <= max_running): the page lists are the request table's rows
+        kv_indices[kv_indptr[r] : kv_indptr[r] + n_pages_real[r]] = pages[r][: n_pages_real[r]]
+    page_of = kv_indices[kv_indptr[:-1][seq_of] + stream // page_size]  # [N] (padding: the sink page)
+    write_loc = page_of * page_size + stream % page_size
+    kv_lens = np.ones(S, np.int64)
+    kv_lens[:R], kv_lens[R] = kv_lens_real, max(pad, 1)
+    slots_a = np.zeros(S, np.int64)
+    slots_a[:R] = slots
+    fresh = np.ones(S, bool)
+    fresh[:R] = starts_a == 0
+    last = np.zeros(S - 2, np.int64)
+    last[:R] = cu[1 : R + 1] - 1
+    chunk_indices, chunk_offsets = chunk_index(seq_lens, shape.chunk_rows)
+    return FlatLayout(
+        ids=np.concatenate([*(np.asarray(t, np.int64) for t in ids), np.zeros(pad, np.int64)]),
+        pos=pos, write_loc=write_loc, seq_of=seq_of, cu_seqlens=cu.astype(np.int32), slots=slots_a, fresh=fresh,
+        last=last, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, kv_indptr=kv_indptr.astype(np.int32),
+        kv_indices=kv_indices.astype(np.int32), kv_last_page_len=((kv_lens - 1) % page_size + 1).astype(np.int32),
+        kv_lens=kv_lens.astype(np.int32), chunks=R,
+    )  # fmt: skip

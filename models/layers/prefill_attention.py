@@ -1,0 +1,90 @@
+"""Causal paged attention of a flat prefill pass (models.layers.flat): each sequence's queries over its own stream,
+its earlier chunks' pages and its own tokens, whose K/V the pass has already written.
+
+* ``FlashInferPrefill``: FlashInfer's ``BatchPrefillWithPagedKVCacheWrapper`` (fa2 backend, NHD, our 5-D cache as
+  is), one wrapper per pass shape. Its ``plan`` is host work run before each pass (``prepare``). For a token bucket's
+  shape the wrapper is in CUDA-graph mode: fixed total rows and batch size fix its grid and tile size, so a graph
+  captured once replays every later plan of that shape (scheduler.cuh's PrefillSplitQOKVIndptr).
+* ``paged_prefill_ref``: the torch reference, one sequence at a time (``models.layers.paged.paged_prefill_attention``).
+
+flashinfer is imported inside the constructor, so this module imports on a CPU box without it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from models.layers.flashinfer_attention import shared_workspace
+from models.layers.flat import FlatLayout, PassShape
+from models.layers.paged import paged_prefill_attention
+
+
+def paged_prefill_ref(
+    q: torch.Tensor,  # [N, hq, d]
+    kv: torch.Tensor,  # [num_pages, 2, ps, hk, d]
+    cu_seqlens: torch.Tensor,  # [S + 1]
+    kv_indptr: torch.Tensor,  # [S + 1]
+    kv_indices: torch.Tensor,  # [P]
+    kv_lens: torch.Tensor,  # [S]
+    scale: float,
+) -> torch.Tensor:
+    """Query i of a sequence of T tokens over a stream of L tokens sees tokens t <= L - T + i: out [N, hq, d] (0 for
+    tokens of no sequence). Host loop over the sequences: the CPU path."""
+    out = torch.zeros_like(q)
+    cu, ind, lens = cu_seqlens.tolist(), kv_indptr.tolist(), kv_lens.tolist()
+    for s in range(len(cu) - 1):
+        a, b = cu[s], cu[s + 1]
+        if a < b:
+            pages = kv_indices[ind[s] : ind[s + 1]]
+            out[a:b] = paged_prefill_attention(q[a:b], kv, pages, lens[s] - (b - a), lens[s], scale)
+    return out
+
+
+class FlashInferPrefill:
+    """FlashInfer's paged prefill for every pass shape the engine runs; ``prepare(shape, layout, graphed)`` plans a
+    pass and returns the wrapper whose ``run`` the pass calls (``__call__``)."""
+
+    def __init__(self, n_heads: int, n_kv_heads: int, head_dim: int, page_size: int, dtype: torch.dtype,
+                 device: torch.device | str, scale: float) -> None:  # fmt: skip
+        import flashinfer
+
+        self._flashinfer = flashinfer
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
+        self.page_size, self.dtype, self.scale = page_size, dtype, scale
+        self.device = torch.device(device)
+        self.workspace = shared_workspace("prefill", self.device)  # split-KV partials; one pass at a time
+        self.wrappers: dict[tuple[PassShape, bool], object] = {}
+
+    def _wrapper(self, shape: PassShape, graphed: bool):
+        w = self.wrappers.get((shape, graphed))
+        if w is None:
+            if graphed:
+                S, P, dev = shape.seqs, shape.pages, self.device
+                i32 = torch.int32
+                w = self._flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+                    self.workspace, "NHD", use_cuda_graph=True, backend="fa2",
+                    qo_indptr_buf=torch.zeros(S + 1, dtype=i32, device=dev),
+                    paged_kv_indptr_buf=torch.zeros(S + 1, dtype=i32, device=dev),
+                    paged_kv_indices_buf=torch.zeros(P, dtype=i32, device=dev),
+                    paged_kv_last_page_len_buf=torch.zeros(S, dtype=i32, device=dev))  # fmt: skip
+            else:
+                w = self._flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2")
+            self.wrappers[(shape, graphed)] = w
+        return w
+
+    def prepare(self, shape: PassShape, layout: FlatLayout, graphed: bool):
+        """FlashInfer's plan for this pass (host arrays in; its buffers written before the pass runs)."""
+        w = self._wrapper(shape, graphed)
+        used = int(layout.kv_indptr[-1])
+        w.plan(torch.from_numpy(layout.cu_seqlens), torch.from_numpy(layout.kv_indptr),
+               torch.from_numpy(np.ascontiguousarray(layout.kv_indices[:used])),
+               torch.from_numpy(layout.kv_last_page_len), self.n_heads, self.n_kv_heads, self.head_dim,
+               self.page_size, causal=True, sm_scale=self.scale, q_data_type=self.dtype,
+               kv_data_type=self.dtype)  # fmt: skip
+        return w
+
+    @staticmethod
+    def __call__(wrapper, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+        """out [N, hq, d] of the pass ``wrapper`` was prepared for. Graph-safe."""
+        return wrapper.run(q, kv)

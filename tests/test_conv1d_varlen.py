@@ -1,0 +1,86 @@
+"""The varlen prefill conv (kernels/conv1d_varlen) against the per-sequence torch conv (models.layers.gdn's
+``causal_conv1d_prefill``: F.conv1d over cat(state, x)), on fresh random sequences back to back: continuing and fresh
+sequences, ones shorter than the kernel, an empty one, padding on the sink slot, strided rows.
+
+Without CUDA the kernels run in Triton's interpreter (TRITON_INTERPRET=1, set before triton is imported).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from kernels.conv1d_varlen import conv1d_varlen_, conv1d_varlen_ref_  # noqa: E402
+from models.layers.gdn import causal_conv1d_prefill  # noqa: E402
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+DEVICE = "cpu" if INTERPRET or not torch.cuda.is_available() else "cuda"
+
+
+def _case(seed: int, C: int = 200, K: int = 4):
+    """Sequences of lengths 37, 1, 0, 3, 20 (the 20 the padding, on sink slot 0), slots distinct but the sink's."""
+    gen = torch.Generator().manual_seed(seed)
+    lens = [37, 1, 0, 3, 20]
+    slots = torch.tensor([5, 2, 0, 7, 0], dtype=torch.int32)
+    fresh = torch.tensor([False, True, True, False, True])
+    N = sum(lens)
+    wide = torch.randn(N, C + 9, generator=gen)  # x is a column slice of a wider projection, as in the model
+    pool = torch.randn(9, C, K, generator=gen)
+    w = torch.randn(C, K, generator=gen)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    seq_of = torch.repeat_interleave(torch.arange(len(lens), dtype=torch.int32), torch.tensor(lens))
+    return wide[:, 3 : 3 + C], pool, w, seq_of, cu, slots, fresh, lens
+
+
+def _want(x, pool, w, cu, slots, fresh, lens):
+    """Each sequence alone through causal_conv1d_prefill; the pool after (the sink's row not checked)."""
+    pool = pool.clone()
+    outs = []
+    for s, n in enumerate(lens):
+        state = torch.zeros_like(pool[0]) if fresh[s] else pool[int(slots[s])]
+        if n == 0:
+            continue
+        out, new = causal_conv1d_prefill(x[int(cu[s]) : int(cu[s + 1])], state, w)
+        outs.append(out)
+        pool[int(slots[s])] = new
+    return torch.cat(outs), pool
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_the_reference_equals_each_sequence_alone(seed):
+    x, pool, w, seq_of, cu, slots, fresh, lens = _case(seed)
+    want, want_pool = _want(x, pool, w, cu, slots, fresh, lens)
+    got_pool = pool.clone()
+    got = conv1d_varlen_ref_(x, got_pool, w, seq_of, cu, slots, fresh)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got_pool[1:], want_pool[1:])
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_the_kernel_equals_each_sequence_alone(seed):
+    x, pool, w, seq_of, cu, slots, fresh, lens = _case(seed)
+    want, want_pool = _want(x, pool, w, cu, slots, fresh, lens)
+    dev = [t.to(DEVICE) for t in (x, pool, w, seq_of, cu, slots, fresh)]
+    got = conv1d_varlen_(*dev).cpu()
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(dev[1].cpu()[1:], want_pool[1:])
+
+
+def test_the_kernel_splits_q_k_v_and_normalises_q_and_k_per_head():
+    """split=(128, 256), normed: three contiguous parts, the first two l2-normalised per 128-channel head, equal to
+    the reference's output cut and normalised (in float32: the kernel normalises before rounding to x's dtype)."""
+    from models.layers.gdn import l2norm
+
+    x, pool, w, seq_of, cu, slots, fresh, lens = _case(3, C=356)
+    want = conv1d_varlen_ref_(x, pool.clone(), w, seq_of, cu, slots, fresh)
+    dev = [t.to(DEVICE) for t in (x, pool, w, seq_of, cu, slots, fresh)]
+    q, k, v = (t.cpu() for t in conv1d_varlen_(*dev, split=(128, 256), normed=True))
+    assert q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
+    torch.testing.assert_close(q, l2norm(want[:, :128]), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(k, l2norm(want[:, 128:256]), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(v, want[:, 256:], atol=1e-5, rtol=1e-5)

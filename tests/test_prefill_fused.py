@@ -1,0 +1,41 @@
+"""A prefill pass's row-wise work on our Triton kernels (``prefill_fused``: residual adds folded into the norms, the
+varlen conv with q and k normalised in it, RoPE and the K/V write in one kernel, the gated norm, silu_mul) against the
+same pass in torch: logits and every pool, fresh and continuing chunks, at exact and at bucket shapes (padding).
+
+Without CUDA the kernels run in Triton's interpreter (TRITON_INTERPRET=1, set before triton is imported); the mixers
+are the torch references on both sides (fla and FlashInfer are the GPU tests')."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from test_prefill_graphs import MODEL, PAGES, PS, _chunks, _pools, _randomize, _state  # noqa: E402
+
+from models.layers.flat import bucket_shape  # noqa: E402
+
+
+@pytest.mark.parametrize("bucket", [None, 48], ids=["exact", "bucket"])
+@pytest.mark.parametrize("starts", [None, [0, 5, 2, 9]], ids=["fresh", "continuing"])
+def test_the_fused_pass_equals_the_torch_pass(starts, bucket):
+    rng = np.random.default_rng(5)
+    chunks = _chunks(rng, [6, 1, 17, 9], starts)
+    fused, plain = _state(), _state()
+    _randomize(fused, 3)
+    _randomize(plain, 3)
+    shape = None if bucket is None else bucket_shape(bucket, 4, PAGES, PS)
+    MODEL.prefill_fused = True
+    try:
+        got = MODEL.prefill_forward(fused, MODEL.prefill_inputs(fused, chunks, shape))[: len(chunks)]
+    finally:
+        MODEL.prefill_fused = None
+    want = MODEL.prefill_forward(plain, MODEL.prefill_inputs(plain, chunks))
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    for x, y in zip(_pools(fused), _pools(plain), strict=True):
+        torch.testing.assert_close(x[1:], y[1:], atol=1e-4, rtol=1e-4)  # the sinks apart (the bucket's padding)
