@@ -20,6 +20,9 @@ from test_prefill_graphs import MODEL, PAGES, PS, _chunks, _pools, _randomize, _
 
 from models.layers.flat import bucket_shape  # noqa: E402
 
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+pytestmark = pytest.mark.skipif(not INTERPRET, reason="the CPU model's kernels need Triton's interpreter")
+
 
 @pytest.mark.parametrize("bucket", [None, 48], ids=["exact", "bucket"])
 @pytest.mark.parametrize("starts", [None, [0, 5, 2, 9]], ids=["fresh", "continuing"])
