@@ -16,6 +16,10 @@ nested records included, are the pass's inputs) and a forward with no host sync 
   ``remember`` keys seen once; passes of more than ``max_tokens`` tokens stay eager (GPU-bound already, and their
   captures would hold large pools).
 
+The engine's passes are padded to token buckets (models.engine.prefill: a handful of shapes that always recur), and
+it captures every bucket at build (``capture``); the first-and-second-sight rule above serves callers that run
+passes of exact shapes.
+
 On the CPU the "graph" is an eager replay of the same callable (``resplan.Graph``), so the copy-then-run path is tested
 everywhere; only on CUDA does it save launches.
 """
