@@ -54,10 +54,13 @@ class FlashInferPrefill:
         self.page_size, self.dtype, self.scale = page_size, dtype, scale
         self.device = torch.device(device)
         self.workspace = shared_workspace("prefill", self.device)  # split-KV partials; one pass at a time
-        self.wrappers: dict[tuple[PassShape, bool], object] = {}
+        self.wrappers: dict[tuple[PassShape | None, bool], object] = {}  # (bucket shape, True) or (None, False)
 
     def _wrapper(self, shape: PassShape, graphed: bool):
-        w = self.wrappers.get((shape, graphed))
+        """The bucket's CUDA-graph wrapper, or the one eager wrapper every exact-shape pass plans afresh (a wrapper per
+        exact shape would pin buffers for every length traffic brings)."""
+        key = (shape, True) if graphed else (None, False)
+        w = self.wrappers.get(key)
         if w is None:
             if graphed:
                 S, P, dev = shape.seqs, shape.pages, self.device
@@ -70,7 +73,7 @@ class FlashInferPrefill:
                     paged_kv_last_page_len_buf=torch.zeros(S, dtype=i32, device=dev))  # fmt: skip
             else:
                 w = self._flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2")
-            self.wrappers[(shape, graphed)] = w
+            self.wrappers[key] = w
         return w
 
     def prepare(self, shape: PassShape, layout: FlatLayout, graphed: bool):
