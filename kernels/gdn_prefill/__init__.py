@@ -4,21 +4,20 @@
 torch reference, each sequence alone (``gdn_prefill_ref``); ``indices``: fla's chunk index for a fixed-shape pass.
 """
 
-from importlib.util import find_spec
-
 from kernels.gdn_prefill.indices import CHUNK, chunk_index, chunk_rows
 from kernels.gdn_prefill.naive import gated_delta_chunked, gdn_prefill_ref
 
-HAVE_FLA = find_spec("fla") is not None  # fla-core installed (the GPU extra)
-
-
-if HAVE_FLA:
+try:
     from kernels.gdn_prefill.kernel import gdn_prefill
-else:
+
+    HAVE_FLA = True  # fla-core installed (the GPU extra)
+except ImportError as missing:  # fla-core absent: a CPU environment
+    HAVE_FLA = False
+    _why = f"{type(missing).__name__}: {missing}"
 
     def gdn_prefill(*args, **kwargs):
-        """Refused: the CUDA prefill delta rule is fla-core's (``kernel.gdn_prefill``), not installed here."""
-        raise RuntimeError("the CUDA prefill delta rule needs fla-core (pip install 'resplan[gpu]')")
+        """Refused: the CUDA prefill delta rule is fla-core's (``kernel.gdn_prefill``), which did not import here."""
+        raise RuntimeError(f"the CUDA prefill delta rule needs fla-core (pip install 'resplan[gpu]'): {_why}")
 
 
 __all__ = ["CHUNK", "HAVE_FLA", "chunk_index", "chunk_rows", "gated_delta_chunked", "gdn_prefill", "gdn_prefill_ref"]
