@@ -129,6 +129,7 @@ class Qwen35Model(nn.Module):
     chunk each) and graph-safe batched ``decode``."""
 
     fused_decode: bool | None = None  # decode through the fused Triton step; None: where the weights are on CUDA
+    tp = None  # this rank's models.qwen3_5.tp.TensorParallel when the model is one shard of a tensor-parallel group
     prefill_kernels: bool | None = None  # prefill mixers on fla-core / FlashInfer; None: where weights are on CUDA
     prefill_fused: bool | None = None  # prefill's row-wise work on Triton; None: where the weights are on CUDA
 
@@ -251,10 +252,10 @@ class Qwen35Model(nn.Module):
             x = layer.input_layernorm(h)
             j = self._pool_index[i]
             if layer.is_linear:
-                h = h + layer.linear_attn.prefill(x, state.conv[j], state.ssm[j], batch)
+                h = h + self._reduce(layer.linear_attn.prefill(x, state.conv[j], state.ssm[j], batch))
             else:
-                h = h + layer.self_attn.prefill(x, state.kv[j], cos, sin, batch, state.prefill_attention)
-            h = h + layer.mlp.forward_one_gemm(layer.post_attention_layernorm(h))
+                h = h + self._reduce(layer.self_attn.prefill(x, state.kv[j], cos, sin, batch, state.prefill_attention))
+            h = h + self._reduce(layer.mlp.forward_one_gemm(layer.post_attention_layernorm(h)))
         return h
 
     def _prefill_layers_fused(self, state, batch, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
@@ -263,15 +264,21 @@ class Qwen35Model(nn.Module):
         delta = None  # the last sublayer's output, added into h by the next norm
         for i, layer in enumerate(self.model.layers):
             ln1, ln2 = layer.input_layernorm, layer.post_attention_layernorm
-            x = add_rms_norm_(h, delta, ln1.weight, ln1.eps, pdl=False)
+            x = add_rms_norm_(h, delta, ln1.weight, ln1.eps, pdl=False)  # delta reduced already
             j = self._pool_index[i]
             if layer.is_linear:
                 delta = layer.linear_attn.prefill(x, state.conv[j], state.ssm[j], batch)
             else:
                 delta = layer.self_attn.prefill(x, state.kv[j], cos, sin, batch, state.prefill_attention)
-            x = add_rms_norm_(h, delta, ln2.weight, ln2.eps, pdl=False)
-            delta = F.linear(silu_mul(F.linear(x, layer.mlp.gate_up_weight()), pdl=False), layer.mlp.down_proj.weight)
+            x = add_rms_norm_(h, self._reduce(delta), ln2.weight, ln2.eps, pdl=False)
+            gate_up = F.linear(x, layer.mlp.gate_up_weight())
+            delta = self._reduce(F.linear(silu_mul(gate_up, pdl=False), layer.mlp.down_proj.weight))
         return h.add_(delta)
+
+    def _reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """A sublayer's output summed over the tensor-parallel ranks (each holds a row-parallel output projection's
+        share), in place; x itself on one rank."""
+        return x if self.tp is None else self.tp.all_reduce(x)
 
     def uses_prefill_fused(self) -> bool:
         """Whether prefill's row-wise work runs our Triton kernels: ``prefill_fused``, or by default where the
@@ -317,10 +324,11 @@ class Qwen35Model(nn.Module):
             x = layer.input_layernorm(h)
             j = self._pool_index[i]
             if layer.is_linear:
-                h = h + layer.linear_attn.decode(x, state.conv[j], state.ssm[j], slots)
+                h = h + self._reduce(layer.linear_attn.decode(x, state.conv[j], state.ssm[j], slots))
             else:
-                h = h + layer.self_attn.decode(x, state.kv[j], block_table, seq_lens, write_loc, cos, sin, attn)
-            h = layer.ffn(h)
+                h = h + self._reduce(layer.self_attn.decode(x, state.kv[j], block_table, seq_lens, write_loc, cos, sin,
+                                                            attn))  # fmt: skip
+            h = h + self._reduce(layer.mlp(layer.post_attention_layernorm(h)))
         return self.lm_head(self.model.norm(h))  # [b, V]
 
     def _decode_fused(self, state: Qwen35State, input_ids: torch.Tensor, bufs, attn, kc: KernelChoices) -> torch.Tensor:
@@ -343,8 +351,9 @@ class Qwen35Model(nn.Module):
             else:
                 delta = layer.self_attn.decode_fused(x, state.kv[j], block_table, seq_lens, write_loc, cos, sin, attn,
                                                      kc=kc)  # fmt: skip
+            delta = self._reduce(delta)
             x = PendingNorm(res, delta, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps)
-            delta = layer.mlp.forward_fused(x, kc)
+            delta = self._reduce(layer.mlp.forward_fused(x, kc))
         # the last norm is not folded into the lm_head GEMM (see kernels.gemv.NORM_CONFIGS)
         x = add_rms_norm_(res.h, delta, self.model.norm.weight, self.model.norm.eps, pdl=kc.pdl)
         return decode_linear(x, self.lm_head.weight, kc)  # [b, V]
