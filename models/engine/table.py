@@ -57,6 +57,8 @@ class RequestTable:
         self.t_submit: dict[str, float] = {}
         self.on_finish: Callable[[Result], None] | None = None
         self._auto_ids = itertools.count()
+        self.emitted = 0  # tokens emitted in all
+        self.digest = 0  # sum of each emitted token id times its index in its request + 1, mod 2^61 (ranks compare)
 
     # -- submission ----------------------------------------------------------------------------------------------
     def register(self, request: Request, arrived: float | None) -> str:
@@ -106,6 +108,8 @@ class RequestTable:
         self.t_last[rows] = now
         self.out[rows, g] = tokens
         g += 1
+        self.emitted += rows.size
+        self.digest = (self.digest + int((tokens.astype(np.int64) * g).sum())) % (1 << 61)
         self.gen[rows] = g
         self.last_token[rows] = tokens
         stopped = (self.stop[rows] == tokens[:, None]).any(1)
