@@ -22,8 +22,7 @@ import torch.distributed as dist
 from models.cli import OneLineParser, positive_int
 from models.engine import Engine, EngineConfig, Planning, build_adapter
 from models.engine.compare import random_requests
-from models.engine.tensor_parallel import RankEngine, build_rank_adapter
-from models.qwen3_5.tp import TensorParallel
+from models.engine.tensor_parallel import RankEngine, build_rank_adapter, join_group
 
 
 def parser() -> argparse.ArgumentParser:
@@ -46,14 +45,11 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if "RANK" not in os.environ:
+    if int(os.environ.get("WORLD_SIZE", "1")) < 2:
         parser().error("run under torchrun: python -m torch.distributed.run --nproc-per-node 2 -m models.tp_demo")
     cuda = torch.cuda.is_available()
-    if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group("nccl" if cuda else "gloo")
+    tp = join_group(cuda)
     try:
-        tp = TensorParallel(dist.get_rank(), dist.get_world_size())
         device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
         cfg = EngineConfig(device=device, dtype="bfloat16" if cuda else "float32", planning=Planning(args.planning),
                            max_running=args.max_running, max_seq_len=args.prompt_len + args.gen_len + 1,
@@ -82,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
                 same = sum(a.tokens == b.tokens for a, b in zip(results, want, strict=True))
                 print(f"tokens equal to one process on the whole model: {same}/{len(results)} requests")
     finally:
-        dist.destroy_process_group()
+        tp.leave()
     return 0
 
 

@@ -146,3 +146,25 @@ def test_planners_with_releases_on_either_side_of_a_commit_displace_the_same_req
                 live[r][i] = e.admit(3)
         displaced += len(history[0][-1])
     assert history[0] == history[1] and displaced > 0
+
+
+def test_the_traffic_benchmark_runs_under_torchrun_over_two_ranks(tmp_path):
+    """``python -m torch.distributed.run --nproc-per-node 2 -m models.bench.traffic`` on the CPU: rank 0 drives the
+    arrivals and writes the report, which says the engines ran over 2 ranks; both arms serve every request with the
+    same tokens."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "models.bench.traffic",
+           "--model", MODEL, "--device", "cpu", "--page-size", "4", "--max-running", "4", "--no-progress",
+           "--num-requests", "8", "--rate", "400", "--prompt-len", "uniform:3,30",
+           "--gen-len", "lognormal:median=6,sigma=0.8,min=2,max=20", "--token-budget", "12", "--rounds", "1",
+           "--out", str(out)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))))  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = (out / "results.md").read_text()
+    assert "tensor parallel over 2 ranks" in report
+    row = next(line for line in report.splitlines() if line.startswith("| resident-torch |"))
+    assert row.rstrip(" |").endswith("8/8 | 8/8")

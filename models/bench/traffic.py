@@ -44,6 +44,7 @@ from models.bench.workload import Lengths, Sampling, Workload, WorkloadError, ar
 from models.cli import OneLineParser, fraction, positive_int, rate
 from models.engine import Engine
 from models.engine.adapters import MODEL_CONFIGS, build_adapter, model_context
+from models.engine.tensor_parallel import RankEngine, build_rank_adapter, join_group
 
 GPU_ARMS = "host,host-overlap,resident-fa2,resident-xqa,resident-triton"
 CPU_ARMS = "host-torch,resident-torch"
@@ -244,6 +245,21 @@ def drive(engine: Engine, workload: Workload, requests: list, wait: bool = True,
     return [done[r.request_id] for r in requests], steps, wall
 
 
+def serve(engine: Engine | RankEngine, workload: Workload, requests: list, wait: bool = True,
+          progress: Callable[[], None] | None = None):
+    """``drive`` on one engine, or on a tensor-parallel group: rank 0 drives and then releases the others, which
+    follow its steps (they return None)."""
+    if not isinstance(engine, RankEngine):
+        return drive(engine, workload, requests, wait, progress)
+    if engine.tp.rank != 0:
+        engine.follow()
+        return None
+    try:
+        return drive(engine, workload, requests, wait, progress)
+    finally:
+        engine.close()
+
+
 def _pct(x, q) -> float:
     return float(np.percentile(x, q)) if len(x) else float("nan")
 
@@ -258,7 +274,7 @@ def timed_run(engine: Engine, workload: Workload, requests: list, cuda: bool,
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     with frozen_heap():
-        results, steps, wall = drive(engine, workload, requests, progress=progress)
+        results, steps, wall = serve(engine, workload, requests, progress=progress)
     d = {k: getattr(st, k) - v for k, v in before.items()}
     itl = np.concatenate(st.itl) * 1e3 if st.itl else np.zeros(0)
     ttft = np.array([r.ttft_s for r in results]) * 1e3
@@ -398,7 +414,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     cuda = run.device == "cuda"
     print(f"workload: {run.description}", flush=True)
     host_speed = planner_yardstick()
-    adapter = build_adapter(args.model, seed=0, device=run.device, dtype=getattr(torch, run.dtype))
+    tp = join_group(cuda)  # under torchrun: this process's rank of a tensor-parallel group; else None
+    lead = tp is None or tp.rank == 0
+    if tp is None:
+        adapter = build_adapter(args.model, seed=0, device=run.device, dtype=getattr(torch, run.dtype))
+    else:
+        try:
+            adapter = build_rank_adapter(args.model, tp, 0, run.device, getattr(torch, run.dtype))
+        except ValueError as e:
+            ap.error(str(e))
     knobs = dict(device=run.device, dtype=run.dtype, max_running=args.max_running, max_bucket=args.max_bucket,
                  page_size=args.page_size, num_pages=args.num_pages, max_seq_len=run.max_seq_len, timing=True,
                  token_budget=args.token_budget, prefill_graphs=args.prefill_graphs if cuda else 0,
@@ -406,29 +430,35 @@ def main(argv: list[str] | None = None) -> list[dict]:
     engines = {}
     for arm in run.arms:
         try:
-            engines[arm] = Engine(adapter, arm_config(arm, **knobs))
+            cfg = arm_config(arm, **knobs)
+            engines[arm] = Engine(adapter, cfg) if tp is None else RankEngine(adapter, cfg, tp)
         except ValueError as e:
             ap.error(f"engine {arm}: {e}")
         warm = run.warmup.requests(adapter.vocab_size, run.sampling, args.seed + 1, prefix=f"warmup-{arm}-")
-        drive(engines[arm], run.warmup, warm, wait=False)  # JIT, allocator, graphs of the shapes it will see
-        print(f"built and warmed up {arm}", flush=True)
+        serve(engines[arm], run.warmup, warm, wait=False)  # JIT, allocator, graphs of the shapes it will see
+        if lead:
+            print(f"built and warmed up {arm}", flush=True)
     total = len(run.arms) * sum(w.n for w in run.rounds)
     bar = None
-    if not args.no_progress:
+    if not args.no_progress and lead:
         from tqdm import tqdm
 
         bar = tqdm(total=total, unit="req", desc="traffic", file=sys.stderr)
     runs: list[dict] = []
     for rnd in range(args.rounds):
         speed = planner_yardstick(2000)  # the host's speed can drift during a run: each round says where it was
-        (bar.write if bar is not None else print)(f"round {rnd}: {speed}")
+        if lead:
+            (bar.write if bar is not None else print)(f"round {rnd}: {speed}")
         order = run.arms if rnd % 2 == 0 else run.arms[::-1]
         work = run.rounds[rnd]  # fresh request ids each run: an engine keeps its results
         if args.prerun:
-            drive(engines[order[0]], work, work.requests(adapter.vocab_size, run.sampling, args.seed + rnd,
+            serve(engines[order[0]], work, work.requests(adapter.vocab_size, run.sampling, args.seed + rnd,
                                                          f"pre{rnd}-"))  # fmt: skip
         for arm in order:
             eng = engines[arm]
+            if not lead:
+                eng.follow()  # rank 0's timed run
+                continue
             if bar is not None:
                 bar.set_postfix_str(f"round {rnd} {arm}")
             r = timed_run(eng, work, work.requests(adapter.vocab_size, run.sampling, args.seed + rnd, f"{rnd}-"),
@@ -441,14 +471,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
             (bar.write if bar is not None else print)(line)
     if bar is not None:
         bar.close()
+    if tp is not None:
+        tp.leave()
+        if not lead:
+            return []
     table, rows = summarize(runs, run.arms)
     device_name = torch.cuda.get_device_name() if cuda else "CPU"
     command = "python -m models.bench.traffic " + " ".join(argv if argv is not None else sys.argv[1:])
     head = (f"Traffic benchmark on {device_name} (torch {torch.__version__}), {args.model} (random weights, "
-            f"{run.dtype}). Workload: {run.description}. Engine: max_running {args.max_running}, "
+            f"{run.dtype}). Workload: {run.description}. Engine: "
+            f"{'' if tp is None else f'tensor parallel over {tp.world} ranks, '}max_running {args.max_running}, "
             f"token budget {args.token_budget}, page size {args.page_size}, context {run.max_seq_len}, prefill "
-            f"graphs: {knobs['prefill_graphs']} token buckets up to {args.prefill_graph_tokens} (captured at a "
-            f"bucket's second pass). {args.rounds} rounds, each its own "
+            f"graphs: {knobs['prefill_graphs']} token buckets up to {args.prefill_graph_tokens} (each captured at "
+            f"engine build). {args.rounds} rounds, each its own "
             f"draw of the traffic, {'served once untimed first, then ' if args.prerun else ''}timed in every arm, the "
             f"arm order reversed every other round; cells are median [min-max] over rounds, ratios paired by round. "
             f"Host yardstick: {host_speed}.\n\nCommand: `{command}`\n\n")  # fmt: skip

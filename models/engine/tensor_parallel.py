@@ -1,15 +1,17 @@
 """One engine process per rank of a tensor-parallel group (``torchrun``; gloo on CPUs, NCCL on GPUs).
 
-Rank 0 takes the submissions and aborts. Each step it sends what arrived since the last one to every rank (one
-broadcast of Python objects), and every rank then submits the same requests in the same order and steps its own
-engine. The scheduler, admission and the planner therefore see the same history on every rank and decide the same
-rows, victims and chunks. Each rank's planner, store, pools, pages and slots stay its own. Tokens agree without a
-broadcast: every rank samples from the same all-reduced hidden state through the same replicated lm_head
-(models.qwen3_5.tp), with the same per-request seeds. ``check`` compares the ranks' emitted tokens after every step
-(a debug collective).
+Rank 0 takes the submissions and aborts and leads the steps. Each step it sends what arrived since the last one to
+every rank (one broadcast of Python objects), and every rank then submits the same requests in the same order and
+steps its own engine. The scheduler, admission and the planner therefore see the same history on every rank and
+decide the same rows, victims and chunks. Each rank's planner, store, pools, pages and slots stay its own. Tokens
+agree without a broadcast: every rank samples from the same all-reduced hidden state through the same replicated
+lm_head (models.qwen3_5.tp), with the same per-request seeds. ``check`` compares the ranks' emitted tokens after every
+step (a debug collective).
 """
 
 from __future__ import annotations
+
+import os
 
 import attrs
 import torch
@@ -19,6 +21,17 @@ from models.engine.adapters import Adapter, QwenAdapter, build_adapter
 from models.engine.driver import Engine, EngineConfig
 from models.engine.requests import Request
 from models.qwen3_5.tp import TensorParallel, shard_model
+
+
+def join_group(cuda: bool) -> TensorParallel | None:
+    """This process's rank of the group torchrun started (NCCL on GPUs, one a rank; gloo on CPUs), or None when it
+    runs alone (no ``WORLD_SIZE`` above 1 in the environment)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return None
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if cuda else "gloo")
+    return TensorParallel(dist.get_rank(), dist.get_world_size())
 
 
 def shard_adapter(full: Adapter, tp: TensorParallel, device=None) -> Adapter:
@@ -50,8 +63,9 @@ def load_rank_adapter(path, tp: TensorParallel, device="cpu", dtype: torch.dtype
 
 
 class RankEngine:
-    """A rank's engine in lockstep with the group's (module doc): ``submit`` and ``abort`` on rank 0, ``step`` and
-    ``run`` on every rank."""
+    """A rank's engine in lockstep with the group's (module doc). Rank 0 leads: ``submit``, ``abort`` and ``step``
+    as on an ``Engine``, then ``close`` when it stops stepping; every other rank calls ``follow`` meanwhile, which
+    steps as often as rank 0 does and returns at its ``close``. ``run`` does both sides for a list of requests."""
 
     def __init__(self, adapter: Adapter, config: EngineConfig, tp: TensorParallel, check: bool = False) -> None:
         self.engine = Engine(adapter, config)
@@ -60,49 +74,89 @@ class RankEngine:
         self._outbox: list[tuple[str, object]] = []  # rank 0: ("submit", request) / ("abort", id) since the last step
         self._device = torch.device("cuda") if dist.get_backend(tp.group) == "nccl" else torch.device("cpu")
 
-    def submit(self, request: Request) -> str:
-        """Rank 0: queue a request for every rank (validated here first); returns its id."""
+    # -- what an Engine's driver reads -----------------------------------------------------------------------------
+    @property
+    def stats(self):
+        return self.engine.stats
+
+    @property
+    def on_finish(self):
+        return self.engine.on_finish
+
+    @on_finish.setter
+    def on_finish(self, fn) -> None:
+        self.engine.on_finish = fn
+
+    def has_work(self) -> bool:
+        return self.engine.has_work()
+
+    # -- rank 0 ----------------------------------------------------------------------------------------------------
+    def submit(self, request: Request, arrived: float | None = None) -> str:
+        """Queue a request on every rank (validated here first); returns its id."""
         self._rank0("submit")
-        rid = self.engine.submit(request)
+        rid = self.engine.submit(request, arrived)
         self._outbox.append(("submit", attrs.evolve(request, request_id=rid)))
         return rid
 
     def abort(self, request_id: str) -> bool:
-        """Rank 0: end a request on every rank (``Engine.abort``)."""
+        """End a request on every rank (``Engine.abort``)."""
         self._rank0("abort")
         ended = self.engine.abort(request_id)
         self._outbox.append(("abort", request_id))
         return ended
 
     def step(self) -> bool:
-        """Every rank: take rank 0's submissions and aborts, then one engine step. Returns whether the group has work
-        (rank 0's answer, the same on every rank)."""
-        msg = [(self._outbox, self.engine.has_work())] if self.tp.rank == 0 else [None]
-        dist.broadcast_object_list(msg, src=0, group=self.tp.group)
-        events, _ = msg[0]
-        if self.tp.rank != 0:
+        """One step on every rank: the events since the last one go out first. Returns whether work remains."""
+        self._rank0("step")
+        self._send("step")
+        self.engine.step()
+        if self.check:
+            self._check()
+        return self.engine.has_work()
+
+    def close(self) -> None:
+        """Release the followers (with any events still queued: aborts after the last step)."""
+        self._rank0("close")
+        self._send("stop")
+
+    # -- the other ranks -------------------------------------------------------------------------------------------
+    def follow(self) -> None:
+        """Step as rank 0 steps, taking its submissions and aborts, until it closes."""
+        if self.tp.rank == 0:
+            raise RuntimeError("follow on rank 0: rank 0 leads (step, then close)")
+        while True:
+            msg = [None]
+            dist.broadcast_object_list(msg, src=0, group=self.tp.group)
+            events, command = msg[0]
             for kind, what in events:
                 if kind == "submit":
                     self.engine.submit(what)
                 else:
                     self.engine.abort(what)
-        self._outbox = []
-        if self.engine.has_work():
+            if command == "stop":
+                return
             self.engine.step()
-        if self.check:
-            self._check()
-        flag = [self.engine.has_work() if self.tp.rank == 0 else None]
-        dist.broadcast_object_list(flag, src=0, group=self.tp.group)
-        return bool(flag[0])
+            if self.check:
+                self._check()
 
     def run(self, requests: list[Request] | None) -> list:
         """Every rank: serve ``requests`` (given on rank 0; None elsewhere) to the end; each rank's results."""
-        ids = [self.submit(r) for r in requests] if self.tp.rank == 0 else []
-        while self.step():
-            pass
-        ids_msg = [ids]
-        dist.broadcast_object_list(ids_msg, src=0, group=self.tp.group)
-        return [self.engine.pop_result(i) for i in ids_msg[0]]
+        if self.tp.rank == 0:
+            ids = [self.submit(r) for r in requests]
+            while self.has_work():
+                self.step()
+            self.close()
+        else:
+            ids = []
+            self.follow()
+        msg = [ids]
+        dist.broadcast_object_list(msg, src=0, group=self.tp.group)
+        return [self.engine.pop_result(i) for i in msg[0]]
+
+    def _send(self, command: str) -> None:
+        msg = [(self._outbox, command)]
+        dist.broadcast_object_list(msg, src=0, group=self.tp.group)
+        self._outbox = []
 
     def _check(self) -> None:
         """Every rank has emitted the same tokens so far (count and a sum of ids weighted by position)."""
@@ -117,4 +171,5 @@ class RankEngine:
 
     def _rank0(self, what: str) -> None:
         if self.tp.rank != 0:
-            raise RuntimeError(f"{what} on rank {self.tp.rank}: only rank 0 takes requests; the others follow it")
+            raise RuntimeError(f"{what} on rank {self.tp.rank}: rank 0 takes the requests and leads the steps; the "
+                               "others follow")  # fmt: skip

@@ -31,6 +31,10 @@ class TensorParallel:
     world: int
     group: object = None  # a torch.distributed ProcessGroup; None: the default group
 
+    def leave(self) -> None:
+        """Leave the group (the process group is torn down; call once, on every rank, at the end)."""
+        dist.destroy_process_group(self.group)
+
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """x summed over the ranks, in place (every rank ends with the same tensor)."""
         dist.all_reduce(x, group=self.group)
