@@ -23,6 +23,10 @@ pass), H2D copies a decode step, peak GPU memory, and whether its first tokens (
 Writes ``results.md``, ``results.json``, ``ttft_cdf.png``, ``itl_cdf.png`` and ``timeline.png`` (the last round of
 each arm: rows, prompt tokens and wall time of every step) under ``--out``. Runs on a CPU too (tiny model, the
 ``host-torch`` and ``resident-torch`` arms), which is how its tests run it.
+
+Under torchrun (``python -m torch.distributed.run --nproc-per-node 2 -m models.bench.traffic ...``) every arm's
+engine is tensor-parallel over the group (models.engine.tensor_parallel). Rank 0 drives the arrivals and writes the
+report; the other ranks follow its steps.
 """
 
 from __future__ import annotations
