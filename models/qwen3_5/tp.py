@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from models.qwen3_5.config import Qwen35Config
+from models.qwen3_5.model import Qwen35Model
 
 
 @attrs.frozen(eq=False)
@@ -32,7 +33,9 @@ class TensorParallel:
     group: object = None  # a torch.distributed ProcessGroup; None: the default group
 
     def leave(self) -> None:
-        """Leave the group (the process group is torn down; call once, on every rank, at the end)."""
+        """Leave the group, every rank at once (a barrier first: gloo aborts a process whose peer tore its sockets down
+        first); call once, on every rank, at the end."""
+        dist.barrier(group=self.group)
         dist.destroy_process_group(self.group)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
@@ -93,11 +96,9 @@ def shard_state_dict(sd: dict[str, torch.Tensor], cfg: Qwen35Config, rank: int, 
     return out
 
 
-def shard_model(model, tp: TensorParallel):
+def shard_model(model: Qwen35Model, tp: TensorParallel) -> Qwen35Model:
     """Rank ``tp.rank``'s shard of ``model`` (a Qwen35Model holding the full weights), a new Qwen35Model on the same
     device and dtype whose sublayer outputs are all-reduced over ``tp``'s group."""
-    from models.qwen3_5.model import Qwen35Model
-
     w = model.lm_head.weight
     shard = Qwen35Model(shard_config(model.cfg, tp.world)).to(device=w.device, dtype=w.dtype)
     shard.load_state_dict(shard_state_dict(model.state_dict(), model.cfg, tp.rank, tp.world))
