@@ -198,3 +198,12 @@ def test_an_engine_on_cuda_prefill_graphs_gives_the_eager_engines_tokens():
         s = graphed[arm].engine.prefill.graphs.stats
         print(f"\n{arm}: prefill graphs {s}")
         assert s.replays > 0
+
+
+def test_token_buckets_halve_down_from_the_largest():
+    from models.engine.prefill import token_buckets
+
+    assert token_buckets(6, 8192) == (256, 512, 1024, 2048, 4096, 8192)
+    assert token_buckets(3, 64) == (16, 32, 64)
+    assert token_buckets(10, 4) == (1, 2, 4)  # never below one token; duplicates dropped
+    assert token_buckets(1, 100) == (100,)
