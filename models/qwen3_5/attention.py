@@ -38,12 +38,16 @@ class GatedAttention(nn.Module):
 
     def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """x [n, hidden] -> q [n, hq, d], k, v [n, hk, d], gate [n, hq * d]."""
-        n = x.shape[0]
-        q, gate = self.q_proj(x).view(n, self.n_heads, 2 * self.head_dim).chunk(2, dim=-1)  # [n, hq, d] each
+        return self._heads(self.q_proj(x), self.k_proj(x), self.v_proj(x), cos, sin)
+
+    def _heads(self, qg: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """The projections (qg [n, hq 2d], k, v [n, hk d]) -> normed, rotated q [n, hq, d] and k [n, hk, d], v
+        [n, hk, d], gate [n, hq * d]."""
+        n, d = qg.shape[0], self.head_dim
+        q, gate = qg.view(n, self.n_heads, 2 * d).chunk(2, dim=-1)  # [n, hq, d] each
         q = apply_partial_rope(self.q_norm(q), cos, sin)
-        k = apply_partial_rope(self.k_norm(self.k_proj(x).view(n, self.n_kv, self.head_dim)), cos, sin)
-        v = self.v_proj(x).view(n, self.n_kv, self.head_dim)
-        return q, k, v, gate.reshape(n, -1)
+        k = apply_partial_rope(self.k_norm(k.view(n, self.n_kv, d)), cos, sin)
+        return q, k, v.view(n, self.n_kv, d), gate.reshape(n, -1)
 
     def _out(self, o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         """o [n, hq, d] -> o_proj(o * sigmoid(gate)) [n, hidden]."""
@@ -78,13 +82,9 @@ class GatedAttention(nn.Module):
 
     def _qkv_fused(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """``_qkv`` through the fused q|k|v GEMM: x [n, hidden] -> q [n, hq, d], k, v [n, hk, d], gate [n, hq * d]."""
-        n, hq, hk, d = x.shape[0], self.n_heads, self.n_kv, self.head_dim
-        p = F.linear(x, self.qkv_weight())  # [n, hq 2d + 2 hk d]
-        q, gate = p[:, : hq * 2 * d].view(n, hq, 2 * d).chunk(2, dim=-1)  # [n, hq, d] each
-        q = apply_partial_rope(self.q_norm(q), cos, sin)
-        k = apply_partial_rope(self.k_norm(p[:, hq * 2 * d : (hq * 2 + hk) * d].view(n, hk, d)), cos, sin)
-        v = p[:, (hq * 2 + hk) * d :].view(n, hk, d)
-        return q, k, v, gate.reshape(n, -1)
+        qg, k, v = F.linear(x, self.qkv_weight()).split(
+            [self.n_heads * 2 * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim], dim=-1)
+        return self._heads(qg, k, v, cos, sin)
 
     def decode(
         self,

@@ -109,10 +109,6 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = ZeroCenteredRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.post_attention_layernorm = ZeroCenteredRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
 
-    def ffn(self, h: torch.Tensor) -> torch.Tensor:
-        """h + mlp(post_attention_layernorm(h))."""
-        return h + self.mlp(self.post_attention_layernorm(h))
-
 
 class Qwen35Backbone(nn.Module):
     """transformers' Qwen3_5TextModel parameters: embed_tokens, layers, norm."""
