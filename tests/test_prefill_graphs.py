@@ -124,6 +124,19 @@ def test_an_engine_refuses_prefill_graphs_for_a_model_without_a_capturable_pass(
         Engine(whisper, EngineConfig(page_size=4, max_seq_len=64, prefill_graphs=2))
 
 
+def test_the_prefill_kernels_are_refused_in_float32_and_off_by_default_on_the_cpu():
+    """FlashInfer's paged prefill has bf16/fp16 kernels only: a float32 model asked for them is refused by name (on
+    CUDA its default is the torch references), and a CPU model defaults to the references."""
+    model = build_adapter("qwen3_5-tiny", seed=0).model
+    assert not model.uses_prefill_kernels()
+    model.prefill_kernels = True
+    try:
+        with pytest.raises(ValueError, match="bf16 or fp16"):
+            model.uses_prefill_kernels()
+    finally:
+        model.prefill_kernels = None
+
+
 # -- on the GPU: real CUDA graphs ------------------------------------------------------------------------------------
 
 

@@ -19,6 +19,8 @@ from models.layers.flashinfer_attention import shared_workspace
 from models.layers.flat import FlatLayout, PassShape
 from models.layers.paged import paged_prefill_attention
 
+DTYPES = (torch.bfloat16, torch.float16)  # the activations FlashInfer's paged prefill has kernels for
+
 
 def paged_prefill_ref(
     q: torch.Tensor,  # [N, hq, d]
@@ -49,6 +51,8 @@ class FlashInferPrefill:
                  device: torch.device | str, scale: float) -> None:  # fmt: skip
         import flashinfer
 
+        if dtype not in DTYPES:
+            raise ValueError(f"FlashInfer's paged prefill runs bf16 or fp16, not {dtype}")
         self._flashinfer = flashinfer
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.page_size, self.dtype, self.scale = page_size, dtype, scale

@@ -21,6 +21,7 @@ from models.layers.flat import PassShape, exact_shape, flat_layout
 from models.layers.fused import PendingNorm, Residual, decode_linear
 from models.layers.mlp import SwiGLU
 from models.layers.norms import ZeroCenteredRMSNorm
+from models.layers.prefill_attention import DTYPES as PREFILL_KERNEL_DTYPES
 from models.layers.prefill_attention import FlashInferPrefill
 from models.layers.rope import PartialRotary
 from models.layers.specs import KVPoolSpec, RecurrentSpec
@@ -126,7 +127,7 @@ class Qwen35Model(nn.Module):
 
     fused_decode: bool | None = None  # decode through the fused Triton step; None: where the weights are on CUDA
     tp = None  # this rank's models.qwen3_5.tp.TensorParallel when the model is one shard of a tensor-parallel group
-    prefill_kernels: bool | None = None  # prefill mixers on fla-core / FlashInfer; None: where weights are on CUDA
+    prefill_kernels: bool | None = None  # prefill mixers on fla-core / FlashInfer; None: CUDA weights in 16 bits
     prefill_fused: bool | None = None  # prefill's row-wise work on Triton; None: where the weights are on CUDA
 
     def __init__(self, cfg: Qwen35Config) -> None:
@@ -166,7 +167,7 @@ class Qwen35Model(nn.Module):
         conv = tuple(torch.zeros(num_rec_slots, *s.conv_shape, dtype=dtype, device=device) for s in rec)
         ssm = tuple(torch.zeros(num_rec_slots, *s.ssm_shape, dtype=s.ssm_dtype, device=device) for s in rec)
         attn = None
-        if torch.device(device).type == "cuda":
+        if torch.device(device).type == "cuda" and dtype in PREFILL_KERNEL_DTYPES:
             c = self.cfg
             attn = FlashInferPrefill(c.num_attention_heads, c.num_key_value_heads, c.head_dim, page_size, dtype, device,
                                      c.head_dim**-0.5)  # fmt: skip
@@ -283,8 +284,14 @@ class Qwen35Model(nn.Module):
 
     def uses_prefill_kernels(self) -> bool:
         """Whether prefill runs the CUDA kernels (fla, FlashInfer, the Triton conv): ``prefill_kernels``, or by
-        default where the weights are on CUDA."""
-        return self.lm_head.weight.is_cuda if self.prefill_kernels is None else self.prefill_kernels
+        default where the weights are on CUDA in bf16 or fp16 (FlashInfer's paged prefill has no float32 kernels, so
+        a float32 model prefills on the torch references; asking for the kernels there is refused)."""
+        w = self.lm_head.weight
+        if self.prefill_kernels is None:
+            return w.is_cuda and w.dtype in PREFILL_KERNEL_DTYPES
+        if self.prefill_kernels and w.dtype not in PREFILL_KERNEL_DTYPES:
+            raise ValueError(f"prefill_kernels needs bf16 or fp16 weights (FlashInfer's paged prefill), not {w.dtype}")
+        return self.prefill_kernels
 
     def fuse_projections(self) -> Qwen35Model:
         """Fuse each layer's same-input projections into one weight (views; see models.layers.fused). Call after
