@@ -22,10 +22,18 @@ def _adapter():
     return build_adapter("qwen3_5-0.8b", seed=0, device="cuda", dtype=torch.bfloat16)
 
 
+def _assert_close_to_scale(name: str, got: torch.Tensor, want: torch.Tensor, frac: float) -> None:
+    """max |got - want| <= frac * max |want|, printed."""
+    diff, scale = (got.float() - want.float()).abs().max().item(), want.float().abs().max().item()
+    print(f"\n{name}: max |diff| {diff:.3g}, max |want| {scale:.3g}")
+    assert diff <= frac * scale, f"{name}: max |diff| {diff:.3g} over {frac:g} of max |want| {scale:.3g}"
+
+
 @pytest.mark.parametrize("starts", [None, [0, 300, 17, 0, 64]], ids=["fresh", "continuing"])
 def test_the_kernels_pass_equals_the_torch_pass(starts):
-    """Chunks of 700, 1, 130, 64, 255 tokens. Tolerances (bf16 activations; the torch delta rule runs in float32,
-    fla's in bf16 with float32 states): logits 5e-2 absolute / relative and argmax equal; pools 5e-2."""
+    """Chunks of 700, 1, 130, 64, 255 tokens. Tolerances are fractions of each tensor's largest magnitude (bf16
+    activations through 24 random layers give logits of ~900, where one bf16 step is 4; the torch delta rule runs in
+    float32, fla's in bf16 with float32 states): logits 1%, pools 2%; argmax equal."""
     model = _adapter().model
     rng = np.random.default_rng(0)
     lens = [700, 1, 130, 64, 255]
@@ -48,12 +56,10 @@ def test_the_kernels_pass_equals_the_torch_pass(starts):
         want = model.prefill_batch(ref, chunks)
     finally:
         model.prefill_kernels = None
-    print(f"\nmax |logits diff| {(got.float() - want.float()).abs().max().item():.3g}, max |logit| "
-          f"{want.float().abs().max().item():.3g}")
-    torch.testing.assert_close(got.float(), want.float(), atol=5e-2, rtol=5e-2)
+    _assert_close_to_scale("logits", got, want, 1e-2)
     assert torch.equal(got.argmax(-1), want.argmax(-1))
-    for x, y in zip(_pools(kern), _pools(ref), strict=True):
-        torch.testing.assert_close(x[1:].float(), y[1:].float(), atol=5e-2, rtol=5e-2)
+    for i, (x, y) in enumerate(zip(_pools(kern), _pools(ref), strict=True)):
+        _assert_close_to_scale(f"pool {i}", x[1:], y[1:], 2e-2)  # slot / page 0: the sink
 
 
 def test_an_engine_on_the_prefill_kernels_gives_the_torch_paths_tokens():
