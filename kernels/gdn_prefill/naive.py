@@ -90,3 +90,37 @@ def gated_delta_chunked(
         state = torch.baddbmm(li * state, ki, u)  # e^{G_c} S + kT u
     o = torch.stack(outs, dim=1).reshape(h, n * c, v.shape[-1])[:, :T]
     return o.transpose(0, 1), state  # [T, h, dv], [h, dk, dv]
+
+
+def state_pass_ref(
+    k: torch.Tensor,  # [N, H, dk]
+    w: torch.Tensor,  # [N, HV, dk]
+    u: torch.Tensor,  # [N, HV, dv]
+    g: torch.Tensor,  # [N, HV] float32 log2 decays, cumulated within each chunk
+    pool: torch.Tensor,  # [slots, HV, dk, dv] updated in place
+    slots: torch.Tensor,  # [S]
+    fresh: torch.Tensor,  # [S] bool
+    cu_seqlens: torch.Tensor,  # [S + 1]
+    chunk_offsets: torch.Tensor,  # [S + 1]
+    chunk_rows: int,
+    chunk: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``state_pass.state_pass_``, chunk by chunk in float32: h [chunk_rows, HV, dk, dv] (rows no chunk uses are
+    zero) and v_new [N, HV, dv]; each sequence's final state written to ``pool[slots[s]]`` in the pool's dtype."""
+    HV, rep = u.shape[1], u.shape[1] // k.shape[1]
+    h = torch.zeros(chunk_rows, HV, k.shape[2], u.shape[2], dtype=torch.float32, device=k.device)
+    v_new = torch.zeros(u.shape, dtype=torch.float32, device=u.device)
+    kf, wf, uf, gf = (x.float() for x in (k.repeat_interleave(rep, dim=1), w, u, g))
+    cu, offs = cu_seqlens.tolist(), chunk_offsets.tolist()
+    for s, slot in enumerate(slots.tolist()):
+        state = torch.zeros_like(h[0]) if bool(fresh[s]) else pool[slot].float()  # [HV, dk, dv]
+        for c, a in enumerate(range(cu[s], cu[s + 1], chunk)):
+            b = min(a + chunk, cu[s + 1])
+            h[offs[s] + c] = state
+            vn = uf[a:b] - torch.einsum("thk,hkv->thv", wf[a:b], state)  # [t, HV, dv]
+            v_new[a:b] = vn
+            g_last = gf[b - 1]  # [HV]
+            gated = vn * torch.exp2(g_last - gf[a:b])[..., None]
+            state = torch.exp2(g_last)[:, None, None] * state + torch.einsum("thk,thv->hkv", kf[a:b], gated)
+        pool[slot] = state.to(pool.dtype)
+    return h.to(k.dtype), v_new.to(u.dtype)

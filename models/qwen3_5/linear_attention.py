@@ -93,15 +93,15 @@ class GatedDeltaNet(nn.Module):
             q, k, v = mixed.split([kd, kd, self.value_dim], dim=-1)
             q, k = l2norm(q.reshape(N, self.hk, self.dk).float()), l2norm(k.reshape(N, self.hk, self.dk).float())
             v = v.reshape(N, hv, self.dv)
-        # a fresh sequence's slot is cleared, not multiplied by 0: it holds what its last owner left (0 * nan is nan)
-        h0 = ssm_pool[batch.slots].float().masked_fill(batch.fresh[:, None, None, None], 0)  # [S, hv, dk, dv]
         scale = self.dk**-0.5
-        if batch.kernels:
-            o, ht = gdn_prefill(q.to(x.dtype), k.to(x.dtype), v.contiguous(), g, beta, h0, batch.cu_seqlens,
-                                batch.chunk_indices, batch.chunk_offsets, scale)  # fmt: skip
+        if batch.kernels:  # states read from and written to their slots by the kernel (zeros where fresh)
+            o = gdn_prefill(q.to(x.dtype), k.to(x.dtype), v.contiguous(), g, beta, ssm_pool, batch.slots, batch.fresh,
+                            batch.cu_seqlens, batch.chunk_indices, batch.chunk_offsets, scale)  # fmt: skip
         else:
+            # a fresh sequence's slot is cleared, not multiplied by 0: it holds what its last owner left (0 * nan)
+            h0 = ssm_pool[batch.slots].float().masked_fill(batch.fresh[:, None, None, None], 0)  # [S, hv, dk, dv]
             o, ht = gdn_prefill_ref(q.float(), k.float(), v.float(), g, beta, h0, batch.cu_seqlens, scale)
-        ssm_pool[batch.slots] = ht.to(ssm_pool.dtype)
+            ssm_pool[batch.slots] = ht.to(ssm_pool.dtype)
         z = p[:, C : C + vd]  # [N, vd]
         if batch.fused:
             return F.linear(gated_rms_norm(o, z, self.norm.weight, self.norm.eps, pdl=False), self.out_proj.weight)
