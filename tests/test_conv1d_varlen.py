@@ -22,10 +22,13 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 DEVICE = "cpu" if INTERPRET or not torch.cuda.is_available() else "cuda"
 
 
-def _case(seed: int, C: int = 200, K: int = 4):
-    """Sequences of lengths 37, 1, 0, 3, 20 (the 20 the padding, on sink slot 0), slots distinct but the sink's."""
+STARTS_IN_EVERY_TILE = [37, 1, 0, 3, 20]  # every 32-token tile holds a sequence's first tokens
+WITH_INNER_TILES = [100, 1, 0, 70, 20]  # tiles 32-63, 64-95 and 128-159 hold none: their state taps are skipped
+
+
+def _case(seed: int, C: int = 200, K: int = 4, lens: list[int] = STARTS_IN_EVERY_TILE):
+    """Sequences of ``lens`` (the last the padding, on sink slot 0), slots distinct but the sink's."""
     gen = torch.Generator().manual_seed(seed)
-    lens = [37, 1, 0, 3, 20]
     slots = torch.tensor([5, 2, 0, 7, 0], dtype=torch.int32)
     fresh = torch.tensor([False, True, True, False, True])
     N = sum(lens)
@@ -61,9 +64,10 @@ def test_the_reference_equals_each_sequence_alone(seed):
     torch.testing.assert_close(got_pool[1:], want_pool[1:])
 
 
+@pytest.mark.parametrize("lens", [STARTS_IN_EVERY_TILE, WITH_INNER_TILES], ids=["starts-in-every-tile", "inner-tiles"])
 @pytest.mark.parametrize("seed", range(2))
-def test_the_kernel_equals_each_sequence_alone(seed):
-    x, pool, w, seq_of, cu, slots, fresh, lens = _case(seed)
+def test_the_kernel_equals_each_sequence_alone(seed, lens):
+    x, pool, w, seq_of, cu, slots, fresh, lens = _case(seed, lens=lens)
     want, want_pool = _want(x, pool, w, cu, slots, fresh, lens)
     dev = [t.to(DEVICE) for t in (x, pool, w, seq_of, cu, slots, fresh)]
     got = conv1d_varlen_(*dev).cpu()

@@ -15,10 +15,12 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.runtime import interpreted
+
 
 @triton.jit
 def _conv_kernel(
-    x_ptr, pool_ptr, w_ptr, out_ptr, seq_ptr, cu_ptr, slot_ptr, fresh_ptr, N, C, x_n, p_s, p_c, eps,
+    x_ptr, pool_ptr, w_ptr, out_ptr, seq_ptr, cu_ptr, slot_ptr, fresh_ptr, N, C, x_n, p_s, p_c, eps, n_class,
     K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, SPLIT1: tl.constexpr, SPLIT2: tl.constexpr,
     NORMED: tl.constexpr,
 ):  # fmt: skip
@@ -38,10 +40,15 @@ def _conv_kernel(
         in_x = q >= 0
         xv = tl.load(x_ptr + (t - (K - 1) + j)[:, None].to(tl.int64) * x_n + c[None, :],
                      mask=ok & in_x[:, None], other=0.0)  # fmt: skip
-        sv = tl.load(pool_ptr + slot[:, None] * p_s + c[None, :] * p_c + (K + q)[:, None],
-                     mask=ok & (~in_x & warm)[:, None], other=0.0)  # fmt: skip
         w = tl.load(w_ptr + c * K + j, mask=c_ok, other=0.0)
-        acc += (xv.to(tl.float32) + sv.to(tl.float32)) * w.to(tl.float32)[None, :]
+        acc += xv.to(tl.float32) * w.to(tl.float32)[None, :]
+    if tl.min(tl.where(t_ok, pos, K)) < K - 1:  # the tile holds a sequence's first K - 1 tokens: taps on the state
+        for j in tl.static_range(K - 1):
+            q = pos - (K - 1) + j
+            sv = tl.load(pool_ptr + slot[:, None] * p_s + c[None, :] * p_c + (K + q)[:, None],
+                         mask=ok & ((q < 0) & warm)[:, None], other=0.0)  # fmt: skip
+            w = tl.load(w_ptr + c * K + j, mask=c_ok, other=0.0)
+            acc += sv.to(tl.float32) * w.to(tl.float32)[None, :]
     y = acc / (1.0 + tl.exp(-acc))  # silu
     # channels [0, SPLIT1) and [SPLIT1, SPLIT2) (q and k) l2-normalised per BLOCK_C-wide head when NORMED; out is the
     # three parts [0, SPLIT1), [SPLIT1, SPLIT2), [SPLIT2, C) one after another, each [N, width] contiguous
@@ -53,6 +60,12 @@ def _conv_kernel(
     width = tl.where(c0 < SPLIT1, SPLIT1, tl.where(c0 < SPLIT2, SPLIT2 - SPLIT1, C - SPLIT2))
     dst = out_ptr + base + t[:, None].to(tl.int64) * width + (c - first)[None, :]
     tl.store(dst, y.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+_tuned_conv_kernel = triton.autotune(
+    [triton.Config({"BLOCK_T": bt}, num_warps=w) for bt in (16, 32, 64) for w in (2, 4, 8)],
+    key=["n_class", "C", "x_n", "K", "BLOCK_C", "NORMED"],
+)(_conv_kernel)  # n_class (tokens to a power of two, 256 .. 16384; unread by the kernel): few tunings, not one an N
 
 
 @triton.jit
@@ -88,13 +101,14 @@ def conv1d_varlen_(
     split: tuple[int, int] | None = None,
     normed: bool = False,
     eps: float = 1e-6,
-    block_t: int = 32,
+    block_t: int | None = None,
     block_c: int = 128,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``naive.conv1d_varlen_ref_`` in two kernels: x [N, C] (rows may be strided), conv_pool [slots, C, K] with
     unit stride along K, weight [C, K]; int32 or int64 indices. Returns out [N, C] in x's dtype; with ``split`` (a,
     b) the three parts [N, a], [N, b - a], [N, C - b] instead, each contiguous (the delta rule's q, k, v), and with
-    ``normed`` the first two l2-normalised per ``block_c`` channels (a head: a and b must be multiples of it)."""
+    ``normed`` the first two l2-normalised per ``block_c`` channels (a head: a and b must be multiples of it).
+    ``block_t``: tokens a program; None: tuned on the GPU."""
     N, C = x.shape
     K = weight.shape[1]
     if x.stride(1) != 1 or conv_pool.stride(2) != 1 or conv_pool.shape[1:] != (C, K):
@@ -108,10 +122,13 @@ def conv1d_varlen_(
     flat = torch.empty(N * C, dtype=x.dtype, device=x.device)
     fresh_i = fresh.to(torch.int32)
     w = weight.contiguous()
-    grid = (triton.cdiv(N, block_t), triton.cdiv(C, block_c))
-    _conv_kernel[grid](x, conv_pool, w, flat, seq_of, cu_seqlens, slots, fresh_i, N, C, x.stride(0),
-                       conv_pool.stride(0), conv_pool.stride(1), float(eps), K=K, BLOCK_T=block_t, BLOCK_C=block_c,
-                       SPLIT1=a, SPLIT2=b, NORMED=normed)  # fmt: skip
+    args = (x, conv_pool, w, flat, seq_of, cu_seqlens, slots, fresh_i, N, C, x.stride(0), conv_pool.stride(0),
+            conv_pool.stride(1), float(eps), min(max(triton.next_power_of_2(N), 256), 16384))  # fmt: skip
+    meta = dict(K=K, BLOCK_C=block_c, SPLIT1=a, SPLIT2=b, NORMED=normed)
+    if block_t or interpreted():  # a given tile height (the interpreter: one, 32)
+        _conv_kernel[(triton.cdiv(N, block_t or 32), triton.cdiv(C, block_c))](*args, BLOCK_T=block_t or 32, **meta)
+    else:  # the tile height and warps tuned once per (N, C, K) at the first (eager) pass: the kernel is pure
+        _tuned_conv_kernel[lambda m: (triton.cdiv(N, m["BLOCK_T"]), triton.cdiv(C, block_c))](*args, **meta)
     S = slots.shape[0]
     _state_kernel[(S, triton.cdiv(C, block_c))](x, conv_pool, cu_seqlens, slots, fresh_i, C, x.stride(0),
                                                 conv_pool.stride(0), conv_pool.stride(1), K=K,
