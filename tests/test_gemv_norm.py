@@ -248,24 +248,33 @@ def test_0_8b_decode_with_the_fold_equals_without_gpu(monkeypatch):
 
 
 def test_the_engines_kernel_choices_reach_the_decode_walk(monkeypatch):
-    """EngineConfig.kernels is what the captured decode step's kernels take: an engine that turns the norm fold off
-    runs no folded GEMM, one that keeps it folds every pre-norm of its one-row steps (forced off CUDA, as above), and
-    both give the same tokens."""
+    """EngineConfig.kernels is what the decode step's kernels take: an engine that turns the norm fold off runs no
+    folded GEMM, one that keeps it folds. On the CPU (the tiny model, the fold forced as above, no graphs) every
+    pre-norm of every one-row step folds and both engines give the same tokens. On a GPU the fold runs only at the
+    shapes it is configured for (``kernels.gemv.NORM_CONFIGS``: the 0.8B's), and the walk runs in Python only while
+    a graph is captured, so there the 0.8B engine in bf16 folds at its capture or never."""
     from models.engine import Engine, EngineConfig, Request, SamplingParams
 
-    adapter = build_adapter("qwen3_5-tiny", seed=0, device=DEVICE)
-    adapter.model.fused_decode = True
     if DEVICE == "cpu":
+        adapter = build_adapter("qwen3_5-tiny", seed=0, device=DEVICE)
+        adapter.model.fused_decode = True
         monkeypatch.setattr(fused, "norm_folds", lambda p, w, kc: kc.fold_norm and p.res.h.shape[0] == 1)
+        dtype = "float32"
+    else:
+        adapter, dtype = build_adapter("qwen3_5-0.8b", seed=0, device=DEVICE, dtype=torch.bfloat16), "bfloat16"
     real, calls = fused.gemv_add_rms_norm, []
     monkeypatch.setattr(fused, "gemv_add_rms_norm", lambda *a, **k: calls.append(1) or real(*a, **k))
     tokens = {}
     for fold in (False, True):
         calls.clear()
-        cfg = EngineConfig(max_running=1, page_size=4, max_seq_len=32, device=DEVICE,
+        cfg = EngineConfig(max_running=1, page_size=4, max_seq_len=32, device=DEVICE, dtype=dtype,
                            kernels=KernelChoices(fold_norm=fold))  # fmt: skip
         (r,) = Engine(adapter, cfg).run([Request([5, 17, 99], SamplingParams(max_tokens=3))])
         tokens[fold] = r.tokens
         decode_steps = len(r.tokens) - 1  # the first token comes from the prefill
-        assert len(calls) == (decode_steps * 2 * adapter.model.cfg.num_hidden_layers if fold else 0)
-    assert tokens[True] == tokens[False]
+        if DEVICE == "cpu":
+            assert len(calls) == (decode_steps * 2 * adapter.model.cfg.num_hidden_layers if fold else 0)
+        else:
+            assert (len(calls) > 0) == fold, len(calls)
+    if DEVICE == "cpu":  # in bf16 the fold may round a near tie the other way
+        assert tokens[True] == tokens[False]
