@@ -18,6 +18,7 @@ import attrs
 from kernels.runtime import interpreted
 from models.cli import OneLineParser, positive_int, seed
 from models.engine import (
+    DEFAULT_TOKEN_BUDGET,
     MODELS,
     Engine,
     EngineConfig,
@@ -80,8 +81,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-bucket", type=positive_int, default=None,
                     help="widest decode bucket, at most the concurrency; buckets are 1, 2, 4, 8, 16, 24, ... up to it "
                          "(default: concurrency). With -c above twice it, TURNS order displaces slots")
-    ap.add_argument("--token-budget", type=positive_int, default=None,
-                    help="prefill tokens per step: prompts longer than this prefill in chunks (default: whole prompts)")
+    ap.add_argument("--token-budget", type=positive_int, default=DEFAULT_TOKEN_BUDGET,
+                    help="prefill tokens per step: prompts longer than this prefill in chunks beside the running rows")
     ap.add_argument("--attention", choices=["torch", "triton"], default="torch",
                     help="decode attention: plain torch, or our plan-free split-KV Triton kernel (on a CPU it runs in "
                          "Triton's interpreter: set TRITON_INTERPRET=1)")

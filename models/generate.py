@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from models.cli import OneLineParser, positive_int
-from models.engine import Engine, EngineConfig, InvalidRequest, Request, SamplingParams
+from models.engine import DEFAULT_TOKEN_BUDGET, Engine, EngineConfig, InvalidRequest, Request, SamplingParams
 from models.engine.audio import AudioError, decoder_prompt, feature_extractor, log_mel, read_wav
 from models.engine.checkpoint import WHISPER, CheckpointError, read_checkpoint
 from models.engine.text import Tokenizer, TokenizerError
@@ -62,8 +62,9 @@ def parser() -> OneLineParser:
     e.add_argument("--page-size", type=positive_int, default=16, help="tokens a KV page holds (default 16)")
     e.add_argument("--max-seq-len", type=positive_int, default=None,
                    help="context a request may fill (default: the longest prompt plus --max-tokens)")
-    e.add_argument("--token-budget", type=positive_int, default=None,
-                   help="prompt tokens prefilled a step (default: whole prompts)")
+    e.add_argument("--token-budget", type=positive_int, default=DEFAULT_TOKEN_BUDGET,
+                   help=f"prompt tokens prefilled a step: longer prompts prefill in chunks beside the running rows "
+                        f"(default {DEFAULT_TOKEN_BUDGET}, the engine's)")
     return ap
 
 

@@ -2,7 +2,7 @@
 
     python -m models.bench.traffic --num-requests 128 --rate inf \\
         --prompt-len lognormal:median=256,sigma=0.9,min=32,max=1536 \\
-        --gen-len lognormal:median=96,sigma=0.9,min=8,max=384 --max-running 32 --token-budget 2048 \\
+        --gen-len lognormal:median=96,sigma=0.9,min=8,max=384 --max-running 32 --token-budget 1024 \\
         --out models/bench/results/traffic-h200/burst
 
 Arrivals: ``--rate R`` requests/s (Poisson; ``inf``: all at t=0), ``--num-requests N``; lengths ``--prompt-len`` and
@@ -46,7 +46,7 @@ import torch
 from models.bench.arms import arm_config, frozen_heap, paired_ratio, parse_arms, planner_yardstick
 from models.bench.workload import Lengths, Sampling, Workload, WorkloadError, arrival_times, read_trace
 from models.cli import OneLineParser, fraction, positive_int, rate
-from models.engine import Engine
+from models.engine import DEFAULT_TOKEN_BUDGET, Engine
 from models.engine.adapters import MODEL_CONFIGS, build_adapter, model_context
 from models.engine.tensor_parallel import RankEngine, build_rank_adapter, join_group
 
@@ -90,8 +90,9 @@ def parser(prog: str = "python -m models.bench.traffic", description: str = __do
                    help=f"arms, comma-separated (default on cuda: {GPU_ARMS}; on cpu: {CPU_ARMS})")
     e.add_argument("--max-running", type=positive_int, default=32, help="requests admitted at once (default 32)")
     e.add_argument("--max-bucket", type=positive_int, default=None, help="widest decode bucket (default: max-running)")
-    e.add_argument("--token-budget", type=positive_int, default=2048,
-                   help="prefill tokens a step (default 2048); 0 is not allowed: use a large number for whole prompts")
+    e.add_argument("--token-budget", type=positive_int, default=DEFAULT_TOKEN_BUDGET,
+                   help=f"prefill tokens a step (default {DEFAULT_TOKEN_BUDGET}, the engine's); 0 is not "
+                        "allowed: use a large number for whole prompts")
     e.add_argument("--page-size", type=positive_int, default=16, help="tokens a KV page holds (default 16)")
     e.add_argument("--num-pages", type=positive_int, default=None,
                    help="KV pages (sink included; default: every running request at the context)")
