@@ -20,6 +20,7 @@ from models.layers.gdn import causal_conv1d_prefill  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 DEVICE = "cpu" if INTERPRET or not torch.cuda.is_available() else "cuda"
+pytestmark = [pytest.mark.gpu] if DEVICE == "cuda" else []  # on a GPU every case here runs compiled
 
 
 STARTS_IN_EVERY_TILE = [37, 1, 0, 3, 20]  # every 32-token tile holds a sequence's first tokens
