@@ -21,7 +21,7 @@ from models.layers.specs import KVPoolSpec
 from models.qwen3_5 import KV_POOL, PrefillChunk, Qwen35Model
 from models.qwen3_5 import config as qwen_config
 from models.qwen3_5.config import Qwen35Config
-from models.whisper import WhisperModel
+from models.whisper import DecoderChunk, WhisperModel
 from models.whisper import config as whisper_config
 from models.whisper.config import WhisperConfig
 from models.whisper.decoder import CROSS, SELF
@@ -245,6 +245,13 @@ class WhisperAdapter(Adapter):
 
     def prefill(self, state, ids, pages, start, rec_slot, read_lens, pos_offset):
         return self.model.prefill(state, ids, pages[SELF], start, pages[CROSS], read_lens[CROSS], pos_offset)
+
+    def prefill_last(self, state, chunks):
+        """All chunks in one flat pass (``WhisperModel.prefill_batch``), eager: its attention runs the torch
+        references, one sequence at a time."""
+        return self.model.prefill_batch(state, [
+            DecoderChunk(c.ids, c.pages[SELF], c.start, c.pages[CROSS], c.read_lens[CROSS], c.pos_offset)
+            for c in chunks])  # fmt: skip
 
     def decode(self, state, ids, bufs, attn=None, kc=DEFAULT):
         if attn is not None:

@@ -30,16 +30,18 @@ def paged_prefill_ref(
     kv_indices: torch.Tensor,  # [P]
     kv_lens: torch.Tensor,  # [S]
     scale: float,
+    causal: bool = True,
 ) -> torch.Tensor:
-    """Query i of a sequence of T tokens over a stream of L tokens sees tokens t <= L - T + i: out [N, hq, d] (0 for
-    tokens of no sequence). Host loop over the sequences: the CPU path."""
+    """Query i of a sequence of T tokens over a stream of L tokens sees tokens t <= L - T + i (causal), or all L of
+    them (not: cross-attention over a context): out [N, hq, d], 0 for tokens of no sequence or over an empty stream.
+    Host loop over the sequences: the CPU path."""
     out = torch.zeros_like(q)
     cu, ind, lens = cu_seqlens.tolist(), kv_indptr.tolist(), kv_lens.tolist()
     for s in range(len(cu) - 1):
         a, b = cu[s], cu[s + 1]
-        if a < b:
+        if a < b and lens[s] > 0:
             pages = kv_indices[ind[s] : ind[s + 1]]
-            out[a:b] = paged_prefill_attention(q[a:b], kv, pages, lens[s] - (b - a), lens[s], scale)
+            out[a:b] = paged_prefill_attention(q[a:b], kv, pages, lens[s] - (b - a), lens[s], scale, causal=causal)
     return out
 
 

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from models.layers.paged import paged_decode_attention, paged_prefill_attention, write_kv
+from models.layers.prefill_attention import paged_prefill_ref
 from models.whisper.attention import ACT_FNS, Attention
 from models.whisper.config import WhisperConfig
 from resplan.buffers import StepBuffers
@@ -25,6 +26,21 @@ class PrefillChunk:
     start: int
     cross_pages: torch.Tensor  # [m] long, the request's cross pages in order
     cross_len: int  # cross tokens stored (0: no context, cross-attention adds only its output bias)
+
+
+@attrs.frozen(eq=False)
+class FlatPrefill:
+    """Several requests' chunks as one flat token stream (``models.layers.flat``'s sequences, no padding tokens): what
+    every layer of the pass reads. N tokens, S sequences (the chunks, then two empty ones)."""
+
+    write_loc: torch.Tensor  # [N] long, flat self slot of each token
+    cu_seqlens: torch.Tensor  # [S + 1] int32
+    self_indptr: torch.Tensor  # [S + 1] int32, each sequence's pages in self_indices
+    self_indices: torch.Tensor  # [P] int32, self pages in order
+    self_lens: torch.Tensor  # [S] int32, self tokens each sequence attends over (its stream through this chunk)
+    cross_indptr: torch.Tensor  # [S + 1] int32
+    cross_indices: torch.Tensor  # [Pc] int32, cross pages in order
+    cross_lens: torch.Tensor  # [S] int32, cross tokens stored (0: no context, the cross output is its bias only)
 
 
 @attrs.frozen(eq=False)
@@ -90,6 +106,22 @@ class DecoderLayer(nn.Module):
         h = h + self.encoder_attn.out(a)
         return h + self._mlp(h)
 
+    def prefill_flat(self, h: torch.Tensor, self_kv: torch.Tensor, cross_kv: torch.Tensor, flat: FlatPrefill):
+        """h [N, d] -> [N, d] over a flat stream of chunks: ``prefill`` for each sequence at once, its self K/V
+        written first, then causal self-attention over its stream and full cross-attention over its context."""
+        x = self.self_attn_layer_norm(h)
+        k, v = self.self_attn.key_value(x)  # [N, h, dh] each
+        write_kv(self_kv, flat.write_loc, k, v)
+        q = self.self_attn.query(x)  # [N, h, dh]
+        a = paged_prefill_ref(q, self_kv, flat.cu_seqlens, flat.self_indptr, flat.self_indices, flat.self_lens, 1.0)
+        h = h + self.self_attn.out(a)
+
+        q = self.encoder_attn.query(self.encoder_attn_layer_norm(h))  # [N, h, dh]
+        a = paged_prefill_ref(q, cross_kv, flat.cu_seqlens, flat.cross_indptr, flat.cross_indices, flat.cross_lens,
+                              1.0, causal=False)  # fmt: skip
+        h = h + self.encoder_attn.out(a)
+        return h + self._mlp(h)
+
     def decode(self, h: torch.Tensor, self_kv: torch.Tensor, cross_kv: torch.Tensor, step: DecodeStep) -> torch.Tensor:
         """h [b, d] -> [b, d]; one token a row: append its self K/V at write_loc, attend over self_lens tokens."""
         x = self.self_attn_layer_norm(h)
@@ -133,6 +165,20 @@ class Decoder(nn.Module):
         h = self.embed(ids, positions)
         for layer, ks, kc in zip(self.layers, self_kv, cross_kv, strict=True):
             h = layer.prefill(h, ks, kc, chunk)
+        return self.layer_norm(h)
+
+    def prefill_flat(
+        self,
+        ids: torch.Tensor,  # [N]
+        positions: torch.Tensor,  # [N]
+        self_kv: Sequence[torch.Tensor],
+        cross_kv: Sequence[torch.Tensor],
+        flat: FlatPrefill,
+    ) -> torch.Tensor:
+        """-> final states [N, d] of a flat pass."""
+        h = self.embed(ids, positions)
+        for layer, ks, kc in zip(self.layers, self_kv, cross_kv, strict=True):
+            h = layer.prefill_flat(h, ks, kc, flat)
         return self.layer_norm(h)
 
     def decode(

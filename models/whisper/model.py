@@ -9,13 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import attrs
+import numpy as np
 import torch
 from torch import nn
 
+from models.layers.flat import exact_shape, flat_layout
 from models.layers.paged import write_kv
 from models.layers.specs import KVPoolSpec
 from models.whisper.config import WhisperConfig
-from models.whisper.decoder import CROSS, SELF, Decoder, PrefillChunk
+from models.whisper.decoder import CROSS, SELF, Decoder, FlatPrefill, PrefillChunk
 from models.whisper.encoder import Encoder, sinusoids
 from models.whisper.pools import PagedState, allocate_pools
 from resplan.buffers import StepBuffers
@@ -28,6 +31,22 @@ def _slots(pages: torch.Tensor, start: int, n: int, page_size: int) -> torch.Ten
     """Flat pool slots of stream positions start .. start + n - 1: pages[t // ps] * ps + t % ps. -> [n] long."""
     t = torch.arange(start, start + n, device=pages.device)
     return pages[t // page_size] * page_size + t % page_size
+
+
+@attrs.frozen(eq=False)
+class DecoderChunk:
+    """One request's chunk of decoder tokens in a batched prefill (``WhisperModel.prefill_batch``)."""
+
+    token_ids: PageIds  # [T]
+    self_pages: PageIds  # the request's self pages in order, covering start + T tokens
+    start: int  # stream position of the first token
+    cross_pages: PageIds  # the request's cross pages in order
+    cross_len: int  # cross tokens stored (0: no context)
+    pos_offset: int = 0  # token i sits at position pos_offset + start + i
+
+
+def _host(x: PageIds) -> np.ndarray:
+    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
 
 
 class _EncoderDecoder(nn.Module):
@@ -125,25 +144,64 @@ class WhisperModel(nn.Module):
     ) -> torch.Tensor:
         """Decoder over tokens at stream positions start .. start+T-1 (self K/V written there; causal over the
         stream, full over cross_len cross tokens), token i at position pos_offset + start + i. -> logits [T, V]."""
-        c = self.cfg
         dev = self.proj_out.weight.device
         ids = torch.as_tensor(token_ids, dtype=torch.long, device=dev)
-        if ids.ndim != 1 or ids.numel() == 0:
-            raise ValueError(f"token_ids must be a non-empty [T], got shape {tuple(ids.shape)}")
-        T = ids.numel()
-        ps, ps_cross = state[SELF][0].shape[2], state[CROSS][0].shape[2]
         pages = torch.as_tensor(self_pages, dtype=torch.long, device=dev)
         cpages = torch.as_tensor(cross_pages, dtype=torch.long, device=dev)
-        if start < 0 or pages.numel() * ps < start + T:
-            raise ValueError(f"{pages.numel()} self pages of {ps} cannot hold positions {start} .. {start + T - 1}")
-        if cross_len < 0 or cpages.numel() * ps_cross < cross_len:
-            raise ValueError(f"{cpages.numel()} cross pages of {ps_cross} cannot hold {cross_len} tokens")
-        if pos_offset + start + T > c.max_target_positions or pos_offset + start < 0:
-            raise ValueError(f"positions up to {pos_offset + start + T - 1} exceed {c.max_target_positions - 1}")
+        self._check_chunk(state, ids.shape, pages.numel(), start, cpages.numel(), cross_len, pos_offset)
+        T, ps = ids.numel(), state[SELF][0].shape[2]
         chunk = PrefillChunk(pages, _slots(pages, start, T, ps), start, cpages, cross_len)
         positions = torch.arange(pos_offset + start, pos_offset + start + T, device=dev)  # [T]
         h = self.model.decoder.prefill(ids, positions, state[SELF], state[CROSS], chunk)  # [T, d]
         return self.proj_out(h)
+
+    def _check_chunk(self, state: PagedState, ids_shape, n_pages: int, start: int, n_cross_pages: int,
+                     cross_len: int, pos_offset: int) -> None:  # fmt: skip
+        """Refuses a chunk its pages, context or positions cannot hold, by name."""
+        if len(ids_shape) != 1 or ids_shape[0] == 0:
+            raise ValueError(f"token_ids must be a non-empty [T], got shape {tuple(ids_shape)}")
+        T = ids_shape[0]
+        ps, ps_cross = state[SELF][0].shape[2], state[CROSS][0].shape[2]
+        if start < 0 or n_pages * ps < start + T:
+            raise ValueError(f"{n_pages} self pages of {ps} cannot hold positions {start} .. {start + T - 1}")
+        if cross_len < 0 or n_cross_pages * ps_cross < cross_len:
+            raise ValueError(f"{n_cross_pages} cross pages of {ps_cross} cannot hold {cross_len} tokens")
+        if pos_offset + start + T > self.cfg.max_target_positions or pos_offset + start < 0:
+            raise ValueError(f"positions up to {pos_offset + start + T - 1} exceed {self.cfg.max_target_positions - 1}")
+
+    @torch.no_grad()
+    def prefill_batch(self, state: PagedState, chunks: Sequence[DecoderChunk]) -> torch.Tensor:
+        """Several requests' chunks (one each) as one flat pass (``models.layers.flat``): each is ``prefill`` of its
+        own, and the pass returns the logits of each chunk's last token [R, V]."""
+        dev = self.proj_out.weight.device
+        ps, ps_cross = state[SELF][0].shape[2], state[CROSS][0].shape[2]
+        ids = [_host(c.token_ids).astype(np.int64) for c in chunks]
+        pages = [_host(c.self_pages).astype(np.int64) for c in chunks]
+        cross = [_host(c.cross_pages).astype(np.int64) for c in chunks]
+        for c, t, p, x in zip(chunks, ids, pages, cross, strict=True):
+            self._check_chunk(state, t.shape, p.size, c.start, x.size, c.cross_len, c.pos_offset)
+        held = [-(-(c.start + len(t)) // ps) for c, t in zip(chunks, ids, strict=True)]
+        shape = exact_shape([len(t) for t in ids], held)
+        lay = flat_layout(ids, [c.start for c in chunks], [c.pos_offset for c in chunks], [0] * len(chunks), pages,
+                          ps, shape)  # fmt: skip
+        cross_lens = np.zeros(shape.seqs, np.int64)  # the two empty sequences past the chunks have no context
+        cross_lens[: len(chunks)] = [c.cross_len for c in chunks]
+        used = [x[: -(-c.cross_len // ps_cross)] for c, x in zip(chunks, cross, strict=True)]
+        counts = np.zeros(shape.seqs, np.int64)
+        counts[: len(chunks)] = [u.size for u in used]
+
+        def put(a: np.ndarray, dtype=torch.int32) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(a)).to(dev, dtype)
+
+        flat = FlatPrefill(
+            write_loc=put(lay.write_loc, torch.long), cu_seqlens=put(lay.cu_seqlens), self_indptr=put(lay.kv_indptr),
+            self_indices=put(lay.kv_indices), self_lens=put(lay.kv_lens),
+            cross_indptr=put(np.concatenate([[0], np.cumsum(counts)])),
+            cross_indices=put(np.concatenate([*used, np.zeros(1, np.int64)])), cross_lens=put(cross_lens),
+        )  # fmt: skip
+        h = self.model.decoder.prefill_flat(put(lay.ids, torch.long), put(lay.pos, torch.long), state[SELF],
+                                            state[CROSS], flat)  # fmt: skip
+        return self.proj_out(h[put(lay.last[: len(chunks)], torch.long)])
 
     # -- the decode step (graph-safe) ----------------------------------------------------------------------------
     @torch.no_grad()
