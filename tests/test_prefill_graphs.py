@@ -146,6 +146,15 @@ def _cuda():
 
 
 @pytest.mark.gpu
+def test_a_float32_engine_on_cuda_refuses_prefill_graphs():
+    """In float32 a CUDA model prefills on the torch references, which read lengths back to the host: no capture."""
+    _cuda()
+    adapter = build_adapter("qwen3_5-tiny", seed=0, device="cuda")
+    with pytest.raises(ValueError, match="torch references on CUDA"):
+        Engine(adapter, EngineConfig(device="cuda", page_size=4, max_seq_len=64, prefill_graphs=2))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("starts", [None, "mixed"], ids=["fresh", "continuing"])
 def test_a_replayed_cuda_graph_bucket_pass_equals_the_eager_pass_at_0_8b_shape(starts):
     """The 0.8B shape in bf16 on the prefill kernels (fla, FlashInfer, the Triton conv), one token bucket (256 tokens,

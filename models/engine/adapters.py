@@ -120,7 +120,9 @@ class Adapter:
         return torch.stack([self.prefill(state, c.ids, c.pages, c.start, c.rec_slot, c.read_lens, c.pos_offset)[-1]
                             for c in chunks])  # fmt: skip
 
-    capturable_prefill = False  # whether prefill_inputs / prefill_forward split prefill_last into a capturable pass
+    def prefill_capture_refusal(self) -> str | None:
+        """Why prefill_inputs / prefill_forward do not give a capturable pass here, or None where they do."""
+        return "no capturable prefill pass"
 
     def prefill_shape(self, state, tokens: int, max_chunks: int):
         """The shape of a pass padded to ``tokens`` that holds up to ``max_chunks`` chunks (a token bucket's)."""
@@ -173,7 +175,12 @@ class QwenAdapter(Adapter):
         """All chunks in one pass (``Qwen35Model.prefill_batch``)."""
         return self.prefill_forward(state, self.prefill_inputs(state, chunks))
 
-    capturable_prefill = True
+    def prefill_capture_refusal(self):
+        m = self.model
+        if m.lm_head.weight.is_cuda and not m.uses_prefill_kernels():  # a CPU "graph" re-runs the pass
+            return (f"its prefill runs the torch references on CUDA (the prefill kernels need bf16 or fp16 weights, "
+                    f"not {m.lm_head.weight.dtype}), which read lengths back to the host")  # fmt: skip
+        return None
 
     def prefill_shape(self, state, tokens, max_chunks):
         # the chunks' requests hold distinct pages, so the pool's page count bounds the pages of any pass

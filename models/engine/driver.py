@@ -150,8 +150,10 @@ class Engine:
         cfg = config or EngineConfig()
         self.adapter = adapter
         self.config = cfg
-        if cfg.prefill_graphs and not adapter.capturable_prefill:
-            raise ValueError(f"prefill_graphs: {adapter.name} has no capturable prefill pass; use prefill_graphs=0")
+        refusal = adapter.prefill_capture_refusal() if cfg.prefill_graphs else None
+        if refusal is not None:
+            raise ValueError(f"prefill_graphs: {adapter.name} cannot capture its prefill pass: {refusal}; use "
+                             "prefill_graphs=0")  # fmt: skip
         if cfg.max_seq_len > adapter.max_context:
             raise ValueError(f"max_seq_len {cfg.max_seq_len} is longer than {adapter.name}'s context of "
                              f"{adapter.max_context} tokens")  # fmt: skip
