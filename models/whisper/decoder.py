@@ -8,7 +8,7 @@ import attrs
 import torch
 from torch import nn
 
-from models.layers.paged import paged_decode_attention, paged_prefill_attention, write_kv
+from models.layers.paged import paged_decode_attention, write_kv
 from models.layers.prefill_attention import paged_prefill_ref
 from models.whisper.attention import ACT_FNS, Attention
 from models.whisper.config import WhisperConfig
@@ -18,20 +18,9 @@ SELF, CROSS = "self", "cross"  # pool keys: the decode walk appends to SELF and 
 
 
 @attrs.frozen(eq=False)
-class PrefillChunk:
-    """One request's host-planned chunk: T tokens at stream positions start .. start + T - 1."""
-
-    self_pages: torch.Tensor  # [n] long, the request's self pages in order (covering start + T tokens)
-    self_slots: torch.Tensor  # [T] long, flat slot of each chunk token in the self pool
-    start: int
-    cross_pages: torch.Tensor  # [m] long, the request's cross pages in order
-    cross_len: int  # cross tokens stored (0: no context, cross-attention adds only its output bias)
-
-
-@attrs.frozen(eq=False)
 class FlatPrefill:
-    """Several requests' chunks as one flat token stream (``models.layers.flat``'s sequences, no padding tokens): what
-    every layer of the pass reads. N tokens, S sequences (the chunks, then two empty ones)."""
+    """A prefill pass: one or more requests' chunks as one flat token stream (``models.layers.flat``'s sequences, no
+    padding tokens), what every layer of the pass reads. N tokens, S sequences (the chunks, then two empty ones)."""
 
     write_loc: torch.Tensor  # [N] long, flat self slot of each token
     cu_seqlens: torch.Tensor  # [S + 1] int32
@@ -86,29 +75,10 @@ class DecoderLayer(nn.Module):
         """W2 act(W1 LN(h) + b1) + b2. [..., d] -> [..., d]."""
         return self.fc2(self.act(self.fc1(self.final_layer_norm(h))))
 
-    def prefill(
-        self, h: torch.Tensor, self_kv: torch.Tensor, cross_kv: torch.Tensor, chunk: PrefillChunk
-    ) -> torch.Tensor:
-        """h [T, d] -> [T, d]; writes the chunk's self K/V, then attends over the stored stream."""
-        T = h.shape[0]
-        x = self.self_attn_layer_norm(h)
-        k, v = self.self_attn.key_value(x)  # [T, h, dh] each
-        write_kv(self_kv, chunk.self_slots, k, v)
-        q = self.self_attn.query(x)  # [T, h, dh]
-        a = paged_prefill_attention(q, self_kv, chunk.self_pages, chunk.start, chunk.start + T, scale=1.0)
-        h = h + self.self_attn.out(a)
-
-        q = self.encoder_attn.query(self.encoder_attn_layer_norm(h))  # [T, h, dh]
-        if chunk.cross_len > 0:
-            a = paged_prefill_attention(q, cross_kv, chunk.cross_pages, 0, chunk.cross_len, scale=1.0, causal=False)
-        else:
-            a = torch.zeros_like(q)
-        h = h + self.encoder_attn.out(a)
-        return h + self._mlp(h)
-
     def prefill_flat(self, h: torch.Tensor, self_kv: torch.Tensor, cross_kv: torch.Tensor, flat: FlatPrefill):
-        """h [N, d] -> [N, d] over a flat stream of chunks: ``prefill`` for each sequence at once, its self K/V
-        written first, then causal self-attention over its stream and full cross-attention over its context."""
+        """h [N, d] -> [N, d] over a flat stream of chunks: every token's self K/V written first, then each sequence's
+        causal self-attention over its stream and full cross-attention over its context (its bias only where it has
+        none)."""
         x = self.self_attn_layer_norm(h)
         k, v = self.self_attn.key_value(x)  # [N, h, dh] each
         write_kv(self_kv, flat.write_loc, k, v)
@@ -152,20 +122,6 @@ class Decoder(nn.Module):
     def embed(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """[n] ids, [n] positions -> [n, d] (Whisper does not scale token embeddings)."""
         return self.embed_tokens(ids.long()) + self.embed_positions(positions.long())
-
-    def prefill(
-        self,
-        ids: torch.Tensor,  # [T]
-        positions: torch.Tensor,  # [T]
-        self_kv: Sequence[torch.Tensor],
-        cross_kv: Sequence[torch.Tensor],
-        chunk: PrefillChunk,
-    ) -> torch.Tensor:
-        """-> final states [T, d]."""
-        h = self.embed(ids, positions)
-        for layer, ks, kc in zip(self.layers, self_kv, cross_kv, strict=True):
-            h = layer.prefill(h, ks, kc, chunk)
-        return self.layer_norm(h)
 
     def prefill_flat(
         self,

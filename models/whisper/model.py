@@ -18,7 +18,7 @@ from models.layers.flat import exact_shape, flat_layout
 from models.layers.paged import write_kv
 from models.layers.specs import KVPoolSpec
 from models.whisper.config import WhisperConfig
-from models.whisper.decoder import CROSS, SELF, Decoder, FlatPrefill, PrefillChunk
+from models.whisper.decoder import CROSS, SELF, Decoder, FlatPrefill
 from models.whisper.encoder import Encoder, sinusoids
 from models.whisper.pools import PagedState, allocate_pools
 from resplan.buffers import StepBuffers
@@ -144,16 +144,8 @@ class WhisperModel(nn.Module):
     ) -> torch.Tensor:
         """Decoder over tokens at stream positions start .. start+T-1 (self K/V written there; causal over the
         stream, full over cross_len cross tokens), token i at position pos_offset + start + i. -> logits [T, V]."""
-        dev = self.proj_out.weight.device
-        ids = torch.as_tensor(token_ids, dtype=torch.long, device=dev)
-        pages = torch.as_tensor(self_pages, dtype=torch.long, device=dev)
-        cpages = torch.as_tensor(cross_pages, dtype=torch.long, device=dev)
-        self._check_chunk(state, ids.shape, pages.numel(), start, cpages.numel(), cross_len, pos_offset)
-        T, ps = ids.numel(), state[SELF][0].shape[2]
-        chunk = PrefillChunk(pages, _slots(pages, start, T, ps), start, cpages, cross_len)
-        positions = torch.arange(pos_offset + start, pos_offset + start + T, device=dev)  # [T]
-        h = self.model.decoder.prefill(ids, positions, state[SELF], state[CROSS], chunk)  # [T, d]
-        return self.proj_out(h)
+        h, _ = self._flat_pass(state, [DecoderChunk(token_ids, self_pages, start, cross_pages, cross_len, pos_offset)])
+        return self.proj_out(h)  # [T, V]
 
     def _check_chunk(self, state: PagedState, ids_shape, n_pages: int, start: int, n_cross_pages: int,
                      cross_len: int, pos_offset: int) -> None:  # fmt: skip
@@ -173,13 +165,20 @@ class WhisperModel(nn.Module):
     def prefill_batch(self, state: PagedState, chunks: Sequence[DecoderChunk]) -> torch.Tensor:
         """Several requests' chunks (one each) as one flat pass (``models.layers.flat``): each is ``prefill`` of its
         own, and the pass returns the logits of each chunk's last token [R, V]."""
+        h, last = self._flat_pass(state, chunks)
+        return self.proj_out(h[last])
+
+    def _flat_pass(self, state: PagedState, chunks: Sequence[DecoderChunk]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decoder over the chunks laid out as one flat stream: final states [N, d] and each chunk's last token
+        [R]."""
         dev = self.proj_out.weight.device
         ps, ps_cross = state[SELF][0].shape[2], state[CROSS][0].shape[2]
-        ids = [_host(c.token_ids).astype(np.int64) for c in chunks]
-        pages = [_host(c.self_pages).astype(np.int64) for c in chunks]
-        cross = [_host(c.cross_pages).astype(np.int64) for c in chunks]
-        for c, t, p, x in zip(chunks, ids, pages, cross, strict=True):
+        raw = [_host(c.token_ids) for c in chunks]
+        pages = [_host(c.self_pages).astype(np.int64).reshape(-1) for c in chunks]
+        cross = [_host(c.cross_pages).astype(np.int64).reshape(-1) for c in chunks]
+        for c, t, p, x in zip(chunks, raw, pages, cross, strict=True):
             self._check_chunk(state, t.shape, p.size, c.start, x.size, c.cross_len, c.pos_offset)
+        ids = [t.astype(np.int64) for t in raw]
         held = [-(-(c.start + len(t)) // ps) for c, t in zip(chunks, ids, strict=True)]
         shape = exact_shape([len(t) for t in ids], held)
         lay = flat_layout(ids, [c.start for c in chunks], [c.pos_offset for c in chunks], [0] * len(chunks), pages,
@@ -201,7 +200,7 @@ class WhisperModel(nn.Module):
         )  # fmt: skip
         h = self.model.decoder.prefill_flat(put(lay.ids, torch.long), put(lay.pos, torch.long), state[SELF],
                                             state[CROSS], flat)  # fmt: skip
-        return self.proj_out(h[put(lay.last[: len(chunks)], torch.long)])
+        return h, put(lay.last[: len(chunks)], torch.long)
 
     # -- the decode step (graph-safe) ----------------------------------------------------------------------------
     @torch.no_grad()
