@@ -119,6 +119,9 @@ class EngineConfig:
     overlap: bool = False  # launch each decode step before reading the last one's tokens (input ids on the device)
     prefill_graphs: int = attrs.field(default=0, validator=attrs.validators.ge(0))  # token buckets of prefill graphs
     prefill_graph_tokens: int = attrs.field(default=8192, validator=_positive)  # the largest; longer passes eager
+    # a step with prefill work runs its decode rows in the prefill pass, one token each (counted in token_budget),
+    # instead of a decode graph beside it: one forward a mixed step
+    decode_in_pass: bool = False
     kernels: KernelChoices = KernelChoices()  # the decode step's kernel forms: folds, PDL, the weight stream
 
 
@@ -161,6 +164,10 @@ class Engine:
         if cfg.max_bucket is not None and cfg.max_bucket > H:
             raise ValueError(f"max_bucket {cfg.max_bucket} is more than max_running {H}: no step has more rows than "
                              "running requests")  # fmt: skip
+        widest = cfg.max_bucket or H
+        if cfg.decode_in_pass and cfg.token_budget is not None and cfg.token_budget <= widest:
+            raise ValueError(f"decode_in_pass: token_budget {cfg.token_budget} leaves no prompt token beside "
+                             f"{widest} decode rows; give it more than max_bucket (or max_running)")  # fmt: skip
         w = next(adapter.model.parameters())
         if cfg.dtype is not None and getattr(torch, cfg.dtype) != w.dtype:
             raise ValueError(f"EngineConfig.dtype is {cfg.dtype} but {adapter.name}'s weights are {w.dtype}: build the "
@@ -174,7 +181,8 @@ class Engine:
                                           adapter.recurrent)  # fmt: skip
         self.append_keys = tuple(p.key for p in self.layout.append_pools)
         self.buckets = decode_buckets(cfg.max_bucket or H)
-        self.scheduler = Scheduler(H, self.buckets, cfg.order, cfg.token_budget, self.append_keys)
+        self.scheduler = Scheduler(H, self.buckets, cfg.order, cfg.token_budget, self.append_keys,
+                                   rows_in_budget=cfg.decode_in_pass)  # fmt: skip
         rec_slots = cfg.rec_slots if cfg.rec_slots is not None else H + 1
         self.model_state = adapter.allocate(counts, ps, rec_slots, device, w.dtype)
         self.admission = Admission(self.layout, counts, H, rec_slots if adapter.recurrent else None, self.scheduler,
@@ -363,9 +371,13 @@ class Engine:
             self._land(prev)
 
     def _host_step(self, batch: Batch, chunks: tuple[Chunk, ...]) -> None:
-        """Prefill chunks, and the decode rows host-planned beside them (a mixed step)."""
+        """Prefill chunks, and the decode rows host-planned beside them (a mixed step): in a decode graph launched
+        before the pass, or (``decode_in_pass``) in the pass itself."""
         seq = next(self.seqs)
         rows, b = batch.rows, batch.bucket
+        if rows.size and chunks and self.config.decode_in_pass:
+            self._pass_step(rows, chunks, seq)
+            return
         f = None
         if rows.size:
             self.tables.fill(self.streams, rows, b, seq)
@@ -384,6 +396,28 @@ class Engine:
             self._land(f)
         else:
             self.stats.prefill_steps += 1
+        if prefilled.ended.size:
+            self._emit(prefilled.ended, prefilled.first_tokens)
+
+    def _pass_step(self, rows: np.ndarray, chunks: tuple[Chunk, ...], seq: int) -> None:
+        """A mixed step as one forward: the decode rows ride in the prefill pass, each its last token at its stream's
+        end (the step before has landed: those tokens are the host's), and are sampled, advanced and emitted as a
+        decode step's rows are; the next decode step takes their ids from the host."""
+        prefilled = self.prefill.run(chunks, [self.table.live[c.handle].pend.request for c in chunks], rows,
+                                     self.table.last_token[rows])  # fmt: skip
+        self.stats.add(prefilled)
+        self.table.issued[rows] += 1
+        self._advance(rows)
+        self.scheduler.ran(rows, seq)
+        for chunk in chunks:
+            self.scheduler.prefilled_chunk(chunk, seq)
+        self.table.issued[prefilled.ended] = 1
+        self.launcher.forget(rows)
+        self.arm.prefilled(np.concatenate([rows, np.array([c.handle for c in chunks], np.int64)]), seq)
+        self.stats.mixed_steps += 1
+        self.stats.pass_rows += rows.size
+        self.stats.rows_decoded += rows.size
+        self._emit(rows, prefilled.decoded)
         if prefilled.ended.size:
             self._emit(prefilled.ended, prefilled.first_tokens)
 

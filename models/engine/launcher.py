@@ -94,8 +94,9 @@ class Launcher:
         self._arange = np.arange(B, dtype=np.int64)
         self.inflight: InFlight | None = None  # the step launched and not landed (overlap)
 
-    def forget(self, h: int) -> None:
-        """Handle h serves a new request, or none: its id is the host's, not a token in ``tokens_all``."""
+    def forget(self, h: int | np.ndarray) -> None:
+        """Handle(s) h serve a new request, or none, or took their last token outside a graph: their next id is the
+        host's, not a token in ``tokens_all``."""
         self._tok_pos[h] = -1
 
     def launch(self, graph: Graph, b: int, rows: np.ndarray, serial: np.ndarray, last_token: np.ndarray,

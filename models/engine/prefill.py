@@ -1,5 +1,7 @@
 """A step's prefill pass: every chunk of the step in one adapter call (eager, or replayed from a captured prefill
-graph), the first token of each chunk that ends its prompt, and the host streams' lengths after it."""
+graph), the first token of each chunk that ends its prompt, and the host streams' lengths after it. With the decode
+rows in the pass (``EngineConfig.decode_in_pass``), each decode row rides in it as a one-token sequence at its
+stream's end and is sampled as a decode step samples it."""
 
 from __future__ import annotations
 
@@ -25,12 +27,17 @@ class Prefilled:
 
     ended: np.ndarray
     first_tokens: np.ndarray
+    decoded: np.ndarray  # [r] int64: the tokens of the decode rows that rode in the pass, in their order
     prefill_passes: int
     prefill_chunks: int
     prefill_tokens: int
     prefill_ns: int  # wall time: inputs, the pass, first-token sampling and readback
     prefill_host_ns: int  # of which the host spent enqueueing them, until it waits for the first tokens
     prefill_gpu_ms: float  # the pass and first-token sampling on the GPU (CUDA events; with timing on), else 0
+
+
+_NONE = np.zeros(0, np.int64)  # no handles, no tokens (read-only)
+_NONE.flags.writeable = False
 
 
 def token_buckets(graphs: int, graph_tokens: int) -> tuple[int, ...]:
@@ -54,6 +61,7 @@ class Prefill:
         self.n_pages = n_pages  # pages each handle holds, by pool (admission's)
         self.append_keys = tuple(p.key for p in layout.append_pools)
         self.read_keys = tuple(p.key for p in layout.read_pools)
+        self.positions_key = layout.positions_pool or (self.append_keys[0] if self.append_keys else None)  # position
         self.device = device
         self.buckets = token_buckets(graphs, graph_tokens) if graphs else ()
         self.graphs = (PrefillGraphs(partial(adapter.prefill_forward, model_state), device, len(self.buckets),
@@ -76,51 +84,64 @@ class Prefill:
             shape = self.adapter.prefill_shape(self.model_state, tokens, self.max_chunks)
             self.graphs.capture(self.adapter.prefill_inputs(self.model_state, [dummy], shape))
 
-    def run(self, chunks: tuple[Chunk, ...], requests: list[Request]) -> Prefilled:
+    def run(self, chunks: tuple[Chunk, ...], requests: list[Request], rows: np.ndarray = _NONE,
+            row_ids: np.ndarray = _NONE) -> Prefilled:  # fmt: skip
         """Run ``chunks`` (``requests[i]`` is chunk i's request) and sample the first token of each that ends its
         prompt; the chunks' APPEND lengths then cover what they ran (a request's first chunk also encodes its context
-        into its READ pools, and sets their lengths)."""
+        into its READ pools, and sets their lengths). ``rows``: decode rows riding in the pass, row i one token
+        ``row_ids[i]`` at its stream's end, sampled at that position (``Prefilled.decoded``); the engine advances
+        their lengths, as after a decode step."""
         t0 = time.perf_counter_ns()
         timer = self._timer
         if timer is not None:
             timer[0].record()
-        rows, tokens, host_ns = self._pass(chunks, requests)
+        ended, first, decoded, host_ns = self._pass(chunks, requests, rows, row_ids)
         gpu_ms = 0.0
         if timer is not None:
             timer[1].record()
             timer[1].synchronize()
             gpu_ms = timer[0].elapsed_time(timer[1])
-        return Prefilled(rows, tokens, 1, len(chunks), sum(c.n for c in chunks), time.perf_counter_ns() - t0, host_ns,
-                         gpu_ms)  # fmt: skip
+        return Prefilled(ended, first, decoded, 1, len(chunks), sum(c.n for c in chunks), time.perf_counter_ns() - t0,
+                         host_ns, gpu_ms)  # fmt: skip
 
-    def _pass(self, chunks: tuple[Chunk, ...], requests: list[Request]) -> tuple[np.ndarray, np.ndarray, int]:
-        """The pass; returns the ended prompts' handles and first tokens, and the host time until the readback."""
+    def _input(self, h: int, ids: np.ndarray, start: int) -> PrefillInput:
+        """Handle h's tokens ``ids`` at stream positions start .. start + len(ids) - 1, on the pages it holds."""
+        st = self.streams
+        return PrefillInput(
+            ids=ids,
+            pages={k: st.kv[k].pages[h, : held[h]] for k, held in self.n_pages.items()},  # host rows, not copied
+            start=start,
+            rec_slot=int(st.recurrent_slot[h]) if st.recurrent_slot is not None else 0,
+            read_lens={k: int(st.kv[k].lengths[h]) for k in self.read_keys},
+            pos_offset=int(st.pos_offset[h]),
+        )  # fmt: skip
+
+    def _pass(self, chunks: tuple[Chunk, ...], requests: list[Request], rows: np.ndarray, row_ids: np.ndarray):
+        """The pass; returns the ended prompts' handles and first tokens, the decode rows' tokens, and the host time
+        until the readback."""
         t0 = time.perf_counter_ns()
         st = self.streams
-        if not chunks:
-            return np.zeros(0, np.int64), np.zeros(0, np.int64), 0
+        if not chunks and not rows.size:
+            return _NONE, _NONE, _NONE, 0
         inputs = []
         for chunk, req in zip(chunks, requests, strict=True):
             h, start, n = chunk.handle, chunk.start, chunk.n
-            pages = {k: st.kv[k].pages[h, : held[h]] for k, held in self.n_pages.items()}  # host rows, not copied
             if start == 0 and self.read_keys:
+                pages = {k: st.kv[k].pages[h, : held[h]] for k, held in self.n_pages.items()}
                 self.adapter.encode(self.model_state, req, {
                     k: torch.from_numpy(v.astype(np.int64)).to(self.device) for k, v in pages.items()})  # fmt: skip
                 for k, n_ctx in self.adapter.read_tokens(req).items():
                     st.kv[k].lengths[h] = n_ctx
                     st.kv[k].epoch[h] += 1
-            inputs.append(PrefillInput(
-                ids=np.asarray(req.prompt[start : start + n], np.int64),
-                pages=pages,
-                start=start,
-                rec_slot=int(st.recurrent_slot[h]) if st.recurrent_slot is not None else 0,
-                read_lens={k: int(st.kv[k].lengths[h]) for k in self.read_keys},
-                pos_offset=int(st.pos_offset[h]),
-            ))  # fmt: skip
+            inputs.append(self._input(h, np.asarray(req.prompt[start : start + n], np.int64), start))
+        lengths = st.kv[self.positions_key].lengths
+        for h, tok in zip(rows.tolist(), row_ids.tolist(), strict=True):  # one token each: at most max_running
+            inputs.append(self._input(h, np.array([tok], np.int64), int(lengths[h])))
+        tokens = sum(len(x.ids) for x in inputs)
         if self.graphs is None:
             logits = self.adapter.prefill_last(self.model_state, inputs)  # [R, V]
         else:
-            bucket = next((b for b in self.buckets if b >= sum(c.n for c in chunks)), None)
+            bucket = next((b for b in self.buckets if b >= tokens), None)
             shape = None if bucket is None else self.adapter.prefill_shape(self.model_state, bucket, self.max_chunks)
             logits = self.graphs.run(self.adapter.prefill_inputs(self.model_state, inputs, shape))
         for chunk in chunks:
@@ -129,10 +150,12 @@ class Prefill:
                 st.kv[k].epoch[chunk.handle] += 1
         ends = [i for i, c in enumerate(chunks) if c.last]
         hs = np.array([chunks[i].handle for i in ends], np.int64)
-        if not ends:
-            return hs, np.zeros(0, np.int64), time.perf_counter_ns() - t0
-        cells = torch.from_numpy(st.sampler[hs]).to(self.device)  # [m, 4]
-        pos = [inputs[i].pos_offset + chunks[i].start + chunks[i].n - 1 for i in ends]
-        drawn = self.sampler(logits[ends], cells, torch.tensor(pos, dtype=torch.int64, device=self.device))
+        drawn_at = ends + list(range(len(chunks), len(inputs)))  # the ended chunks, then the decode rows
+        if not drawn_at:
+            return hs, _NONE, _NONE, time.perf_counter_ns() - t0
+        cells = torch.from_numpy(st.sampler[np.concatenate([hs, rows])]).to(self.device)  # [m + r, 4]
+        pos = [inputs[i].pos_offset + inputs[i].start + len(inputs[i].ids) - 1 for i in drawn_at]
+        drawn = self.sampler(logits[drawn_at], cells, torch.tensor(pos, dtype=torch.int64, device=self.device))
         host_ns = time.perf_counter_ns() - t0
-        return hs, drawn.cpu().numpy(), host_ns
+        drawn = drawn.cpu().numpy()
+        return hs, drawn[: hs.size], drawn[hs.size :], host_ns

@@ -96,12 +96,14 @@ class Scheduler:
         order: Order,
         token_budget: int | None,  # prefill tokens a step, None: whole prompts
         append_pools: tuple[str, ...],
+        rows_in_budget: bool = False,  # the decode rows ride in the prefill pass: each takes one token of the budget
     ) -> None:
         self.capacity = capacity
         self.buckets = buckets
         self.max_bucket = buckets[-1]
         self.order = order
         self.token_budget = token_budget
+        self.rows_in_budget = rows_in_budget
         self.append_pools = append_pools
         self._bucket_of = np.array([next(b for b in buckets if b >= n) for n in range(1, self.max_bucket + 1)])
         H = capacity
@@ -147,6 +149,8 @@ class Scheduler:
         """The next step, given the free pages of each pool. Pure: nothing changes until the engine admits it."""
         rows = self.decode_rows()
         budget = self.token_budget if self.token_budget is not None else 2**62
+        if self.rows_in_budget:  # a step's pass holds at most token_budget tokens, its decode rows' included
+            budget -= rows.size
         chunks = []
         for h in self.prefilling:
             if budget <= 0:

@@ -16,6 +16,7 @@ class EngineStats:
     steps: int = 0
     decode_steps: int = 0
     mixed_steps: int = 0  # host-planned: prefill chunks and decode rows
+    pass_rows: int = 0  # decode rows that rode in a prefill pass (decode_in_pass), of rows_decoded
     prefill_steps: int = 0  # host-planned: prefill chunks only
     prefill_chunks: int = 0
     rows_decoded: int = 0  # real decode rows run (every kind of step)
