@@ -116,7 +116,8 @@ class Prefill:
             pos_offset=int(st.pos_offset[h]),
         )  # fmt: skip
 
-    def _pass(self, chunks: tuple[Chunk, ...], requests: list[Request], rows: np.ndarray, row_ids: np.ndarray):
+    def _pass(self, chunks: tuple[Chunk, ...], requests: list[Request], rows: np.ndarray,
+              row_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:  # fmt: skip
         """The pass; returns the ended prompts' handles and first tokens, the decode rows' tokens, and the host time
         until the readback."""
         t0 = time.perf_counter_ns()
