@@ -65,3 +65,19 @@ def test_the_budget_counts_the_decode_rows_and_must_leave_room_beside_them():
     engine.prefill.run = run
     engine.run(_requests(adapter))
     assert sizes and max(sizes) <= 12
+
+
+@pytest.mark.parametrize("seed", [0, 6, 7, 20])  # mixed steps, refused admits and pre-plan drops (6, 20: offloads)
+def test_decode_rows_in_the_pass_with_requests_arriving_between_steps(seed):
+    """test_engine_admit's arrivals (refused admits, pre-plans dropped, pools checked after every step): the resident
+    arm with its decode rows in the pass, overlapped, gives the host arm's results with every row checked."""
+    from test_engine_admit import _arrivals, _serve
+
+    cfg, reqs, arrive = _arrivals(seed)
+    widest = cfg.max_bucket or cfg.max_running
+    if cfg.token_budget is not None and cfg.token_budget <= widest:
+        cfg = attrs.evolve(cfg, token_budget=widest + 3)
+    host = _serve(attrs.evolve(cfg, planning=Planning.HOST), reqs, arrive)
+    res = _serve(attrs.evolve(cfg, planning=Planning.RESIDENT, decode_in_pass=True, overlap=True), reqs, arrive)
+    assert [res.results[r.request_id] for r in reqs] == [host.results[r.request_id] for r in reqs]
+    assert res.stats.pass_rows > 0 and res.stats.mismatches == 0, res.stats.first_mismatches
