@@ -127,7 +127,8 @@ def conv1d_varlen_(
     meta = dict(K=K, BLOCK_C=block_c, SPLIT1=a, SPLIT2=b, NORMED=normed)
     if block_t or interpreted():  # a given tile height (the interpreter: one, 32)
         _conv_kernel[(triton.cdiv(N, block_t or 32), triton.cdiv(C, block_c))](*args, BLOCK_T=block_t or 32, **meta)
-    else:  # the tile height and warps tuned once per (N, C, K) at the first (eager) pass: the kernel is pure
+    else:  # the tile height and warps tuned once per token class and shape, at its first (eager) pass: the kernel
+        # is pure (it writes only ``flat``), so the tuner's repeated runs change nothing
         _tuned_conv_kernel[lambda m: (triton.cdiv(N, m["BLOCK_T"]), triton.cdiv(C, block_c))](*args, **meta)
     S = slots.shape[0]
     _state_kernel[(S, triton.cdiv(C, block_c))](x, conv_pool, cu_seqlens, slots, fresh_i, C, x.stride(0),

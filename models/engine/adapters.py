@@ -178,8 +178,8 @@ class QwenAdapter(Adapter):
     def prefill_capture_refusal(self):
         m = self.model
         if m.lm_head.weight.is_cuda and not m.uses_prefill_kernels():  # a CPU "graph" re-runs the pass
-            return (f"its prefill runs the torch references on CUDA (the prefill kernels need bf16 or fp16 weights, "
-                    f"not {m.lm_head.weight.dtype}), which read lengths back to the host")  # fmt: skip
+            return (f"its prefill runs the torch references on CUDA (prefill_kernels off, or {m.lm_head.weight.dtype} "
+                    f"weights: the kernels need bf16 or fp16), which read lengths back to the host")  # fmt: skip
         return None
 
     def prefill_shape(self, state, tokens, max_chunks):
