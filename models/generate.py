@@ -62,6 +62,12 @@ def parser() -> OneLineParser:
     e.add_argument("--page-size", type=positive_int, default=16, help="tokens a KV page holds (default 16)")
     e.add_argument("--max-seq-len", type=positive_int, default=None,
                    help="context a request may fill (default: the longest prompt plus --max-tokens)")
+    e.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=False,
+                   help="launch each decode step before reading the last one's tokens, as the benchmarks' fastest "
+                        "arms do (default: off)")
+    e.add_argument("--prefill-graphs", type=int, default=0,
+                   help="token buckets of prefill CUDA graphs, halving down from 8192 tokens (a Qwen3.5 checkpoint "
+                        "in bf16 or fp16 on CUDA; the benchmarks use 6); 0, the default: eager prefill")
     e.add_argument("--token-budget", type=positive_int, default=DEFAULT_TOKEN_BUDGET,
                    help=f"prompt tokens prefilled a step: longer prompts prefill in chunks beside the running rows "
                         f"(default {DEFAULT_TOKEN_BUDGET}, the engine's)")
@@ -126,9 +132,12 @@ def main(argv: list[str] | None = None) -> int:
     if longest > context:
         ap.error(f"a prompt of {longest - args.max_tokens} tokens and --max-tokens {args.max_tokens} are more than "
                  f"{ckpt.name}'s context of {context}")  # fmt: skip
+    if args.prefill_graphs < 0:
+        ap.error("argument --prefill-graphs: must be >= 0")
     cfg = EngineConfig(device=device, dtype=args.dtype, attention=Backend(args.attention),
                        max_running=min(args.max_running, len(requests)), page_size=args.page_size,
-                       max_seq_len=args.max_seq_len or longest, token_budget=args.token_budget)  # fmt: skip
+                       max_seq_len=args.max_seq_len or longest, token_budget=args.token_budget, overlap=args.overlap,
+                       prefill_graphs=args.prefill_graphs)  # fmt: skip
     try:
         engine = Engine.from_pretrained(args.model_dir, cfg)
         ids = [engine.submit(r) for r in requests]

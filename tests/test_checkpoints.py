@@ -211,9 +211,11 @@ def _generate(capsys, *args) -> tuple[str, str]:
     return out.out, out.err
 
 
-def test_generate_streams_a_prompts_text(dirs, capsys):
+@pytest.mark.parametrize("engine_args", [[], ["--overlap", "--prefill-graphs", "2"]], ids=["default", "fast-path"])
+def test_generate_streams_a_prompts_text(dirs, capsys, engine_args):
     path = dirs["causal"]
-    out, err = _generate(capsys, "--model-dir", path, "--prompt", TEXTS[1], "--max-tokens", "10", "--ignore-eos")
+    out, err = _generate(capsys, "--model-dir", path, "--prompt", TEXTS[1], "--max-tokens", "10", "--ignore-eos",
+                         *engine_args)  # fmt: skip
     tok = Tokenizer.from_pretrained(path)
     want = Engine.from_pretrained(path, CFG).run([Request(tok.encode(TEXTS[1]),
                                                           SamplingParams(max_tokens=10, ignore_eos=True))])[0]
@@ -241,6 +243,7 @@ def test_generate_transcribes_a_wav_file(dirs, capsys):
     (["--audio", "x.wav"], "is a text model"),
     (["--prompt", "hi", "--max-tokens", "600"], "are more than causal's context of 512"),
     (["--prompt", "hi", "--top-k", "999"], "top_k: must be an integer in [0, 256]"),
+    (["--prompt", "hi", "--prefill-graphs", "-1"], "argument --prefill-graphs: must be >= 0"),
 ])  # fmt: skip
 def test_generate_refuses_in_one_line(dirs, capsys, args, words):
     from models.generate import main
