@@ -15,10 +15,18 @@ from collections.abc import Sequence
 
 import attrs
 import numpy as np
+import torch
 
 from kernels.gdn_prefill import chunk_index, chunk_rows
 
 SINK_PAGE = 0  # padding tokens write their K/V on the sink page and run on the sink recurrent slot (0)
+
+
+def host_array(x: torch.Tensor | Sequence[int] | np.ndarray) -> np.ndarray:
+    """A chunk's token ids or pages as a flat host int64 array (what ``flat_layout`` takes)."""
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu().numpy()
+    return np.asarray(x, np.int64).reshape(-1)
 
 
 @attrs.frozen

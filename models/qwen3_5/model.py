@@ -17,7 +17,7 @@ from torch import nn
 from kernels.choices import DEFAULT, KernelChoices
 from kernels.gates import silu_mul
 from kernels.norms import add_rms_norm_
-from models.layers.flat import PassShape, exact_shape, flat_layout
+from models.layers.flat import PassShape, exact_shape, flat_layout, host_array
 from models.layers.fused import PendingNorm, Residual, decode_linear
 from models.layers.mlp import SwiGLU
 from models.layers.norms import ZeroCenteredRMSNorm
@@ -77,13 +77,6 @@ class PrefillBatch:
     @property
     def tokens(self) -> int:
         return self.shape.tokens
-
-
-def _host(x: torch.Tensor | Sequence[int] | np.ndarray) -> np.ndarray:
-    """Token ids or pages as a host int64 array."""
-    if isinstance(x, torch.Tensor):
-        x = x.cpu().numpy()
-    return np.asarray(x, np.int64).reshape(-1)
 
 
 def _check_chunk(state: Qwen35State, T: int, n_pages: int, start: int, rec_slot: int) -> None:
@@ -207,8 +200,8 @@ class Qwen35Model(nn.Module):
             _check_chunk(state, len(c.token_ids), len(c.pages), c.start, c.rec_slot)
         if len({c.rec_slot for c in chunks}) != len(chunks):
             raise ValueError("prefill_batch: two chunks of one recurrent slot (one chunk a request a pass)")
-        ids = [_host(c.token_ids) for c in chunks]
-        pages = [_host(c.pages) for c in chunks]
+        ids = [host_array(c.token_ids) for c in chunks]
+        pages = [host_array(c.pages) for c in chunks]
         if shape is None:
             held = [-(-(c.start + len(t)) // ps) for c, t in zip(chunks, ids, strict=True)]
             shape = exact_shape([len(t) for t in ids], held)

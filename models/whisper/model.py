@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from models.layers.flat import exact_shape, flat_layout
+from models.layers.flat import exact_shape, flat_layout, host_array
 from models.layers.paged import write_kv
 from models.layers.specs import KVPoolSpec
 from models.whisper.config import WhisperConfig
@@ -43,10 +43,6 @@ class DecoderChunk:
     cross_pages: PageIds  # the request's cross pages in order
     cross_len: int  # cross tokens stored (0: no context)
     pos_offset: int = 0  # token i sits at position pos_offset + start + i
-
-
-def _host(x: PageIds) -> np.ndarray:
-    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
 
 
 class _EncoderDecoder(nn.Module):
@@ -173,12 +169,11 @@ class WhisperModel(nn.Module):
         [R]."""
         dev = self.proj_out.weight.device
         ps, ps_cross = state[SELF][0].shape[2], state[CROSS][0].shape[2]
-        raw = [_host(c.token_ids) for c in chunks]
-        pages = [_host(c.self_pages).astype(np.int64).reshape(-1) for c in chunks]
-        cross = [_host(c.cross_pages).astype(np.int64).reshape(-1) for c in chunks]
-        for c, t, p, x in zip(chunks, raw, pages, cross, strict=True):
-            self._check_chunk(state, t.shape, p.size, c.start, x.size, c.cross_len, c.pos_offset)
-        ids = [t.astype(np.int64) for t in raw]
+        pages = [host_array(c.self_pages) for c in chunks]
+        cross = [host_array(c.cross_pages) for c in chunks]
+        for c, p, x in zip(chunks, pages, cross, strict=True):  # the ids' own shape: a [T] vector
+            self._check_chunk(state, np.shape(c.token_ids), p.size, c.start, x.size, c.cross_len, c.pos_offset)
+        ids = [host_array(c.token_ids) for c in chunks]
         held = [-(-(c.start + len(t)) // ps) for c, t in zip(chunks, ids, strict=True)]
         shape = exact_shape([len(t) for t in ids], held)
         lay = flat_layout(ids, [c.start for c in chunks], [c.pos_offset for c in chunks], [0] * len(chunks), pages,
