@@ -372,52 +372,41 @@ class Engine:
 
     def _host_step(self, batch: Batch, chunks: tuple[Chunk, ...]) -> None:
         """Prefill chunks, and the decode rows host-planned beside them (a mixed step): in a decode graph launched
-        before the pass, or (``decode_in_pass``) in the pass itself."""
+        before the pass, or (``decode_in_pass``) in the pass itself, each row its last token at its stream's end
+        (the step before has landed: those tokens are the host's), sampled, advanced and emitted as a decode step's
+        rows are, its next id then the host's."""
         seq = next(self.seqs)
         rows, b = batch.rows, batch.bucket
-        if rows.size and chunks and self.config.decode_in_pass:
-            self._pass_step(rows, chunks, seq)
-            return
+        in_pass = rows if chunks and self.config.decode_in_pass else rows[:0]
         f = None
-        if rows.size:
+        if rows.size and not in_pass.size:
             self.tables.fill(self.streams, rows, b, seq)
             greedy = not self.table.sampling[rows].any()
             f = self._launch(self.host_graphs[self.plans[b], greedy], b, rows, self.config.overlap, decode=False)
             self._advance(rows)
             self.scheduler.ran(rows, seq)
-        prefilled = self.prefill.run(chunks, [self.table.live[c.handle].pend.request for c in chunks])
+        prefilled = self.prefill.run(chunks, [self.table.live[c.handle].pend.request for c in chunks], in_pass,
+                                     self.table.last_token[in_pass])  # fmt: skip
         self.stats.add(prefilled)
+        if in_pass.size:
+            self.table.issued[in_pass] += 1
+            self._advance(in_pass)
+            self.scheduler.ran(in_pass, seq)
+            self.launcher.forget(in_pass)
+            self.stats.pass_rows += in_pass.size
+            self.stats.rows_decoded += in_pass.size
         for chunk in chunks:
             self.scheduler.prefilled_chunk(chunk, seq)
         self.table.issued[prefilled.ended] = 1
         self.arm.prefilled(np.concatenate([rows, np.array([c.handle for c in chunks], np.int64)]), seq)
-        if f is not None:
+        if rows.size:
             self.stats.mixed_steps += 1
-            self._land(f)
         else:
             self.stats.prefill_steps += 1
-        if prefilled.ended.size:
-            self._emit(prefilled.ended, prefilled.first_tokens)
-
-    def _pass_step(self, rows: np.ndarray, chunks: tuple[Chunk, ...], seq: int) -> None:
-        """A mixed step as one forward: the decode rows ride in the prefill pass, each its last token at its stream's
-        end (the step before has landed: those tokens are the host's), and are sampled, advanced and emitted as a
-        decode step's rows are; the next decode step takes their ids from the host."""
-        prefilled = self.prefill.run(chunks, [self.table.live[c.handle].pend.request for c in chunks], rows,
-                                     self.table.last_token[rows])  # fmt: skip
-        self.stats.add(prefilled)
-        self.table.issued[rows] += 1
-        self._advance(rows)
-        self.scheduler.ran(rows, seq)
-        for chunk in chunks:
-            self.scheduler.prefilled_chunk(chunk, seq)
-        self.table.issued[prefilled.ended] = 1
-        self.launcher.forget(rows)
-        self.arm.prefilled(np.concatenate([rows, np.array([c.handle for c in chunks], np.int64)]), seq)
-        self.stats.mixed_steps += 1
-        self.stats.pass_rows += rows.size
-        self.stats.rows_decoded += rows.size
-        self._emit(rows, prefilled.decoded)
+        if f is not None:
+            self._land(f)
+        if in_pass.size:
+            self._emit(in_pass, prefilled.decoded)
         if prefilled.ended.size:
             self._emit(prefilled.ended, prefilled.first_tokens)
 
