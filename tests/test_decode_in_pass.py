@@ -57,10 +57,9 @@ def test_the_budget_counts_the_decode_rows_and_must_leave_room_beside_them():
     sizes = []
     real = engine.prefill.run
 
-    def run(chunks, requests, rows=None, row_ids=None, **kw):
-        args = (chunks, requests) if rows is None else (chunks, requests, rows, row_ids)
-        sizes.append(sum(c.n for c in chunks) + (0 if rows is None else rows.size))
-        return real(*args, **kw)
+    def run(chunks, requests, rows, row_ids):
+        sizes.append(sum(c.n for c in chunks) + rows.size)
+        return real(chunks, requests, rows, row_ids)
 
     engine.prefill.run = run
     engine.run(_requests(adapter))
