@@ -63,14 +63,18 @@ def test_add_rms_norm(n, N, with_delta, zero_centered, seed, dtype, device):
 
 @pytest.mark.parametrize("dtype,device", CASES, ids=CASE_IDS)
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("n,H,D", [(1, 2, 16), (4, 3, 40), (2, 16, 128)])
-def test_gated_rms_norm(n, H, D, seed, dtype, device):
+@pytest.mark.parametrize("n,H,D,rows", [(1, 2, 16, None), (4, 3, 40, None), (2, 16, 128, None), (5, 3, 40, 8),
+                                        (300, 16, 128, None)])  # (5, 3): 15 pairs, 2 programs of 8, a masked tail
+def test_gated_rms_norm(n, H, D, rows, seed, dtype, device):
+    """Each (row, head) pair normalised on its own, one a program or a tile of several (the prefill pass's 300 x
+    16 pairs take the tiled form by size); o float32 (the decode kernel's) or the model dtype (fla's)."""
     gen = torch.Generator().manual_seed(seed)
-    o = rand(gen, n, H, D, dtype=torch.float32, device=device)
+    o = rand(gen, n, H, D, dtype=torch.float32 if seed % 2 == 0 else dtype, device=device)
     wide = rand(gen, n, H * D + 7, dtype=dtype, device=device)  # z is a strided column block of a wider row
     z = wide[:, 3 : 3 + H * D]
     w = rand(gen, D, dtype=dtype, device=device, scale=0.5) + 1
-    torch.testing.assert_close(gated_rms_norm(o, z, w, 1e-6), gated_rms_norm_ref(o, z, w, 1e-6), **TOL[dtype])
+    got = gated_rms_norm(o, z, w, 1e-6, rows=rows)
+    torch.testing.assert_close(got, gated_rms_norm_ref(o, z, w, 1e-6), **TOL[dtype])
 
 
 @pytest.mark.parametrize("dtype,device", CASES, ids=CASE_IDS)

@@ -104,23 +104,27 @@ def _gated_rms_norm_kernel(
     o_h,
     z_b,
     out_b,
+    n_heads,
+    H,
     eps,
     D: tl.constexpr,
     BLOCK: tl.constexpr,
+    ROWS: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_wait(PDL)  # kernels/pdl.py: nothing the step's earlier kernels write is touched before the wait
-    r = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
+    i = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # [ROWS] (row, head) pairs, i = r * H + h
+    r = i // H
+    h = i % H
     offs = tl.arange(0, BLOCK)
-    m = offs < D
+    m = (i < n_heads)[:, None] & (offs < D)[None, :]  # [ROWS, BLOCK]
     dt = out_ptr.dtype.element_ty
-    x = tl.load(o_ptr + r * o_b + h * o_h + offs, mask=m, other=0.0).to(dt).to(tl.float32)
-    rstd = tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)
-    w = tl.load(w_ptr + offs, mask=m, other=0.0)
-    y = (w.to(tl.float32) * (x * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-    z = tl.load(z_ptr + r * z_b + h * D + offs, mask=m, other=0.0).to(tl.float32)
-    tl.store(out_ptr + r * out_b + h * D + offs, (y * z * tl.sigmoid(z)).to(dt), mask=m)
+    x = tl.load(o_ptr + (r * o_b + h * o_h)[:, None] + offs[None, :], mask=m, other=0.0).to(dt).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)  # [ROWS]
+    w = tl.load(w_ptr + offs, mask=offs < D, other=0.0).to(tl.float32)[None, :]
+    y = (w * (x * rstd[:, None]).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    z = tl.load(z_ptr + (r * z_b + h * D)[:, None] + offs[None, :], mask=m, other=0.0).to(tl.float32)
+    tl.store(out_ptr + (r * out_b + h * D)[:, None] + offs[None, :], (y * z * tl.sigmoid(z)).to(dt), mask=m)
 
 
 def gated_rms_norm(
@@ -130,6 +134,7 @@ def gated_rms_norm(
     eps: float,
     out: torch.Tensor | None = None,  # [n, H * D], weight's dtype unless given
     pdl: bool | None = None,  # launch with PDL (kernels.pdl; None: the process default)
+    rows: int | None = None,  # (row, head) pairs a program (a power of two); None: by size, see ``_rows``
 ) -> torch.Tensor:
     """out[r, h] = (w * rms_normalize(o[r, h])) * silu(z[r, h]) per head, rounded where GatedRMSNorm rounds."""
     n, H, D = o.shape
@@ -140,8 +145,18 @@ def gated_rms_norm(
     assert out.shape == (n, H * D) and out.stride(-1) == 1
     if n == 0:
         return out
-    _gated_rms_norm_kernel[(n, H)](
-        o, z, weight, out, o.stride(0), o.stride(1), z.stride(0), out.stride(0), float(eps),
-        D=D, BLOCK=triton.next_power_of_2(D), num_warps=4, **launch_options(pdl),
+    R = rows or _rows(n * H, D)
+    assert R & (R - 1) == 0, R
+    _gated_rms_norm_kernel[(triton.cdiv(n * H, R),)](
+        o, z, weight, out, o.stride(0), o.stride(1), z.stride(0), out.stride(0), n * H, H, float(eps),
+        D=D, BLOCK=triton.next_power_of_2(D), ROWS=R, num_warps=4, **launch_options(pdl),
     )  # fmt: skip
     return out
+
+
+def _rows(pairs: int, D: int) -> int:
+    """(row, head) pairs a program: one while there are few (a decode step's, each program one head), else a
+    [rows, D] tile of ~2k elements, so that a prefill pass of ~10^5 pairs runs ~10^4 programs, not ~10^5."""
+    if pairs <= 4096:
+        return 1
+    return max(1, min(16, 2048 // triton.next_power_of_2(D)))
