@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from models.layers.flashinfer_attention import shared_workspace
-from models.layers.flat import FlatLayout, PassShape
+from models.layers.flat import PassShape
 from models.layers.paged import paged_prefill_attention
 
 DTYPES = (torch.bfloat16, torch.float16)  # the activations FlashInfer's paged prefill has kernels for
@@ -46,51 +46,58 @@ def paged_prefill_ref(
 
 
 class FlashInferPrefill:
-    """FlashInfer's paged prefill for every pass shape the engine runs; ``prepare(shape, layout, graphed)`` plans a
-    pass and returns the wrapper whose ``run`` the pass calls (``__call__``)."""
+    """FlashInfer's paged prefill for every pass shape the engine runs, causal (a stream over its own pages) or not (a
+    read-only context); ``prepare(shape, ...)`` plans a pass and returns the wrapper whose ``run`` the pass calls
+    (``__call__``)."""
 
     def __init__(self, n_heads: int, n_kv_heads: int, head_dim: int, page_size: int, dtype: torch.dtype,
-                 device: torch.device | str, scale: float) -> None:  # fmt: skip
+                 device: torch.device | str, scale: float, causal: bool = True) -> None:  # fmt: skip
         import flashinfer
 
         if dtype not in DTYPES:
             raise ValueError(f"FlashInfer's paged prefill runs bf16 or fp16, not {dtype}")
         self._flashinfer = flashinfer
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
-        self.page_size, self.dtype, self.scale = page_size, dtype, scale
+        self.page_size, self.dtype, self.scale, self.causal = page_size, dtype, scale, causal
         self.device = torch.device(device)
         self.workspace = shared_workspace("prefill", self.device)  # split-KV partials; one pass at a time
         self.wrappers: dict[tuple[PassShape | None, bool], object] = {}  # (bucket shape, True) or (None, False)
 
-    def _wrapper(self, shape: PassShape, graphed: bool):
+    def _wrapper(self, shape: PassShape, seqs: int, pages: int, graphed: bool):
         """The bucket's CUDA-graph wrapper, or the one eager wrapper every exact-shape pass plans afresh (a wrapper per
         exact shape would pin buffers for every length traffic brings)."""
         key = (shape, True) if graphed else (None, False)
         w = self.wrappers.get(key)
         if w is None:
             if graphed:
-                S, P, dev = shape.seqs, shape.pages, self.device
-                i32 = torch.int32
+                dev, i32 = self.device, torch.int32
                 w = self._flashinfer.BatchPrefillWithPagedKVCacheWrapper(
                     self.workspace, "NHD", use_cuda_graph=True, backend="fa2",
-                    qo_indptr_buf=torch.zeros(S + 1, dtype=i32, device=dev),
-                    paged_kv_indptr_buf=torch.zeros(S + 1, dtype=i32, device=dev),
-                    paged_kv_indices_buf=torch.zeros(P, dtype=i32, device=dev),
-                    paged_kv_last_page_len_buf=torch.zeros(S, dtype=i32, device=dev))  # fmt: skip
+                    qo_indptr_buf=torch.zeros(seqs + 1, dtype=i32, device=dev),
+                    paged_kv_indptr_buf=torch.zeros(seqs + 1, dtype=i32, device=dev),
+                    paged_kv_indices_buf=torch.zeros(pages, dtype=i32, device=dev),
+                    paged_kv_last_page_len_buf=torch.zeros(seqs, dtype=i32, device=dev))  # fmt: skip
             else:
                 w = self._flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2")
             self.wrappers[key] = w
         return w
 
-    def prepare(self, shape: PassShape, layout: FlatLayout, graphed: bool):
+    def prepare(
+        self,
+        shape: PassShape,  # the pass's (a graph's key: its wrapper keeps its grid for it)
+        cu_seqlens: np.ndarray,  # [S + 1] int32 queries of each sequence
+        kv_indptr: np.ndarray,  # [S + 1] int32 each sequence's pages in kv_indices
+        kv_indices: np.ndarray,  # [P] int32, past kv_indptr[-1] unused
+        kv_last_page_len: np.ndarray,  # [S] int32 tokens on each sequence's last page (1 .. page_size)
+        graphed: bool,
+    ):
         """FlashInfer's plan for this pass (host arrays in; its buffers written before the pass runs)."""
-        w = self._wrapper(shape, graphed)
-        used = int(layout.kv_indptr[-1])
-        w.plan(torch.from_numpy(layout.cu_seqlens), torch.from_numpy(layout.kv_indptr),
-               torch.from_numpy(np.ascontiguousarray(layout.kv_indices[:used])),
-               torch.from_numpy(layout.kv_last_page_len), self.n_heads, self.n_kv_heads, self.head_dim,
-               self.page_size, causal=True, sm_scale=self.scale, q_data_type=self.dtype,
-               kv_data_type=self.dtype)  # fmt: skip
+        w = self._wrapper(shape, len(cu_seqlens) - 1, len(kv_indices), graphed)
+        used = int(kv_indptr[-1])
+        w.plan(torch.from_numpy(cu_seqlens), torch.from_numpy(kv_indptr),
+               torch.from_numpy(np.ascontiguousarray(kv_indices[:used])), torch.from_numpy(kv_last_page_len),
+               self.n_heads, self.n_kv_heads, self.head_dim, self.page_size, causal=self.causal, sm_scale=self.scale,
+               q_data_type=self.dtype, kv_data_type=self.dtype)  # fmt: skip
         return w
 
     @staticmethod

@@ -210,7 +210,10 @@ class Qwen35Model(nn.Module):
         kernels = self.uses_prefill_kernels()
         if kernels and state.prefill_attention is None:
             raise ValueError("prefill kernels need a state allocated on CUDA (its FlashInfer prefill attention)")
-        attn = state.prefill_attention.prepare(shape, lay, graphed) if kernels else None
+        attn = None
+        if kernels:
+            attn = state.prefill_attention.prepare(shape, lay.cu_seqlens, lay.kv_indptr, lay.kv_indices,
+                                                   lay.kv_last_page_len, graphed)  # fmt: skip
 
         def dev(a: np.ndarray) -> torch.Tensor:
             return torch.from_numpy(a).to(device, non_blocking=True)
