@@ -118,10 +118,17 @@ def test_an_engine_on_prefill_graphs_gives_the_eager_engines_tokens(case):
         assert graphed[arm].engine.stats.mismatches == 0
 
 
-def test_an_engine_refuses_prefill_graphs_for_a_model_without_a_capturable_pass():
+def test_a_whisper_engine_on_prefill_graphs_gives_the_eager_engines_tokens():
+    """Whisper's decoder pass is capturable too (its cross pages padded to the pool's count): chunked prompts, some of
+    them continuing, on two token buckets; every arm's tokens equal the eager engine's."""
     whisper = build_adapter("whisper-test", seed=0)
-    with pytest.raises(ValueError, match="capturable"):
-        Engine(whisper, EngineConfig(page_size=4, max_seq_len=64, prefill_graphs=2))
+    reqs = random_requests(whisper, 8, prompt_len=(2, 9), gen_len=(2, 6), seed=5)
+    cfg = EngineConfig(page_size=4, max_seq_len=64, max_running=3, token_budget=6)
+    eager = run_arms(whisper, cfg, reqs)
+    graphed = run_arms(whisper, attrs.evolve(cfg, prefill_graphs=2, prefill_graph_tokens=8), reqs)
+    for arm in eager:
+        assert graphed[arm].tokens == eager[arm].tokens
+        assert graphed[arm].engine.prefill.graphs.stats.replays > 0
 
 
 def test_the_prefill_kernels_are_refused_in_float32_and_off_by_default_on_the_cpu():
@@ -152,6 +159,16 @@ def test_a_float32_engine_on_cuda_refuses_prefill_graphs():
     adapter = build_adapter("qwen3_5-tiny", seed=0, device="cuda")
     with pytest.raises(ValueError, match="torch references on CUDA"):
         Engine(adapter, EngineConfig(device="cuda", page_size=4, max_seq_len=64, prefill_graphs=2))
+
+
+@pytest.mark.gpu
+def test_a_whisper_engine_on_cuda_refuses_prefill_graphs_where_flashinfer_has_no_kernels():
+    """Whisper's test shape has heads of 16 (FlashInfer's prefill serves 64, 128, 256) and float32 has none: its
+    attention then runs the torch references, and prefill graphs are refused by name."""
+    _cuda()
+    whisper = build_adapter("whisper-test", seed=0, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="torch references on CUDA"):
+        Engine(whisper, EngineConfig(device="cuda", page_size=4, max_seq_len=64, prefill_graphs=2))
 
 
 @pytest.mark.gpu

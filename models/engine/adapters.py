@@ -25,6 +25,7 @@ from models.whisper import DecoderChunk, WhisperModel
 from models.whisper import config as whisper_config
 from models.whisper.config import WhisperConfig
 from models.whisper.decoder import CROSS, SELF
+from models.whisper.model import FLASHINFER_HEAD_DIMS
 from resplan import ResourceInfo, ResourceKind, Segment, StepBuffers, StreamMode
 
 DECODE = "decode"  # the decode walk's stream label
@@ -254,11 +255,29 @@ class WhisperAdapter(Adapter):
         return self.model.prefill(state, ids, pages[SELF], start, pages[CROSS], read_lens[CROSS], pos_offset)
 
     def prefill_last(self, state, chunks):
-        """All chunks in one flat pass (``WhisperModel.prefill_batch``), eager: its attention runs the torch
-        references, one sequence at a time."""
-        return self.model.prefill_batch(state, [
-            DecoderChunk(c.ids, c.pages[SELF], c.start, c.pages[CROSS], c.read_lens[CROSS], c.pos_offset)
-            for c in chunks])  # fmt: skip
+        """All chunks in one flat pass (``WhisperModel.prefill_batch``): FlashInfer's attention where the state has
+        it, else the torch references, one sequence at a time."""
+        return self.prefill_forward(state, self.prefill_inputs(state, chunks))
+
+    def prefill_capture_refusal(self):
+        m, w = self.model, self.model.proj_out.weight
+        if w.is_cuda and (m.prefill_kernels is False or not m.has_prefill_kernels(w.device, w.dtype)):
+            return (f"its prefill attention runs the torch references on CUDA (prefill_kernels off, or {w.dtype} "
+                    f"weights and head width {m.cfg.head_dim}: FlashInfer's needs bf16 or fp16 and a width in "
+                    f"{FLASHINFER_HEAD_DIMS}), which read lengths back to the host")  # fmt: skip
+        return None
+
+    def prefill_shape(self, state, tokens, max_chunks):
+        kv = state[SELF][0]  # the chunks' requests hold distinct pages: the pool's page count bounds any pass's
+        return bucket_shape(tokens, max_chunks, kv.shape[0], kv.shape[2])
+
+    def prefill_inputs(self, state, chunks, shape=None):
+        return self.model.prefill_inputs(state, [
+            DecoderChunk(c.ids, c.pages[SELF], c.start, c.pages[CROSS], c.read_lens.get(CROSS, 0), c.pos_offset)
+            for c in chunks], shape, graphed=shape is not None)  # fmt: skip
+
+    def prefill_forward(self, state, batch):
+        return self.model.prefill_forward(state, batch)
 
     def decode(self, state, ids, bufs, attn=None, kc=DEFAULT):
         if attn is not None:

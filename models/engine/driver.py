@@ -212,7 +212,7 @@ class Engine:
                     else HostArm(self.tables, self.streams, self.admission.n_pages, self.append_keys, self.seqs,
                                  cfg.overlap))  # fmt: skip
         self.prefill = Prefill(adapter, self.model_state, self.sampler, self.layout, self.streams,
-                               self.admission.n_pages, cfg.prefill_graphs, cfg.prefill_graph_tokens, H, device,
+                               self.admission.n_pages, ps, cfg.prefill_graphs, cfg.prefill_graph_tokens, H, device,
                                cfg.timing)  # fmt: skip
         self.limits = Limits(adapter.name, adapter.vocab_size, self.max_seq_len)
         self.stats = EngineStats()

@@ -52,7 +52,7 @@ class Prefill:
     replayed from that bucket's captured graph (PrefillGraphs); a longer pass runs eagerly at its exact shape."""
 
     def __init__(self, adapter: Adapter, model_state, sampler: Sampler, layout: RowLayout, streams: HostStreams,
-                 n_pages: dict[str, np.ndarray], graphs: int, graph_tokens: int, max_chunks: int,
+                 n_pages: dict[str, np.ndarray], page_size: int, graphs: int, graph_tokens: int, max_chunks: int,
                  device: torch.device, timing: bool) -> None:  # fmt: skip
         self.adapter = adapter
         self.model_state = model_state
@@ -68,7 +68,7 @@ class Prefill:
                                      graph_tokens) if graphs else None)  # fmt: skip
         self.max_chunks = max_chunks  # chunks a pass holds at most: one a running request
         if self.graphs is not None:
-            self._capture_buckets(model_state.page_size)
+            self._capture_buckets(page_size)
         cuda = device.type == "cuda"
         self._timer = ((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                        if cuda and timing else None)  # fmt: skip

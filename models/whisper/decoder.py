@@ -19,8 +19,8 @@ SELF, CROSS = "self", "cross"  # pool keys: the decode walk appends to SELF and 
 
 @attrs.frozen(eq=False)
 class FlatPrefill:
-    """A prefill pass: one or more requests' chunks as one flat token stream (``models.layers.flat``'s sequences, no
-    padding tokens), what every layer of the pass reads. N tokens, S sequences (the chunks, then two empty ones)."""
+    """A prefill pass: one or more requests' chunks as one flat token stream (``models.layers.flat``'s sequences: the
+    chunks, the padding, then empty ones), what every layer of the pass reads. N tokens, S sequences."""
 
     write_loc: torch.Tensor  # [N] long, flat self slot of each token
     cu_seqlens: torch.Tensor  # [S + 1] int32
@@ -30,6 +30,9 @@ class FlatPrefill:
     cross_indptr: torch.Tensor  # [S + 1] int32
     cross_indices: torch.Tensor  # [Pc] int32, cross pages in order
     cross_lens: torch.Tensor  # [S] int32, cross tokens stored (0: no context, the cross output is its bias only)
+    cross_live: torch.Tensor  # [N, 1, 1] bool: the token's sequence has a context (else its cross attention is 0)
+    self_attn: object = None  # FlashInfer's wrappers planned for this pass (models.layers.prefill_attention), or None:
+    cross_attn: object = None  # the torch references
 
 
 @attrs.frozen(eq=False)
@@ -83,13 +86,20 @@ class DecoderLayer(nn.Module):
         k, v = self.self_attn.key_value(x)  # [N, h, dh] each
         write_kv(self_kv, flat.write_loc, k, v)
         q = self.self_attn.query(x)  # [N, h, dh]
-        a = paged_prefill_ref(q, self_kv, flat.cu_seqlens, flat.self_indptr, flat.self_indices, flat.self_lens, 1.0)
+        if flat.self_attn is not None:
+            a = flat.self_attn.run(q, self_kv)
+        else:
+            a = paged_prefill_ref(q, self_kv, flat.cu_seqlens, flat.self_indptr, flat.self_indices, flat.self_lens,
+                                  1.0)  # fmt: skip
         h = h + self.self_attn.out(a)
 
         q = self.encoder_attn.query(self.encoder_attn_layer_norm(h))  # [N, h, dh]
-        a = paged_prefill_ref(q, cross_kv, flat.cu_seqlens, flat.cross_indptr, flat.cross_indices, flat.cross_lens,
-                              1.0, causal=False)  # fmt: skip
-        h = h + self.encoder_attn.out(a)
+        if flat.cross_attn is not None:  # (a sequence with no context attends over the sink's slot 0: masked below)
+            a = flat.cross_attn.run(q, cross_kv)
+        else:
+            a = paged_prefill_ref(q, cross_kv, flat.cu_seqlens, flat.cross_indptr, flat.cross_indices,
+                                  flat.cross_lens, 1.0, causal=False)  # fmt: skip
+        h = h + self.encoder_attn.out(torch.where(flat.cross_live, a, 0.0))
         return h + self._mlp(h)
 
     def decode(self, h: torch.Tensor, self_kv: torch.Tensor, cross_kv: torch.Tensor, step: DecodeStep) -> torch.Tensor:

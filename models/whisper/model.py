@@ -14,8 +14,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from models.layers.flat import exact_shape, flat_layout, host_array
+from models.layers.flat import SINK_PAGE, PassShape, exact_shape, flat_layout, host_array
 from models.layers.paged import write_kv
+from models.layers.prefill_attention import DTYPES as FLASHINFER_DTYPES
+from models.layers.prefill_attention import FlashInferPrefill
 from models.layers.specs import KVPoolSpec
 from models.whisper.config import WhisperConfig
 from models.whisper.decoder import CROSS, SELF, Decoder, FlatPrefill
@@ -45,6 +47,42 @@ class DecoderChunk:
     pos_offset: int = 0  # token i sits at position pos_offset + start + i
 
 
+FLASHINFER_HEAD_DIMS = (64, 128, 256)  # head widths FlashInfer's fa2 paged prefill has kernels for
+
+
+@attrs.frozen(eq=False)
+class PrefillAttention:
+    """FlashInfer's paged prefill for a Whisper state: causal over each stream's self pages, full over its context's
+    cross pages (read-only), each one wrapper a pass shape."""
+
+    self_attn: FlashInferPrefill
+    cross_attn: FlashInferPrefill
+
+
+@attrs.frozen(eq=False)
+class PrefillBatch:
+    """One decoder prefill pass's device inputs (models.layers.flat): N tokens of S sequences, R of them chunks. Every
+    pass of one ``key`` has the same shapes and kernels, so one captured graph serves them all."""
+
+    ids: torch.Tensor  # [N] long
+    pos: torch.Tensor  # [N] long learned positions
+    flat: FlatPrefill  # what every layer reads, FlashInfer's planned wrappers included
+    last: torch.Tensor  # [S - 2] long each chunk's last token
+    shape: PassShape
+    cross_pages: int  # entries of the cross page list
+    kernels: bool  # attention on FlashInfer (CUDA), else the torch references
+    chunks: int = 0  # R: logits rows past it are padding
+
+    @property
+    def key(self) -> tuple[PassShape, int, bool]:
+        """What fixes the pass's shapes and kernels."""
+        return self.shape, self.cross_pages, self.kernels
+
+    @property
+    def tokens(self) -> int:
+        return self.shape.tokens
+
+
 class _EncoderDecoder(nn.Module):
     """transformers' WhisperModel: the ``model.`` prefix of the state dict."""
 
@@ -62,6 +100,7 @@ class WhisperModel(nn.Module):
         self.cfg = cfg
         self.model = _EncoderDecoder(cfg)
         self.proj_out = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.prefill_kernels: bool | None = None  # FlashInfer's prefill attention; None: where the state has it
         self.reset_parameters()
         if cfg.tie_word_embeddings:
             self.proj_out.weight = self.model.decoder.embed_tokens.weight
@@ -100,9 +139,15 @@ class WhisperModel(nn.Module):
     ) -> PagedState:
         """Zeroed per-layer caches for both pools: {"self": (kv per layer), "cross": (kv per layer)}."""
         w = self.proj_out.weight
-        return allocate_pools(
-            self.kv_pool_specs(), num_pages, page_size, device=device or w.device, dtype=dtype or w.dtype
-        )
+        device, dtype = torch.device(device or w.device), dtype or w.dtype
+        state = allocate_pools(self.kv_pool_specs(), num_pages, page_size, device=device, dtype=dtype)
+        c = self.cfg
+        if self.has_prefill_kernels(device, dtype):
+            heads = c.decoder_attention_heads  # q is scaled by the projection (Attention.query): sm_scale 1
+            state.prefill_attention = PrefillAttention(
+                FlashInferPrefill(heads, heads, c.head_dim, page_size[SELF], dtype, device, 1.0, causal=True),
+                FlashInferPrefill(heads, heads, c.head_dim, page_size[CROSS], dtype, device, 1.0, causal=False))
+        return state
 
     # -- host-planned, eager -------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -140,8 +185,9 @@ class WhisperModel(nn.Module):
     ) -> torch.Tensor:
         """Decoder over tokens at stream positions start .. start+T-1 (self K/V written there; causal over the
         stream, full over cross_len cross tokens), token i at position pos_offset + start + i. -> logits [T, V]."""
-        h, _ = self._flat_pass(state, [DecoderChunk(token_ids, self_pages, start, cross_pages, cross_len, pos_offset)])
-        return self.proj_out(h)  # [T, V]
+        batch = self.prefill_inputs(state, [DecoderChunk(token_ids, self_pages, start, cross_pages, cross_len,
+                                                         pos_offset)])  # fmt: skip
+        return self.proj_out(self._hidden(state, batch))  # [T, V] (an exact pass has no padding tokens)
 
     def _check_chunk(self, state: PagedState, ids_shape, n_pages: int, start: int, n_cross_pages: int,
                      cross_len: int, pos_offset: int) -> None:  # fmt: skip
@@ -161,12 +207,28 @@ class WhisperModel(nn.Module):
     def prefill_batch(self, state: PagedState, chunks: Sequence[DecoderChunk]) -> torch.Tensor:
         """Several requests' chunks (one each) as one flat pass (``models.layers.flat``): each is ``prefill`` of its
         own, and the pass returns the logits of each chunk's last token [R, V]."""
-        h, last = self._flat_pass(state, chunks)
-        return self.proj_out(h[last])
+        return self.prefill_forward(state, self.prefill_inputs(state, chunks))[: len(chunks)]
 
-    def _flat_pass(self, state: PagedState, chunks: Sequence[DecoderChunk]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The decoder over the chunks laid out as one flat stream: final states [N, d] and each chunk's last token
-        [R]."""
+    def has_prefill_kernels(self, device: torch.device, dtype: torch.dtype) -> bool:
+        """Whether a state on ``device`` in ``dtype`` gets FlashInfer's prefill attention: CUDA, bf16 or fp16, and a
+        head width FlashInfer serves."""
+        return device.type == "cuda" and dtype in FLASHINFER_DTYPES and self.cfg.head_dim in FLASHINFER_HEAD_DIMS
+
+    def uses_prefill_kernels(self, state: PagedState) -> bool:
+        """Whether a pass over ``state`` runs FlashInfer's paged prefill: ``prefill_kernels``, or by default where
+        the state has it (CUDA, bf16 or fp16, a head width FlashInfer serves); else the torch references."""
+        has = state.prefill_attention is not None if isinstance(state, PagedState) else False
+        if self.prefill_kernels and not has:
+            raise ValueError("prefill_kernels: this state has no FlashInfer prefill attention (it needs CUDA, bf16 or "
+                             f"fp16 pools and a head width in {FLASHINFER_HEAD_DIMS}, got {self.cfg.head_dim})")
+        return has if self.prefill_kernels is None else self.prefill_kernels
+
+    def prefill_inputs(self, state: PagedState, chunks: Sequence[DecoderChunk], shape: PassShape | None = None,
+                       graphed: bool = False) -> PrefillBatch:  # fmt: skip
+        """The chunks checked and laid out as one pass's device inputs in ``shape`` (default: the chunks' exact
+        shape), FlashInfer's two plans included (host work). ``graphed``: the pass may be captured (its plans then
+        keep their grids fixed for the shape). A sequence with no context (the padding, empty ones, a chunk of
+        cross length 0) lists the cross sink page once and its cross output is masked to 0."""
         dev = self.proj_out.weight.device
         ps, ps_cross = state[SELF][0].shape[2], state[CROSS][0].shape[2]
         pages = [host_array(c.self_pages) for c in chunks]
@@ -174,28 +236,55 @@ class WhisperModel(nn.Module):
         for c, p, x in zip(chunks, pages, cross, strict=True):  # the ids' own shape: a [T] vector
             self._check_chunk(state, np.shape(c.token_ids), p.size, c.start, x.size, c.cross_len, c.pos_offset)
         ids = [host_array(c.token_ids) for c in chunks]
-        held = [-(-(c.start + len(t)) // ps) for c, t in zip(chunks, ids, strict=True)]
-        shape = exact_shape([len(t) for t in ids], held)
+        if shape is None:
+            held = [-(-(c.start + len(t)) // ps) for c, t in zip(chunks, ids, strict=True)]
+            shape = exact_shape([len(t) for t in ids], held)
         lay = flat_layout(ids, [c.start for c in chunks], [c.pos_offset for c in chunks], [0] * len(chunks), pages,
                           ps, shape)  # fmt: skip
-        cross_lens = np.zeros(shape.seqs, np.int64)  # the two empty sequences past the chunks have no context
-        cross_lens[: len(chunks)] = [c.cross_len for c in chunks]
-        used = [x[: -(-c.cross_len // ps_cross)] for c, x in zip(chunks, cross, strict=True)]
-        counts = np.zeros(shape.seqs, np.int64)
-        counts[: len(chunks)] = [u.size for u in used]
+        S, R = shape.seqs, len(chunks)
+        cross_lens = np.zeros(S, np.int64)  # the sequences past the chunks have no context
+        cross_lens[:R] = [c.cross_len for c in chunks]
+        counts = np.maximum(1, -(-cross_lens // ps_cross))  # [S] no context: the sink page, once
+        cross_indptr = np.concatenate([[0], np.cumsum(counts)])
+        n_cross = state[CROSS][0].shape[0] + S if graphed else int(cross_indptr[-1])  # every request's pages + sinks
+        cross_indices = np.full(n_cross, SINK_PAGE, np.int64)
+        for r, c in enumerate(chunks):  # one slice a chunk, as flat_layout's self pages
+            n = -(-c.cross_len // ps_cross)
+            cross_indices[cross_indptr[r] : cross_indptr[r] + n] = cross[r][:n]
+        live = cross_lens > 0  # [S]
+        kernels = self.uses_prefill_kernels(state)
+        self_attn = cross_attn = None
+        if kernels:
+            i32 = np.int32
+            self_attn = state.prefill_attention.self_attn.prepare(
+                shape, lay.cu_seqlens, lay.kv_indptr, lay.kv_indices, lay.kv_last_page_len, graphed)
+            cross_attn = state.prefill_attention.cross_attn.prepare(
+                shape, lay.cu_seqlens, cross_indptr.astype(i32), cross_indices.astype(i32),
+                ((np.maximum(cross_lens, 1) - 1) % ps_cross + 1).astype(i32), graphed)  # fmt: skip
 
         def put(a: np.ndarray, dtype=torch.int32) -> torch.Tensor:
-            return torch.from_numpy(np.ascontiguousarray(a)).to(dev, dtype)
+            return torch.from_numpy(np.ascontiguousarray(a)).to(dev, dtype, non_blocking=True)
 
         flat = FlatPrefill(
             write_loc=put(lay.write_loc, torch.long), cu_seqlens=put(lay.cu_seqlens), self_indptr=put(lay.kv_indptr),
-            self_indices=put(lay.kv_indices), self_lens=put(lay.kv_lens),
-            cross_indptr=put(np.concatenate([[0], np.cumsum(counts)])),
-            cross_indices=put(np.concatenate([*used, np.zeros(1, np.int64)])), cross_lens=put(cross_lens),
+            self_indices=put(lay.kv_indices), self_lens=put(lay.kv_lens), cross_indptr=put(cross_indptr),
+            cross_indices=put(cross_indices), cross_lens=put(cross_lens),
+            cross_live=put(live[lay.seq_of], torch.bool)[:, None, None], self_attn=self_attn, cross_attn=cross_attn,
         )  # fmt: skip
-        h = self.model.decoder.prefill_flat(put(lay.ids, torch.long), put(lay.pos, torch.long), state[SELF],
-                                            state[CROSS], flat)  # fmt: skip
-        return h, put(lay.last[: len(chunks)], torch.long)
+        return PrefillBatch(ids=put(lay.ids, torch.long), pos=put(lay.pos, torch.long), flat=flat,
+                            last=put(lay.last, torch.long), shape=shape, cross_pages=n_cross, kernels=kernels,
+                            chunks=R)  # fmt: skip
+
+    @torch.no_grad()
+    def prefill_forward(self, state: PagedState, batch: PrefillBatch) -> torch.Tensor:
+        """The pass over ``batch``: the logits of each chunk's last token [S - 2, V] (rows past ``batch.chunks`` are
+        padding). On FlashInfer no host sync and every shape fixed by ``batch.key``: capturable, one captured pass
+        for every batch of its key (engine/prefill_graphs.py)."""
+        return self.proj_out(self._hidden(state, batch)[batch.last])
+
+    def _hidden(self, state: PagedState, batch: PrefillBatch) -> torch.Tensor:
+        """The decoder's final states over the pass [N, d]."""
+        return self.model.decoder.prefill_flat(batch.ids, batch.pos, state[SELF], state[CROSS], batch.flat)
 
     # -- the decode step (graph-safe) ----------------------------------------------------------------------------
     @torch.no_grad()

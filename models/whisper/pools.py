@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-import torch
-
 from models.layers.specs import KVPoolSpec
 
-PagedState = dict[str, tuple[torch.Tensor, ...]]  # pool key -> one cache a layer, [num_pages, 2, ps, n_kv, dh]
+
+class PagedState(dict):
+    """Pool key -> one cache a layer, [num_pages, 2, ps, n_kv, dh]. ``prefill_attention``: the prefill pass's
+    FlashInfer attention (``models.whisper.model.PrefillAttention``) where it has kernels (CUDA, bf16 or fp16, a head
+    width FlashInfer serves), else None; it lives as long as the pools it reads."""
+
+    prefill_attention = None
 
 
 def allocate_pools(
@@ -16,4 +20,5 @@ def allocate_pools(
     for spec in specs:
         if num_pages[spec.key] < 2:
             raise ValueError(f"pool {spec.key!r}: num_pages must be >= 2 (page 0 is the sink)")
-    return {s.key: s.allocate(num_pages[s.key], page_size[s.key], device=device, dtype=dtype) for s in specs}
+    return PagedState({s.key: s.allocate(num_pages[s.key], page_size[s.key], device=device, dtype=dtype)
+                       for s in specs})  # fmt: skip
