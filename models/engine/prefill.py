@@ -18,6 +18,7 @@ from models.engine.requests import Request
 from models.engine.sampler import Sampler
 from models.engine.scheduler import Chunk
 from resplan import HostStreams, RowLayout
+from resplan.layout import SamplerCell
 
 
 @attrs.frozen(slots=True)
@@ -154,9 +155,13 @@ class Prefill:
         drawn_at = ends + list(range(len(chunks), len(inputs)))  # the ended chunks, then the decode rows
         if not drawn_at:
             return hs, _NONE, _NONE, time.perf_counter_ns() - t0
-        cells = torch.from_numpy(st.sampler[np.concatenate([hs, rows])]).to(self.device)  # [m + r, 4]
-        pos = [inputs[i].pos_offset + inputs[i].start + len(inputs[i].ids) - 1 for i in drawn_at]
-        drawn = self.sampler(logits[drawn_at], cells, torch.tensor(pos, dtype=torch.int64, device=self.device))
+        cells_h = st.sampler[np.concatenate([hs, rows])]  # [m + r, 4]
+        if not cells_h[:, SamplerCell.TEMPERATURE].any():  # every drawn row greedy: argmax, as a greedy decode graph
+            drawn = logits[drawn_at].argmax(-1)  # takes it (the sampler's topk over 34 rows cost ~2.4 ms of GPU)
+        else:
+            pos = [inputs[i].pos_offset + inputs[i].start + len(inputs[i].ids) - 1 for i in drawn_at]
+            drawn = self.sampler(logits[drawn_at], torch.from_numpy(cells_h).to(self.device),
+                                 torch.tensor(pos, dtype=torch.int64, device=self.device))  # fmt: skip
         host_ns = time.perf_counter_ns() - t0
         drawn = drawn.cpu().numpy()
         return hs, drawn[: hs.size], drawn[hs.size :], host_ns
