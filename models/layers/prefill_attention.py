@@ -91,11 +91,13 @@ class FlashInferPrefill:
         kv_last_page_len: np.ndarray,  # [S] int32 tokens on each sequence's last page (1 .. page_size)
         graphed: bool,
     ):
-        """FlashInfer's plan for this pass (host arrays in; its buffers written before the pass runs)."""
+        """FlashInfer's plan for this pass (host arrays in; its buffers written before the pass runs). The page list
+        goes to the device first, asynchronously: a CUDA-graph wrapper copies a host page list synchronously, which
+        would hold the host until the GPU has run everything queued before it (a decode graph beside the pass)."""
         w = self._wrapper(shape, len(cu_seqlens) - 1, len(kv_indices), graphed)
         used = int(kv_indptr[-1])
-        w.plan(torch.from_numpy(cu_seqlens), torch.from_numpy(kv_indptr),
-               torch.from_numpy(np.ascontiguousarray(kv_indices[:used])), torch.from_numpy(kv_last_page_len),
+        pages = torch.from_numpy(np.ascontiguousarray(kv_indices[:used])).to(self.device, non_blocking=True)
+        w.plan(torch.from_numpy(cu_seqlens), torch.from_numpy(kv_indptr), pages, torch.from_numpy(kv_last_page_len),
                self.n_heads, self.n_kv_heads, self.head_dim, self.page_size, causal=self.causal, sm_scale=self.scale,
                q_data_type=self.dtype, kv_data_type=self.dtype)  # fmt: skip
         return w
