@@ -1,4 +1,5 @@
-"""Row norms of the fused decode step, one program per row (or per row and head), float32 math.
+"""Row norms of the fused decode step and the prefill pass, one program per row (or per tile of (row, head) pairs),
+float32 math.
 
 ``add_rms_norm_``: the residual add and the next pre-norm in one pass::
 
