@@ -12,7 +12,7 @@ from kernels.runtime import interpreted
 
 CLIS = ["models.demo", "models.generate", *(f"models.bench.{m}" for m in (
     "attention", "decode_profile", "gemv", "planner", "prefill_profile", "prefill_ops", "serve", "traffic",
-    "pool_probe"))]  # fmt: skip
+    "pool_probe", "prefill_pass", "prefill_kernels", "sampler", "step_profile"))]  # fmt: skip
 
 
 @pytest.mark.parametrize("module", CLIS)
@@ -48,10 +48,12 @@ def test_the_demo_refuses_in_one_line(args, words, capsys):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer on a machine without a GPU")
-@pytest.mark.parametrize("module", ["attention", "decode_profile", "gemv", "prefill_profile", "serve"])
+@pytest.mark.parametrize("module", ["attention", "decode_profile", "gemv", "prefill_profile", "serve", "prefill_pass",
+                                    "prefill_kernels", "sampler", "step_profile"])
 def test_a_gpu_benchmark_on_a_cpu_says_so_in_one_line(module, capsys, tmp_path):
     mod = importlib.import_module(f"models.bench.{module}")
     with pytest.raises(SystemExit) as info:
         mod.main(["--out", str(tmp_path)] if module == "serve" else [])
     text = str(info.value.code) + capsys.readouterr().err
     assert "GPU" in text and "Traceback" not in text
+

@@ -44,7 +44,7 @@ def draw_chunks(rng: np.random.Generator, tokens: int, ps: int, vocab: int, max_
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
+def parser() -> argparse.ArgumentParser:
     ap = OneLineParser(prog="python -m models.bench.prefill_pass", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("--model", default="qwen3_5-0.8b", help="model shape (random weights, bf16; default 0.8b)")
@@ -54,6 +54,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--page-size", type=int, default=16, help="tokens a KV page holds (default 16)")
     ap.add_argument("--torch", action="store_true", help="also time the torch references")
     ap.add_argument("--profile", type=int, default=0, help="after timing, the top N CUDA kernels of one replay")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = parser()
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU (the kernels and graphs are CUDA's)")

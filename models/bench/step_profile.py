@@ -75,10 +75,10 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     args.rounds = 1
     run = setup_run(ap, args)
+    if run.device != "cuda":
+        ap.error("step_profile profiles GPU kernels: it needs CUDA (--device cuda on a machine with a GPU)")
     if len(run.arms) != 1:
         ap.error(f"argument --arms: one arm, got {','.join(run.arms)}")
-    if run.device != "cuda":
-        ap.error("step_profile profiles CUDA kernels: it needs --device cuda")
     (arm,) = run.arms
     adapter = build_adapter(args.model, seed=0, device=run.device, dtype=getattr(torch, run.dtype))
     cfg = arm_config(arm, device=run.device, dtype=run.dtype, max_running=args.max_running, max_bucket=args.max_bucket,
