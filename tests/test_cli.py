@@ -57,3 +57,12 @@ def test_a_gpu_benchmark_on_a_cpu_says_so_in_one_line(module, capsys, tmp_path):
     text = str(info.value.code) + capsys.readouterr().err
     assert "GPU" in text and "Traceback" not in text
 
+
+def test_the_demo_serves_whisper_with_its_default_lengths(capsys):
+    """whisper-test's context is 64 tokens: the default new-token range is cut to fit beside the longest prompt (24),
+    as the README's ``--model whisper-test`` promises; a range given by hand is refused instead (DEMO_ERRORS)."""
+    from models.demo import main
+
+    assert main(["--model", "whisper-test", "-n", "4", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "16-40 new tokens" in out and "same tokens in resident and host: 4/4 requests" in out, out
