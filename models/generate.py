@@ -66,8 +66,8 @@ def parser() -> OneLineParser:
                    help="launch each decode step before reading the last one's tokens, as the benchmarks' fastest "
                         "arms do (default: off)")
     e.add_argument("--prefill-graphs", type=int, default=0,
-                   help="token buckets of prefill CUDA graphs, halving down from 8192 tokens (a Qwen3.5 checkpoint "
-                        "in bf16 or fp16 on CUDA; the benchmarks use 6); 0, the default: eager prefill")
+                   help="token buckets of prefill CUDA graphs, halving down from 8192 tokens (a checkpoint in bf16 "
+                        "or fp16 on CUDA, Qwen3.5 or Whisper; the benchmarks use 6); 0, the default: eager prefill")
     e.add_argument("--token-budget", type=positive_int, default=DEFAULT_TOKEN_BUDGET,
                    help=f"prompt tokens prefilled a step: longer prompts prefill in chunks beside the running rows "
                         f"(default {DEFAULT_TOKEN_BUDGET}, the engine's)")
