@@ -17,6 +17,7 @@ from models.engine.prefill_graphs import PrefillGraphs
 from models.engine.requests import Request
 from models.engine.sampler import Sampler
 from models.engine.scheduler import Chunk
+from models.layers.flat import device_array
 from resplan import HostStreams, RowLayout
 from resplan.layout import SamplerCell
 
@@ -105,10 +106,6 @@ class Prefill:
         return Prefilled(ended, first, decoded, 1, len(chunks), sum(c.n for c in chunks), time.perf_counter_ns() - t0,
                          host_ns, gpu_ms)  # fmt: skip
 
-    def _put(self, a: np.ndarray) -> torch.Tensor:
-        """A host array on the device, copied asynchronously (a blocking copy would wait for the pass)."""
-        return torch.from_numpy(a).to(self.device, non_blocking=True)
-
     def _input(self, h: int, ids: np.ndarray, start: int) -> PrefillInput:
         """Handle h's tokens ``ids`` at stream positions start .. start + len(ids) - 1, on the pages it holds."""
         st = self.streams
@@ -160,12 +157,13 @@ class Prefill:
         if not drawn_at:
             return hs, _NONE, _NONE, time.perf_counter_ns() - t0
         cells_h = st.sampler[np.concatenate([hs, rows])]  # [m + r, 4]
-        picked = logits[self._put(np.array(drawn_at, np.int64))]  # [m + r, V]
+        picked = logits[device_array(np.array(drawn_at, np.int64), self.device)]  # [m + r, V]
         if not cells_h[:, SamplerCell.TEMPERATURE].any():  # every drawn row greedy: argmax, as a greedy decode graph
             drawn = picked.argmax(-1)  # takes it (H200, 32 rows: 25 us, the sampler 380; models.bench.sampler)
         else:
             pos = [inputs[i].pos_offset + inputs[i].start + len(inputs[i].ids) - 1 for i in drawn_at]
-            drawn = self.sampler(picked, self._put(cells_h), self._put(np.array(pos, np.int64)))
+            drawn = self.sampler(picked, device_array(cells_h, self.device),
+                                 device_array(np.array(pos, np.int64), self.device))  # fmt: skip
         host_ns = time.perf_counter_ns() - t0
         drawn = drawn.cpu().numpy()
         return hs, drawn[: hs.size], drawn[hs.size :], host_ns

@@ -29,6 +29,12 @@ def host_array(x: torch.Tensor | Sequence[int] | np.ndarray) -> np.ndarray:
     return np.asarray(x, np.int64).reshape(-1)
 
 
+def device_array(a: np.ndarray, device: torch.device | str, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A pass's host array on the device (in ``dtype`` when given), copied asynchronously: a blocking copy would hold
+    the host until the GPU had run everything queued before it."""
+    return torch.from_numpy(np.ascontiguousarray(a)).to(device, dtype, non_blocking=True)
+
+
 @attrs.frozen
 class PassShape:
     """What fixes a pass's shapes (a captured graph's key): N tokens, S sequences, fla's chunk rows, P page-list

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from models.layers.flashinfer_attention import shared_workspace
-from models.layers.flat import PassShape
+from models.layers.flat import PassShape, device_array
 from models.layers.paged import paged_prefill_attention
 
 DTYPES = (torch.bfloat16, torch.float16)  # the activations FlashInfer's paged prefill has kernels for
@@ -96,7 +96,7 @@ class FlashInferPrefill:
         would hold the host until the GPU has run everything queued before it (a decode graph beside the pass)."""
         w = self._wrapper(shape, len(cu_seqlens) - 1, len(kv_indices), graphed)
         used = int(kv_indptr[-1])
-        pages = torch.from_numpy(np.ascontiguousarray(kv_indices[:used])).to(self.device, non_blocking=True)
+        pages = device_array(kv_indices[:used], self.device)
         w.plan(torch.from_numpy(cu_seqlens), torch.from_numpy(kv_indptr), pages, torch.from_numpy(kv_last_page_len),
                self.n_heads, self.n_kv_heads, self.head_dim, self.page_size, causal=self.causal, sm_scale=self.scale,
                q_data_type=self.dtype, kv_data_type=self.dtype)  # fmt: skip

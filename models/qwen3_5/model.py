@@ -17,7 +17,7 @@ from torch import nn
 from kernels.choices import DEFAULT, KernelChoices
 from kernels.gates import silu_mul
 from kernels.norms import add_rms_norm_
-from models.layers.flat import PassShape, exact_shape, flat_layout, host_array
+from models.layers.flat import PassShape, device_array, exact_shape, flat_layout, host_array
 from models.layers.fused import PendingNorm, Residual, decode_linear
 from models.layers.mlp import SwiGLU
 from models.layers.norms import ZeroCenteredRMSNorm
@@ -216,7 +216,7 @@ class Qwen35Model(nn.Module):
                                                    lay.kv_last_page_len, graphed)  # fmt: skip
 
         def dev(a: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(a).to(device, non_blocking=True)
+            return device_array(a, device)
 
         return PrefillBatch(
             ids=dev(lay.ids), pos=dev(lay.pos), write_loc=dev(lay.write_loc), seq_of=dev(lay.seq_of),

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from models.layers.flat import SINK_PAGE, PassShape, exact_shape, flat_layout, host_array
+from models.layers.flat import SINK_PAGE, PassShape, device_array, exact_shape, flat_layout, host_array
 from models.layers.paged import write_kv
 from models.layers.prefill_attention import DTYPES as FLASHINFER_DTYPES
 from models.layers.prefill_attention import FlashInferPrefill
@@ -263,7 +263,7 @@ class WhisperModel(nn.Module):
                 ((np.maximum(cross_lens, 1) - 1) % ps_cross + 1).astype(i32), graphed)  # fmt: skip
 
         def put(a: np.ndarray, dtype=torch.int32) -> torch.Tensor:
-            return torch.from_numpy(np.ascontiguousarray(a)).to(dev, dtype, non_blocking=True)
+            return device_array(a, dev, dtype)
 
         flat = FlatPrefill(
             write_loc=put(lay.write_loc, torch.long), cu_seqlens=put(lay.cu_seqlens), self_indptr=put(lay.kv_indptr),
