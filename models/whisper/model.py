@@ -217,7 +217,7 @@ class WhisperModel(nn.Module):
     def uses_prefill_kernels(self, state: PagedState) -> bool:
         """Whether a pass over ``state`` runs FlashInfer's paged prefill: ``prefill_kernels``, or by default where
         the state has it (CUDA, bf16 or fp16, a head width FlashInfer serves); else the torch references."""
-        has = state.prefill_attention is not None if isinstance(state, PagedState) else False
+        has = getattr(state, "prefill_attention", None) is not None  # (a plain dict of pools has none)
         if self.prefill_kernels and not has:
             raise ValueError("prefill_kernels: this state has no FlashInfer prefill attention (it needs CUDA, bf16 or "
                              f"fp16 pools and a head width in {FLASHINFER_HEAD_DIMS}, got {self.cfg.head_dim})")
