@@ -44,10 +44,10 @@ PHASES = (
 
 
 @contextlib.contextmanager
-def phases(extra: tuple = ()):
-    """Every PHASES method (and ``extra``'s) wrapped in a ``record_function`` range of its name while active."""
+def phases():
+    """Every PHASES method wrapped in a ``record_function`` range of its name while active."""
     saved = []
-    for owner, name, label in (*PHASES, *extra):
+    for owner, name, label in PHASES:
         fn = getattr(owner, name)
         saved.append((owner, name, fn))
 
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.cuda.synchronize()
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with phases(), torch.profiler.profile(activities=acts) as prof:
-        _, steps, wall = serve(engine, work, work.requests(adapter.vocab_size, run.sampling, args.seed, "prof-"))
+        _, _, wall = serve(engine, work, work.requests(adapter.vocab_size, run.sampling, args.seed, "prof-"))
         torch.cuda.synchronize()
     d = [a - b for a, b in zip((st.decode_steps, st.mixed_steps, st.prefill_steps, st.tokens), before, strict=True)]
     events = prof.key_averages()
