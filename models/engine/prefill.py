@@ -1,7 +1,13 @@
 """A step's prefill pass: every chunk of the step in one adapter call (eager, or replayed from a captured prefill
 graph), the first token of each chunk that ends its prompt, and the host streams' lengths after it. With the decode
 rows in the pass (``EngineConfig.decode_in_pass``), each decode row rides in it as a one-token sequence at its
-stream's end and is sampled as a decode step samples it."""
+stream's end and is sampled as a decode step samples it.
+
+``launch`` enqueues a pass and returns it in flight (``PassInFlight``): with a CUDA ``stream`` (``EngineConfig.
+async_prefill``) its work goes there, after everything queued on the caller's stream so far (pages and slots given
+back by requests whose last decode step is still running), and its first tokens come back into pinned memory behind
+an event; ``land`` waits for that event (``ready`` says whether it would wait) and makes the caller's stream wait for
+it too. ``run`` is ``land(launch(...))``."""
 
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ from models.engine.scheduler import Chunk
 from models.layers.flat import device_array
 from resplan import HostStreams, RowLayout
 from resplan.layout import SamplerCell
+from resplan.pinned import host_zeros
 
 
 @attrs.frozen(slots=True)
@@ -33,9 +40,28 @@ class Prefilled:
     prefill_passes: int
     prefill_chunks: int
     prefill_tokens: int
-    prefill_ns: int  # wall time: inputs, the pass, first-token sampling and readback
+    prefill_ns: int  # wall time from its launch (inputs, the pass, first-token sampling) until its readback landed
     prefill_host_ns: int  # of which the host spent enqueueing them, until it waits for the first tokens
     prefill_gpu_ms: float  # the pass and first-token sampling on the GPU (CUDA events; with timing on), else 0
+
+
+@attrs.frozen(eq=False)
+class PassInFlight:
+    """A launched pass whose first tokens the host has not read yet: the ended prompts' handles ([m] int64), how many
+    drawn tokens land in the pinned readback (m, then the decode rows'), the event recorded after it on its stream
+    (None on a CPU: the pass ran at launch), and its counters so far."""
+
+    ended: np.ndarray
+    n_drawn: int
+    done: torch.cuda.Event | None
+    chunks: int
+    tokens: int
+    t0: int  # perf_counter_ns at launch
+    host_ns: int  # the host's time enqueueing it
+
+    def ready(self) -> bool:
+        """Whether ``Prefill.land`` would return without waiting for the device."""
+        return self.done is None or self.done.query()
 
 
 _NONE = np.zeros(0, np.int64)  # no handles, no tokens (read-only)
@@ -74,6 +100,9 @@ class Prefill:
         cuda = device.type == "cuda"
         self._timer = ((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                        if cuda and timing else None)  # fmt: skip
+        # the drawn tokens' readback: a pass draws at most one token a chunk and one a decode row riding in it
+        self._drawn = host_zeros(2 * max_chunks, torch.int64, cuda)  # [2 * max_chunks]
+        self._drawn_np = self._drawn.numpy()
 
     def _capture_buckets(self, page_size: int) -> None:
         """Every token bucket's graph captured at build, as the decode graphs are: one dummy chunk of the bucket's
@@ -93,18 +122,49 @@ class Prefill:
         into its READ pools, and sets their lengths). ``rows``: decode rows riding in the pass, row i one token
         ``row_ids[i]`` at its stream's end, sampled at that position (``Prefilled.decoded``); the engine advances
         their lengths, as after a decode step."""
+        return self.land(self.launch(chunks, requests, rows, row_ids))
+
+    def launch(self, chunks: tuple[Chunk, ...], requests: list[Request], rows: np.ndarray = _NONE,
+               row_ids: np.ndarray = _NONE, stream: torch.cuda.Stream | None = None) -> PassInFlight:  # fmt: skip
+        """Enqueue ``run``'s pass (on ``stream`` when given, after the caller's stream's work so far) and return it
+        in flight; the host streams' lengths already cover it. One pass in flight at a time: its readback buffer and
+        timer are this object's."""
         t0 = time.perf_counter_ns()
+        if stream is None:
+            return self._launch(chunks, requests, rows, row_ids, t0)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            return self._launch(chunks, requests, rows, row_ids, t0)
+
+    def land(self, p: PassInFlight) -> Prefilled:
+        """Wait for ``p``'s first tokens (the caller's stream then also waits for its pass) and return what it did."""
+        if p.done is not None:
+            p.done.synchronize()
+            torch.cuda.current_stream(self.device).wait_event(p.done)
+        gpu_ms = 0.0
+        if self._timer is not None and p.tokens:
+            self._timer[1].synchronize()
+            gpu_ms = self._timer[0].elapsed_time(self._timer[1])
+        drawn = self._drawn_np[: p.n_drawn].copy()
+        m = p.ended.size
+        return Prefilled(p.ended, drawn[:m], drawn[m:], 1, p.chunks, p.tokens, time.perf_counter_ns() - p.t0,
+                         p.host_ns, gpu_ms)  # fmt: skip
+
+    def _launch(self, chunks, requests, rows, row_ids, t0: int) -> PassInFlight:
         timer = self._timer
         if timer is not None:
             timer[0].record()
-        ended, first, decoded, host_ns = self._pass(chunks, requests, rows, row_ids)
-        gpu_ms = 0.0
+        ended, drawn, host_ns = self._pass(chunks, requests, rows, row_ids)
         if timer is not None:
             timer[1].record()
-            timer[1].synchronize()
-            gpu_ms = timer[0].elapsed_time(timer[1])
-        return Prefilled(ended, first, decoded, 1, len(chunks), sum(c.n for c in chunks), time.perf_counter_ns() - t0,
-                         host_ns, gpu_ms)  # fmt: skip
+        n = 0 if drawn is None else drawn.numel()
+        if n:
+            self._drawn[:n].copy_(drawn, non_blocking=True)
+        done = None
+        if self.device.type == "cuda":
+            done = torch.cuda.Event()
+            done.record()
+        return PassInFlight(ended, n, done, len(chunks), sum(c.n for c in chunks), t0, host_ns)
 
     def _input(self, h: int, ids: np.ndarray, start: int) -> PrefillInput:
         """Handle h's tokens ``ids`` at stream positions start .. start + len(ids) - 1, on the pages it holds."""
@@ -119,13 +179,14 @@ class Prefill:
         )  # fmt: skip
 
     def _pass(self, chunks: tuple[Chunk, ...], requests: list[Request], rows: np.ndarray,
-              row_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:  # fmt: skip
-        """The pass; returns the ended prompts' handles and first tokens, the decode rows' tokens, and the host time
-        until the readback."""
+              row_ids: np.ndarray) -> tuple[np.ndarray, torch.Tensor | None, int]:  # fmt: skip
+        """The pass, enqueued; returns the ended prompts' handles, the tokens drawn on the device ([m + r] int64: the
+        ended prompts' first tokens, then the decode rows'; None when nothing was drawn), and the host time it
+        took."""
         t0 = time.perf_counter_ns()
         st = self.streams
         if not chunks and not rows.size:
-            return _NONE, _NONE, _NONE, 0
+            return _NONE, None, 0
         inputs = []
         for chunk, req in zip(chunks, requests, strict=True):
             h, start, n = chunk.handle, chunk.start, chunk.n
@@ -155,7 +216,7 @@ class Prefill:
         hs = np.array([chunks[i].handle for i in ends], np.int64)
         drawn_at = ends + list(range(len(chunks), len(inputs)))  # the ended chunks, then the decode rows
         if not drawn_at:
-            return hs, _NONE, _NONE, time.perf_counter_ns() - t0
+            return hs, None, time.perf_counter_ns() - t0
         cells_h = st.sampler[np.concatenate([hs, rows])]  # [m + r, 4]
         picked = logits[device_array(np.array(drawn_at, np.int64), self.device)]  # [m + r, V]
         if not cells_h[:, SamplerCell.TEMPERATURE].any():  # every drawn row greedy: argmax, as a greedy decode graph
@@ -164,6 +225,4 @@ class Prefill:
             pos = [inputs[i].pos_offset + inputs[i].start + len(inputs[i].ids) - 1 for i in drawn_at]
             drawn = self.sampler(picked, device_array(cells_h, self.device),
                                  device_array(np.array(pos, np.int64), self.device))  # fmt: skip
-        host_ns = time.perf_counter_ns() - t0
-        drawn = drawn.cpu().numpy()
-        return hs, drawn[: hs.size], drawn[hs.size :], host_ns
+        return hs, drawn, time.perf_counter_ns() - t0
