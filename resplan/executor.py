@@ -49,7 +49,12 @@ def _kernels(impl: KernelImpl):
 class Graph:
     """``torch.cuda.CUDAGraph`` of ``fn`` on CUDA; on the CPU an eager replay of the same callable."""
 
-    def __init__(self, fn: Callable[[], None], device: torch.device, pool=None, warmup: int = 1) -> None:
+    def __init__(self, fn: Callable[[], None], device: torch.device, pool=None, warmup: int = 1,
+                 stream: torch.cuda.Stream | None = None) -> None:  # fmt: skip
+        """``stream``: the capture stream (None: torch's default one). A captured GEMM keeps the cuBLAS workspace of
+        the stream it was captured on (torch keys workspaces by handle and stream), so graphs that may replay at
+        the same time on two streams must be captured on two streams: their split-K partials and semaphores would
+        share memory otherwise (seen on the H200 as a hang)."""
         self.fn = fn
         self.device = device
         self.graph = None
@@ -60,10 +65,10 @@ class Graph:
                 for _ in range(warmup):
                     fn()
             torch.cuda.current_stream(device).wait_stream(side)
-            self.graph = self._capture(fn, pool)
+            self.graph = self._capture(fn, pool, stream=stream)
 
     @staticmethod
-    def _capture(fn: Callable[[], None], pool, attempts: int = 2, *, new_graph=None, capturing=None):
+    def _capture(fn: Callable[[], None], pool, attempts: int = 2, *, new_graph=None, capturing=None, stream=None):
         """Capture ``fn`` with the garbage collector paused (a collection during capture can free CUDA objects of
         dead engines, e.g. pinned buffers, whose release is not capture-safe). An invalidated capture is retried once,
         with a warning; the second failure raises. Seen twice in the H200 test runs (a capture after other engines'
@@ -76,7 +81,7 @@ class Graph:
             gc.disable()
             try:
                 # thread_local: an unsafe CUDA call made meanwhile by another thread must not invalidate this capture
-                with capturing(graph, pool=pool, capture_error_mode="thread_local"):
+                with capturing(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
                     fn()
                 return graph
             except RuntimeError as e:

@@ -115,7 +115,7 @@ class _FlakyCapture:
     def __init__(self, failures: int) -> None:
         self.failures, self.calls, self.gc_during = failures, 0, []
 
-    def __call__(self, graph, pool=None, capture_error_mode=None):
+    def __call__(self, graph, pool=None, stream=None, capture_error_mode=None):
         import contextlib
         import gc
 

@@ -73,6 +73,9 @@ class PrefillGraphs:
         self.capacity = capacity
         self.max_tokens = max_tokens
         self.remember = remember
+        # the passes' own capture stream: a decode graph may replay beside a pass (async_prefill), and graphs captured
+        # on one stream share its cuBLAS workspace (resplan.Graph)
+        self.capture_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.graphs: OrderedDict[Hashable, _Captured] = OrderedDict()
         self.seen: OrderedDict[Hashable, None] = OrderedDict()  # keys that ran once, not captured (LRU)
         self.stats = PrefillGraphStats()
@@ -123,7 +126,7 @@ class PrefillGraphs:
             out[0] = self.forward(inputs)
 
         # warmup=0: the eager pass above was the warm-up; a second run would apply the pass to the state twice
-        self.graphs[batch.key] = _Captured(Graph(step, self.device, warmup=0), inputs, out)
+        self.graphs[batch.key] = _Captured(Graph(step, self.device, warmup=0, stream=self.capture_stream), inputs, out)
         self.stats.captures += 1
 
 
