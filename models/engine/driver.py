@@ -68,7 +68,7 @@ from models.engine.graphs import capture_graphs, capture_plans, make_attention, 
 from models.engine.launcher import InFlight, Launcher
 from models.engine.planning import Checked, Early, HostArm, HostTables, Planning, ResidentArm
 from models.engine.pools import AdmitRefused, AdmitTxn, pool_layout
-from models.engine.prefill import Prefill
+from models.engine.prefill import PassInFlight, Prefill
 from models.engine.requests import FinishReason, InvalidRequest, Limits, Request, Result, validate
 from models.engine.sampler import Sampler
 from models.engine.scheduler import Batch, Chunk, Order, Pending, Scheduler, decode_buckets
@@ -122,6 +122,10 @@ class EngineConfig:
     # a step with prefill work runs its decode rows in the prefill pass, one token each (counted in token_budget),
     # instead of a decode graph beside it: one forward a mixed step
     decode_in_pass: bool = False
+    # a step's prefill pass runs on a CUDA stream of its own while decode steps go on beside it; its requests join the
+    # decode rows once the host sees it landed (one pass in flight; on a CPU the pass runs at launch and lands at the
+    # step's end). None: on where the device is CUDA and the decode rows are not in the pass (README, "Prefill")
+    async_prefill: bool | None = None
     kernels: KernelChoices = KernelChoices()  # the decode step's kernel forms: folds, PDL, the weight stream
 
 
@@ -142,6 +146,18 @@ class Ahead:
     def take_early(self) -> Early | None:
         early, self.early = self.early, None
         return early
+
+
+@attrs.frozen(eq=False)
+class InPass:
+    """A prefill pass in flight beside decode steps (``EngineConfig.async_prefill``): its chunks and its launch."""
+
+    chunks: tuple[Chunk, ...]
+    launch: PassInFlight
+
+    @property
+    def handles(self) -> np.ndarray:
+        return np.array([c.handle for c in self.chunks], np.int64)
 
 
 class Engine:
@@ -165,6 +181,8 @@ class Engine:
             raise ValueError(f"max_bucket {cfg.max_bucket} is more than max_running {H}: no step has more rows than "
                              "running requests")  # fmt: skip
         widest = cfg.max_bucket or H
+        if cfg.decode_in_pass and cfg.async_prefill:
+            raise ValueError("decode_in_pass and async_prefill: rows riding in a pass would wait for it; choose one")
         if cfg.decode_in_pass and cfg.token_budget is not None and cfg.token_budget <= widest:
             raise ValueError(f"decode_in_pass: token_budget {cfg.token_budget} leaves no prompt token beside "
                              f"{widest} decode rows; give it more than max_bucket (or max_running)")  # fmt: skip
@@ -214,6 +232,10 @@ class Engine:
         self.prefill = Prefill(adapter, self.model_state, self.sampler, self.layout, self.streams,
                                self.admission.n_pages, ps, cfg.prefill_graphs, cfg.prefill_graph_tokens, H, device,
                                cfg.timing)  # fmt: skip
+        self.async_prefill = (cfg.async_prefill if cfg.async_prefill is not None
+                              else device.type == "cuda" and not cfg.decode_in_pass)  # fmt: skip
+        self.prefill_stream = torch.cuda.Stream(device) if self.async_prefill and device.type == "cuda" else None
+        self.in_pass: InPass | None = None  # async_prefill: the pass in flight
         self.limits = Limits(adapter.name, adapter.vocab_size, self.max_seq_len)
         self.stats = EngineStats()
         self.ahead = Ahead()
@@ -277,8 +299,9 @@ class Engine:
         return self.table.output(request_id)
 
     def has_work(self) -> bool:
-        """Requests wait or run, or a launched step is still to land (its rows may all have ended meanwhile)."""
-        return bool(self.scheduler.waiting) or self.scheduler.admitted > 0 or self.launcher.inflight is not None
+        """Requests wait or run, or a launched step or pass is still to land (its rows may all have ended meanwhile)."""
+        return (bool(self.scheduler.waiting) or self.scheduler.admitted > 0 or self.launcher.inflight is not None
+                or self.in_pass is not None)  # fmt: skip
 
     def run(self, requests: Iterable[Request], on_step: Callable[[Engine], None] | None = None):
         """Submit every request and step until all have finished: a Result per request (handed over), or the
@@ -308,6 +331,7 @@ class Engine:
             raise KeyError(f"request {request_id!r} is not known to this engine (never submitted, or handed over)")
         if request_id in table.results:
             return False
+        self._land_pass(wait=True)  # its pages and slot may be the pass's, and go back now
         for pend in self.scheduler.waiting:
             if pend.rid == request_id:
                 self.scheduler.waiting.remove(pend)
@@ -324,21 +348,28 @@ class Engine:
         if not self.has_work():
             return False
         t0 = time.perf_counter_ns()
+        self._land_pass(wait=False)
         self._reload()
         admitted, landed_ns = self._admit_step()
-        if admitted is None:  # landing the step in flight finished the last requests
+        if admitted is None:  # landing the step (or pass) in flight finished the last requests
             self.stats.decode_ns += time.perf_counter_ns() - t0
             return True
         batch, chunks = admitted
         early = self.ahead.take_early()
+        if chunks and self.async_prefill:  # the pass goes on its stream; the rows are a decode step beside it
+            self._launch_pass(chunks)
+            batch = Batch(batch.rows, batch.bucket, (), ())
+            if not batch.rows.size:
+                self.stats.prefill_steps += 1
         if batch.host_planned:
             self._host_step(batch, chunks)
-        else:
+        elif batch.rows.size:
             self._decode_step(batch, early)
         self.stats.steps += 1
+        self._land_pass(wait=False)
         if self.config.preplan:
             self.ahead = self._prepare_next()
-        if not batch.host_planned:  # the loop's whole iteration: a pre-plan is work a later decode step saves
+        if batch.rows.size and not batch.host_planned:  # the whole iteration: a pre-plan is work a later step saves
             self.stats.decode_ns += time.perf_counter_ns() - t0
         else:  # the wait for a decode step landed before this one belongs to that decode step
             self.stats.decode_ns += landed_ns
@@ -358,6 +389,7 @@ class Engine:
         self._count_check(self.arm.ran(rows, b, prepared.seq))
         self.scheduler.ran(rows, prepared.seq)
         self.stats.decode_steps += 1
+        self.stats.decode_beside_pass += self.in_pass is not None
         self.stats.decode_rows += rows.size
         if not self.config.overlap:
             self._land(f)
@@ -412,11 +444,12 @@ class Engine:
 
     def _prepare_next(self) -> Ahead:
         """Take the next step's crossing pages now and, for a decode step, let the arm prepare it early: the resident
-        plan, or under overlap the host arm's fill (copied now, behind the step in flight) and fa2 schedule."""
-        batch = self.scheduler.compose(self.admission.free())
+        plan, or under overlap the host arm's fill (copied now, behind the step in flight) and fa2 schedule. (Under
+        async_prefill a step's decode rows are a decode step even beside a pass.)"""
+        batch = self._compose()
         if self._must_land(batch):  # its rows may finish: prepare the step that follows with what they leave
             self._drain()
-            batch = self.scheduler.compose(self.admission.free())
+            batch = self._compose()
         rows = batch.rows
         if not self.has_work() or rows.size == 0:
             return Ahead()
@@ -424,20 +457,51 @@ class Engine:
             return Ahead()  # the step itself will offload
         txn = AdmitTxn()
         self.admission.take_crossings(rows, txn)
-        if batch.host_planned:
+        if batch.host_planned and not self.async_prefill:
             return Ahead(txn)
         early = self.arm.prepare_early(rows, batch.bucket)
         self.stats.preplans += early is not None
         return Ahead(txn, early)
 
+    # -- prefill beside decode (async_prefill) --------------------------------------------------------------------
+    def _launch_pass(self, chunks: tuple[Chunk, ...]) -> None:
+        """Launch the chunks' pass on the prefill stream (after the work queued so far: pages and slots a request gave
+        back may still be written by its last decode step); its requests stay PREFILLING until it lands."""
+        requests = [self.table.live[c.handle].pend.request for c in chunks]
+        self.in_pass = InPass(chunks, self.prefill.launch(chunks, requests, stream=self.prefill_stream))
+
+    def _land_pass(self, wait: bool) -> None:
+        """Land the pass in flight if it has finished (``wait``: in any case): its chunks count as prefilled, the
+        rows it wrote are stale in the store, and the prompts it ended emit their first tokens and decode from the
+        next step on."""
+        p = self.in_pass
+        if p is None or not (wait or p.launch.ready()):
+            return
+        self.in_pass = None
+        prefilled = self.prefill.land(p.launch)
+        self.stats.add(prefilled)
+        seq = next(self.seqs)
+        for chunk in p.chunks:
+            self.scheduler.prefilled_chunk(chunk, seq)
+        self.table.issued[prefilled.ended] = 1
+        self.arm.prefilled(p.handles, seq)
+        if prefilled.ended.size:
+            self._emit(prefilled.ended, prefilled.first_tokens)
+
     # -- admission -----------------------------------------------------------------------------------------------
+    def _compose(self) -> Batch:
+        """The next step as the scheduler composes it: no prefill work while a pass is in flight."""
+        return self.scheduler.compose(self.admission.free(), prefill=self.in_pass is None)
+
     def _must_land(self, batch: Batch) -> bool:
-        """A step is in flight and ``batch`` may not run beside it: it has prefill work or no decode rows, or a request
-        waits for the handle or pages a retiring one gives back when it lands (so it is admitted a step earlier)."""
+        """A step is in flight and ``batch`` may not run beside it: it has no decode rows, or prefill work that runs
+        in the step (not on the prefill stream), or a request waits for the handle or pages a retiring one gives back
+        when it lands (so it is admitted a step earlier)."""
         if self.launcher.inflight is None:
             return False
         sch = self.scheduler
-        return batch.rows.size == 0 or batch.host_planned or bool(sch.waiting and sch.retiring())
+        in_step = batch.host_planned and not self.async_prefill
+        return batch.rows.size == 0 or in_step or bool(sch.waiting and sch.retiring())
 
     def _admit_step(self) -> tuple[tuple[Batch, tuple[Chunk, ...]] | None, int]:
         """Compose and admit the step, landing a step in flight it may not run beside, offloading under KV pressure
@@ -445,10 +509,17 @@ class Engine:
         nanoseconds spent landing."""
         landed_ns = 0
         while True:
-            batch = self.scheduler.compose(self.admission.free())
+            batch = self._compose()
             if self._must_land(batch):  # (an offload below can make room for an admission: composed again, it lands)
                 t = time.perf_counter_ns()
                 self._drain()
+                landed_ns += time.perf_counter_ns() - t
+                if not self.has_work():
+                    return None, landed_ns
+                continue
+            if batch.empty and self.in_pass is not None:  # nothing runs beside the pass: wait for it
+                t = time.perf_counter_ns()
+                self._land_pass(wait=True)
                 landed_ns += time.perf_counter_ns() - t
                 if not self.has_work():
                     return None, landed_ns
@@ -498,6 +569,7 @@ class Engine:
 
     def _offload(self, h: int) -> None:
         """Copy the request's KV pages to the host, give them back, and give its slot up."""
+        self._land_pass(wait=True)  # the pass may be writing them
         self.table.live[h].saved = self.admission.offload(h)
         self.arm.offload(h)
         self.scheduler.offload(h)

@@ -9,7 +9,9 @@ choosing a steady step's rows is a few vectorised ops, never a Python loop over 
 Decode order: ARRIVAL fills the bucket with the oldest decoding requests, which run to completion; TURNS runs the least
 recently run first, so rows take turns and (with fewer slots than requests) displace each other. A step with any
 prefill work is host-planned (prefill chunks, plus the decode rows as a mixed step); a step of decode rows only is a
-decode step in a bucket. ``compose`` only looks: it changes nothing, so a pre-plan can call it early.
+decode step in a bucket. (An engine that runs its prefill passes on a stream of their own composes no prefill work
+while one is in flight, and runs a step's decode rows as a decode step beside the pass it launches.) ``compose`` only
+looks: it changes nothing, so a pre-plan can call it early.
 """
 
 from __future__ import annotations
@@ -145,9 +147,12 @@ class Scheduler:
     def bucket(self, n: int) -> int:
         return int(self._bucket_of[n - 1]) if n else 0
 
-    def compose(self, free: dict[str, int]) -> Batch:
-        """The next step, given the free pages of each pool. Pure: nothing changes until the engine admits it."""
+    def compose(self, free: dict[str, int], prefill: bool = True) -> Batch:
+        """The next step, given the free pages of each pool; ``prefill`` False: decode rows only (a prefill pass is
+        still in flight). Pure: nothing changes until the engine admits it."""
         rows = self.decode_rows()
+        if not prefill:
+            return Batch(rows, self.bucket(rows.size), (), ())
         budget = self.token_budget if self.token_budget is not None else 2**62
         if self.rows_in_budget:  # a step's pass holds at most token_budget tokens, its decode rows' included
             budget -= rows.size

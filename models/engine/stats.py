@@ -17,7 +17,8 @@ class EngineStats:
     decode_steps: int = 0
     mixed_steps: int = 0  # host-planned: prefill chunks and decode rows
     pass_rows: int = 0  # decode rows that rode in a prefill pass (decode_in_pass), of rows_decoded
-    prefill_steps: int = 0  # host-planned: prefill chunks only
+    prefill_steps: int = 0  # prefill chunks only (host-planned, or async_prefill: a pass launched with no decode rows)
+    decode_beside_pass: int = 0  # async_prefill: decode steps launched while a prefill pass was in flight
     prefill_chunks: int = 0
     rows_decoded: int = 0  # real decode rows run (every kind of step)
     padded_rows: int = 0

@@ -68,7 +68,10 @@ class RankEngine:
     steps as often as rank 0 does and returns at its ``close``. ``run`` does both sides for a list of requests."""
 
     def __init__(self, adapter: Adapter, config: EngineConfig, tp: TensorParallel, check: bool = False) -> None:
-        self.engine = Engine(adapter, config)
+        if config.async_prefill:
+            raise ValueError("async_prefill lands a pass when this rank's GPU has run it, so the ranks would compose "
+                             "different steps; a tensor-parallel engine needs async_prefill=False")  # fmt: skip
+        self.engine = Engine(adapter, attrs.evolve(config, async_prefill=False))  # (None would turn it on on CUDA)
         self.tp = tp
         self.check = check
         self._outbox: list[tuple[str, object]] = []  # rank 0: ("submit", request) / ("abort", id) since the last step

@@ -1,0 +1,148 @@
+"""Prefill passes beside decode steps (``EngineConfig.async_prefill``): a step's pass is launched on a stream of its own
+and the decode rows go on as decode steps; the pass's requests join them once it lands. The engine gives the tokens
+of an engine that runs each pass inside its step, for both models and both planning arms, synchronous and overlapped,
+with offloads under KV pressure, prefill graphs, refused admits and aborts, and with passes that stay in flight for
+several steps (on a CPU a pass runs at launch; ``_late`` holds it back for a number of polls)."""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+import pytest
+
+from models.engine import Engine, EngineConfig, Planning, build_adapter
+from models.engine.compare import random_requests
+from models.engine.prefill import PassInFlight
+
+
+@attrs.frozen(eq=False)
+class _LatePass(PassInFlight):
+    """A pass the engine sees as still running for ``late`` polls; ``polls[0]`` counts the polls it saw."""
+
+    late: int = 0
+    polls: list = attrs.field(factory=lambda: [0])
+
+    def ready(self) -> bool:
+        self.polls[0] += 1
+        return self.polls[0] > self.late
+
+
+def _late(engine: Engine, late: int) -> list[list[int]]:
+    """Make each pass of ``engine`` land only after ``late`` polls that found it running (a wait lands it at once);
+    returns each pass's poll count, as a one-element list, in launch order."""
+    real, polls = engine.prefill.launch, []
+
+    def launch(*args, **kwargs):
+        p = real(*args, **kwargs)
+        polls.append([0])
+        return _LatePass(**{f.name: getattr(p, f.name) for f in attrs.fields(PassInFlight)}, late=late,
+                         polls=polls[-1])  # fmt: skip
+
+    engine.prefill.launch = launch
+    return polls
+
+
+def _requests(adapter):
+    """12 greedy requests and 6 sampled ones (temperature, top-p, top-k), varied prompts and outputs."""
+    greedy = random_requests(adapter, 12, prompt_len=(3, 30), gen_len=(2, 14), seed=4)
+    sampled = random_requests(adapter, 6, prompt_len=(3, 30), gen_len=(2, 14), seed=5, temperature=0.8, top_p=0.9,
+                              top_k=20)  # fmt: skip
+    return greedy + [attrs.evolve(r, request_id=f"s{i}") for i, r in enumerate(sampled)]
+
+
+@pytest.mark.parametrize(
+    "model,planning,overlap,num_pages,prefill_graphs,polls",
+    [
+        ("qwen3_5-tiny", Planning.RESIDENT, True, None, 0, 0),
+        ("qwen3_5-tiny", Planning.RESIDENT, True, None, 0, 3),  # passes in flight for three steps
+        ("qwen3_5-tiny", Planning.RESIDENT, False, 20, 0, 2),  # offloads under KV pressure
+        ("qwen3_5-tiny", Planning.HOST, True, 20, 0, 2),
+        ("qwen3_5-tiny", Planning.RESIDENT, True, None, 3, 1),  # passes padded to token buckets
+        ("whisper-test", Planning.RESIDENT, True, 20, 0, 2),
+        ("whisper-test", Planning.HOST, False, None, 0, 1),
+    ],
+)
+def test_passes_beside_decode_steps_give_the_tokens_of_passes_in_the_step(model, planning, overlap, num_pages,
+                                                                         prefill_graphs, polls):  # fmt: skip
+    adapter = build_adapter(model, seed=0)
+    reqs = _requests(adapter)
+    base = EngineConfig(page_size=4, max_seq_len=64, max_running=4, token_budget=12, planning=planning,
+                        overlap=overlap, num_pages=num_pages, prefill_graphs=prefill_graphs,
+                        prefill_graph_tokens=16, row_check=planning is Planning.RESIDENT)  # fmt: skip
+    in_step = [r.tokens for r in Engine(adapter, base).run(reqs)]
+    engine = Engine(adapter, attrs.evolve(base, async_prefill=True))
+    seen = _late(engine, polls)
+    beside = [r.tokens for r in engine.run(reqs)]
+    assert beside == in_step
+    st = engine.stats
+    assert st.mixed_steps == 0 and st.decode_beside_pass > 0 and st.mismatches == 0
+    assert st.prefill_passes == len(seen) and max(n for n, in seen) > polls  # a pass was seen running `polls` times
+    assert num_pages is None or st.offloads > 0
+    assert engine.in_pass is None and not engine.has_work()
+
+
+@pytest.mark.parametrize("seed", [0, 6, 7, 9, 19])  # refused admits, pre-plans dropped, offloads (6, 9)
+def test_passes_beside_decode_steps_with_requests_arriving_between_steps(seed):
+    """test_engine_admit's arrivals (refused admits, pre-plans dropped, pools checked after every step): the resident
+    arm overlapped, its passes beside its decode steps and two polls late, gives the host arm's results."""
+    from test_engine_admit import QWEN, _arrivals, _serve
+
+    cfg, reqs, arrive = _arrivals(seed)
+    host = _serve(attrs.evolve(cfg, planning=Planning.HOST), reqs, arrive)
+    real_init = Engine.__init__
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        _late(self, 2)
+
+    Engine.__init__ = init
+    try:
+        res = _serve(attrs.evolve(cfg, planning=Planning.RESIDENT, async_prefill=True, overlap=True), reqs, arrive)
+    finally:
+        Engine.__init__ = real_init
+    assert res.adapter is QWEN
+    assert [res.results[r.request_id] for r in reqs] == [host.results[r.request_id] for r in reqs]
+    assert res.stats.decode_beside_pass > 0 and res.stats.mismatches == 0, res.stats.first_mismatches
+
+
+def test_an_abort_lands_the_pass_in_flight_first():
+    """Aborting a request whose chunk is in the pass in flight lands the pass, then gives its pages and slot back:
+    the other requests' tokens are those of an engine that never saw it."""
+    adapter = build_adapter("qwen3_5-tiny", seed=0)
+    reqs = random_requests(adapter, 6, prompt_len=(10, 30), gen_len=(4, 10), seed=9)
+    cfg = EngineConfig(page_size=4, max_seq_len=64, max_running=3, token_budget=8, row_check=True, overlap=True)
+    alone = {r.request_id: r.tokens for r in Engine(adapter, cfg).run(reqs[1:])}
+    engine = Engine(adapter, attrs.evolve(cfg, async_prefill=True))
+    _late(engine, 5)
+    for r in reqs:
+        engine.submit(r)
+    engine.step()  # launches the first pass: reqs[0]'s first chunk is in it
+    assert engine.in_pass is not None and 0 in engine.in_pass.handles.tolist()
+    assert engine.abort(reqs[0].request_id)
+    assert engine.in_pass is None
+    while engine.has_work():
+        engine.step()
+    assert engine.pop_result(reqs[0].request_id).finish_reason.value == "abort"
+    assert {r.request_id: engine.pop_result(r.request_id).tokens for r in reqs[1:]} == alone
+    assert engine.stats.mismatches == 0
+
+
+def test_async_prefill_is_refused_with_rows_in_the_pass_and_off_by_default_on_a_cpu():
+    adapter = build_adapter("qwen3_5-tiny", seed=0)
+    cfg = EngineConfig(page_size=4, max_seq_len=64, max_running=4, token_budget=12)
+    with pytest.raises(ValueError, match="decode_in_pass and async_prefill"):
+        Engine(adapter, attrs.evolve(cfg, decode_in_pass=True, async_prefill=True))
+    assert cfg.async_prefill is None and Engine(adapter, cfg).async_prefill is False  # None: on with CUDA only
+    assert Engine(adapter, attrs.evolve(cfg, async_prefill=True)).async_prefill is True
+
+
+def test_no_prefill_work_is_composed_while_a_pass_is_in_flight():
+    adapter = build_adapter("qwen3_5-tiny", seed=0)
+    engine = Engine(adapter, EngineConfig(page_size=4, max_seq_len=64, max_running=4, token_budget=12,
+                                          async_prefill=True))  # fmt: skip
+    for r in random_requests(adapter, 4, prompt_len=(20, 30), gen_len=(2, 4), seed=1):
+        engine.submit(r)
+    free = engine.admission.free()
+    assert engine.scheduler.compose(free).host_planned
+    batch = engine.scheduler.compose(free, prefill=False)
+    assert not batch.host_planned and np.array_equal(batch.rows, engine.scheduler.decode_rows())
