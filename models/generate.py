@@ -68,6 +68,9 @@ def parser() -> OneLineParser:
     e.add_argument("--prefill-graphs", type=int, default=0,
                    help="token buckets of prefill CUDA graphs, halving down from 8192 tokens (a checkpoint in bf16 "
                         "or fp16 on CUDA, Qwen3.5 or Whisper; the benchmarks use 6); 0, the default: eager prefill")
+    e.add_argument("--async-prefill", action=argparse.BooleanOptionalAction, default=None,
+                   help="run each prefill pass on a CUDA stream of its own while the running requests keep decoding "
+                        "(default: the engine's, on with CUDA); --no-async-prefill runs each pass inside its step")
     e.add_argument("--token-budget", type=positive_int, default=DEFAULT_TOKEN_BUDGET,
                    help=f"prompt tokens prefilled a step: longer prompts prefill in chunks beside the running rows "
                         f"(default {DEFAULT_TOKEN_BUDGET}, the engine's)")
@@ -137,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = EngineConfig(device=device, dtype=args.dtype, attention=Backend(args.attention),
                        max_running=min(args.max_running, len(requests)), page_size=args.page_size,
                        max_seq_len=args.max_seq_len or longest, token_budget=args.token_budget, overlap=args.overlap,
-                       prefill_graphs=args.prefill_graphs)  # fmt: skip
+                       prefill_graphs=args.prefill_graphs, async_prefill=args.async_prefill)  # fmt: skip
     try:
         engine = Engine.from_pretrained(args.model_dir, cfg)
         ids = [engine.submit(r) for r in requests]

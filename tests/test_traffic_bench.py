@@ -87,6 +87,8 @@ CPU = ["--model", "qwen3_5-tiny", "--device", "cpu", "--page-size", "4", "--max-
     (["--max-seq-len", "9000"], "argument --max-seq-len: 9000 is over qwen3_5-tiny's context of 4096"),
     (["--arms", "host"], "argument --arms: arm 'host' runs fa2 attention, which needs CUDA"),
     (["--arms", "resident-torch,nope"], "argument --arms: unknown arm 'nope'"),
+    (["--arms", "resident-torch/fast"], "argument --arms: arm 'resident-torch/fast': an engine arm takes the suffix "
+                                        "/async or /in-step"),
     (["--model", "whisper-test"], "argument --model: 'whisper-test': the traffic benchmark serves the text models"),
     (["--trace", "t.jsonl", "--rate", "3"], "argument --trace: a trace gives arrivals and lengths: drop --rate"),
     (["--trace", "missing.jsonl"], "argument --trace: missing.jsonl: No such file or directory"),
@@ -102,6 +104,17 @@ def test_bad_arguments_end_in_one_line_before_any_engine_is_built(args, words, t
     assert info.value.code == 2
     assert err.count("\n") == 1 and err.startswith("python -m models.bench.traffic: error: ")
     assert words in err, err
+
+
+def test_an_arms_prefill_suffix_sets_async_prefill_and_a_plain_name_takes_the_flag():
+    from models.bench.arms import arm_config, parse_arms
+
+    assert parse_arms("resident-torch/async,resident-torch/in-step,host-torch", "cpu") == [
+        "resident-torch/async", "resident-torch/in-step", "host-torch"]  # fmt: skip
+    assert arm_config("resident-torch/async", async_prefill=False).async_prefill is True
+    assert arm_config("resident-torch/in-step", async_prefill=True).async_prefill is False
+    assert arm_config("resident-torch", async_prefill=True).async_prefill is True
+    assert arm_config("host-torch").overlap is False and arm_config("host-torch/async").async_prefill is True
 
 
 def test_a_cpu_run_reports_what_it_served(tmp_path):

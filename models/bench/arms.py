@@ -13,6 +13,10 @@ Arms (planning, decode attention, overlap):
   resident-triton the same with our split-KV Triton attention, which reads the tables in the graph too
   resident-xqa-sync, resident-triton-sync  the same without overlap (isolates what planning alone gains)
   host-torch, resident-torch  plain-torch attention (resident with overlap): the arms a CPU runs
+
+Any arm may end in ``/async`` (its prefill passes on a stream of their own, beside its decode steps:
+``EngineConfig.async_prefill``) or ``/in-step`` (each pass inside its step, the decode rows waiting for it), so that
+one run alternates the two; a plain name takes the benchmark's ``--async-prefill`` setting.
 """
 
 from __future__ import annotations
@@ -46,16 +50,27 @@ ARMS = {
     "resident-torch": Arm(Planning.RESIDENT, Backend.TORCH, True),
 }
 CUDA_ONLY = frozenset({Backend.FA2, Backend.XQA})
+PREFILL_MODES = {"async": True, "in-step": False}  # an arm's suffix -> EngineConfig.async_prefill
+
+
+def split_arm(name: str) -> tuple[str, bool | None]:
+    """An arm's name as (the ``ARMS`` name, its async_prefill: True, False, or None for the benchmark's setting)."""
+    base, _, mode = name.partition("/")
+    return base, PREFILL_MODES.get(mode) if mode else None
 
 
 def parse_arms(text: str, device: str, extra: tuple[str, ...] = ()) -> list[str]:
-    """``--arms``: comma-separated names of ``ARMS`` (or of ``extra``); ValueError naming the first bad one."""
+    """``--arms``: comma-separated names of ``ARMS`` (or of ``extra``), each with an optional prefill suffix
+    (``/async``, ``/in-step``); ValueError naming the first bad one."""
     arms = [a for a in text.split(",") if a]
     if not arms:
         raise ValueError("no arm named")
-    for a in arms:
+    for name in arms:
+        a, _, mode = name.partition("/")
         if a not in ARMS and a not in extra:
             raise ValueError(f"unknown arm {a!r}; known: {', '.join([*ARMS, *extra])}")
+        if mode and (mode not in PREFILL_MODES or a not in ARMS):
+            raise ValueError(f"arm {name!r}: an engine arm takes the suffix /{' or /'.join(PREFILL_MODES)}")
         if a in ARMS and device != "cuda" and ARMS[a].attention in CUDA_ONLY:
             raise ValueError(f"arm {a!r} runs {ARMS[a].attention.value} attention, which needs CUDA (on a CPU: "
                              "host-torch, resident-torch)")  # fmt: skip
@@ -65,8 +80,12 @@ def parse_arms(text: str, device: str, extra: tuple[str, ...] = ()) -> list[str]
 
 
 def arm_config(arm: str, **knobs) -> EngineConfig:
-    """The engine config of ``arm`` with the benchmark's engine knobs (device, dtype, max_running, ...)."""
-    a = ARMS[arm]
+    """The engine config of ``arm`` with the benchmark's engine knobs (device, dtype, max_running, ...); its prefill
+    suffix, if any, overrides the knobs' async_prefill."""
+    name, async_prefill = split_arm(arm)
+    a = ARMS[name]
+    if async_prefill is not None:
+        knobs = dict(knobs, async_prefill=async_prefill)
     return EngineConfig(planning=a.planning, attention=a.attention, overlap=a.overlap, **knobs)
 
 

@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> None:
     cfg = arm_config(arm, device=run.device, dtype=run.dtype, max_running=args.max_running, max_bucket=args.max_bucket,
                      page_size=args.page_size, num_pages=args.num_pages, max_seq_len=run.max_seq_len,
                      token_budget=args.token_budget, prefill_graphs=args.prefill_graphs,
-                     prefill_graph_tokens=args.prefill_graph_tokens, decode_in_pass=args.decode_in_pass)  # fmt: skip
+                     prefill_graph_tokens=args.prefill_graph_tokens, decode_in_pass=args.decode_in_pass,
+                     async_prefill=False if args.decode_in_pass else args.async_prefill)  # fmt: skip
     engine = Engine(adapter, cfg)
     serve(engine, run.warmup, run.warmup.requests(adapter.vocab_size, run.sampling, args.seed + 1, "warm-"),
           wait=False)  # fmt: skip

@@ -103,6 +103,10 @@ def parser(prog: str = "python -m models.bench.traffic", description: str = __do
                         "256 ... 8192); a pass is padded to the smallest that holds it (0: eager prefill)")
     e.add_argument("--prefill-graph-tokens", type=positive_int, default=8192,
                    help="the largest token bucket; longer passes run eagerly (default 8192)")
+    e.add_argument("--async-prefill", action=argparse.BooleanOptionalAction, default=None,
+                   help="run each prefill pass on a CUDA stream of its own, beside the decode steps, its requests "
+                        "joining them when it lands (default: the engine's, on with CUDA); --no-async-prefill runs "
+                        "each pass inside its step; an arm name ending in /async or /in-step sets it for that arm")
     e.add_argument("--decode-in-pass", action="store_true",
                    help="a step with prefill work runs its decode rows in the prefill pass, one token each of "
                         "--token-budget, instead of a decode graph beside it (default: beside it)")
@@ -434,7 +438,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     knobs = dict(device=run.device, dtype=run.dtype, max_running=args.max_running, max_bucket=args.max_bucket,
                  page_size=args.page_size, num_pages=args.num_pages, max_seq_len=run.max_seq_len, timing=True,
                  token_budget=args.token_budget, prefill_graphs=args.prefill_graphs if cuda else 0,
-                 prefill_graph_tokens=args.prefill_graph_tokens, decode_in_pass=args.decode_in_pass)  # fmt: skip
+                 prefill_graph_tokens=args.prefill_graph_tokens, decode_in_pass=args.decode_in_pass,
+                 async_prefill=False if args.decode_in_pass else args.async_prefill)  # fmt: skip
     engines = {}
     for arm in run.arms:
         try:
@@ -491,7 +496,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
             f"{'' if tp is None else f'tensor parallel over {tp.world} ranks, '}max_running {args.max_running}, "
             f"token budget {args.token_budget}, page size {args.page_size}, context {run.max_seq_len}, prefill "
             f"graphs: {knobs['prefill_graphs']} token buckets up to {args.prefill_graph_tokens} (each captured at "
-            f"engine build); decode rows {'in' if args.decode_in_pass else 'beside'} the prefill pass. {args.rounds} "
+            f"engine build); decode rows {'in' if args.decode_in_pass else 'beside'} the prefill pass; passes "
+            f"{'in the step' if knobs['async_prefill'] is False else 'on their own stream beside the decode steps'}"
+            f" unless an arm says /async or /in-step. {args.rounds} "
             f"rounds, each its own "
             f"draw of the traffic, {'served once untimed first, then ' if args.prerun else ''}timed in every arm, the "
             f"arm order reversed every other round; cells are median [min-max] over rounds, ratios paired by round. "
