@@ -144,6 +144,24 @@ def test_the_prefill_kernels_are_refused_in_float32_and_off_by_default_on_the_cp
         model.prefill_kernels = None
 
 
+def test_head_shapes_without_prefill_kernels_prefill_on_the_references_and_an_explicit_ask_is_refused():
+    """The tiny model's key heads (16) have no GDN state pass: by default (even in bf16 on CUDA) it prefills on the
+    torch references, and asking for the kernels names why; the served shapes have kernels."""
+    from models.engine.adapters import MODEL_CONFIGS
+    from models.qwen3_5.model import prefill_kernel_refusal
+
+    assert prefill_kernel_refusal(MODEL_CONFIGS["qwen3_5-0.8b"]) is None
+    assert prefill_kernel_refusal(MODEL_CONFIGS["qwen3_5-2b"]) is None
+    model = build_adapter("qwen3_5-tiny", seed=0, dtype=torch.bfloat16).model
+    assert model.prefill_kernel_refusal() == "the GDN state pass takes key heads of 64 or 128, not 16"
+    model.prefill_kernels = True
+    try:
+        with pytest.raises(ValueError, match="prefill_kernels: the GDN state pass takes key heads of 64 or 128"):
+            model.uses_prefill_kernels()
+    finally:
+        model.prefill_kernels = None
+
+
 # -- on the GPU: real CUDA graphs ------------------------------------------------------------------------------------
 
 

@@ -6,6 +6,7 @@ torch reference, each sequence alone (``gdn_prefill_ref``); ``indices``: fla's c
 
 from kernels.gdn_prefill.indices import CHUNK, chunk_index, chunk_rows
 from kernels.gdn_prefill.naive import gated_delta_chunked, gdn_prefill_ref
+from kernels.gdn_prefill.state_pass import KEY_DIMS as STATE_PASS_KEY_DIMS
 
 try:
     from kernels.gdn_prefill.kernel import gdn_prefill
@@ -20,4 +21,5 @@ except ImportError as missing:  # fla-core absent: a CPU environment
         raise RuntimeError(f"the CUDA prefill delta rule needs fla-core (pip install 'resplan[gpu]'): {_why}")
 
 
-__all__ = ["CHUNK", "HAVE_FLA", "chunk_index", "chunk_rows", "gated_delta_chunked", "gdn_prefill", "gdn_prefill_ref"]
+__all__ = ["CHUNK", "HAVE_FLA", "STATE_PASS_KEY_DIMS", "chunk_index", "chunk_rows", "gated_delta_chunked",
+           "gdn_prefill", "gdn_prefill_ref"]  # fmt: skip

@@ -26,6 +26,8 @@ import triton.language as tl
 
 from kernels.runtime import interpreted
 
+KEY_DIMS = (64, 128)  # the key head widths (dk) the state pass takes
+
 
 @triton.jit
 def _state_pass_kernel(
@@ -129,7 +131,7 @@ def state_pass_(
     No host sync, fixed shapes: capturable."""
     N, H, K = k.shape
     HV, V = u.shape[1], u.shape[2]
-    if K not in (64, 128) or chunk != 64:
+    if K not in KEY_DIMS or chunk != 64:
         raise ValueError(f"the state pass takes dk 64 or 128 in 64-token chunks, not dk {K}, chunk {chunk}")
     if pool.shape[1:] != (HV, K, V) or not pool.is_contiguous():
         raise ValueError(f"pool {tuple(pool.shape)} is not contiguous [slots, {HV}, {K}, {V}]")

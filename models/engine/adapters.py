@@ -179,8 +179,9 @@ class QwenAdapter(Adapter):
     def prefill_capture_refusal(self):
         m = self.model
         if m.lm_head.weight.is_cuda and not m.uses_prefill_kernels():  # a CPU "graph" re-runs the pass
-            return (f"its prefill runs the torch references on CUDA (prefill_kernels off, or {m.lm_head.weight.dtype} "
-                    f"weights: the kernels need bf16 or fp16), which read lengths back to the host")  # fmt: skip
+            why = m.prefill_kernel_refusal() or (f"prefill_kernels off, or {m.lm_head.weight.dtype} weights: the "
+                                                 "kernels need bf16 or fp16")  # fmt: skip
+            return f"its prefill runs the torch references on CUDA ({why}), which read lengths back to the host"
         return None
 
     def prefill_shape(self, state, tokens, max_chunks):

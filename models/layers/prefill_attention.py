@@ -20,6 +20,7 @@ from models.layers.flat import PassShape, device_array
 from models.layers.paged import paged_prefill_attention
 
 DTYPES = (torch.bfloat16, torch.float16)  # the activations FlashInfer's paged prefill has kernels for
+HEAD_DIMS = (64, 128, 256)  # the head widths it has kernels for
 
 
 def paged_prefill_ref(

@@ -16,12 +16,14 @@ from torch import nn
 
 from kernels.choices import DEFAULT, KernelChoices
 from kernels.gates import silu_mul
+from kernels.gdn_prefill import STATE_PASS_KEY_DIMS
 from kernels.norms import add_rms_norm_
 from models.layers.flat import PassShape, device_array, exact_shape, flat_layout, host_array
 from models.layers.fused import PendingNorm, Residual, decode_linear
 from models.layers.mlp import SwiGLU
 from models.layers.norms import ZeroCenteredRMSNorm
 from models.layers.prefill_attention import DTYPES as PREFILL_KERNEL_DTYPES
+from models.layers.prefill_attention import HEAD_DIMS as PREFILL_HEAD_DIMS
 from models.layers.prefill_attention import FlashInferPrefill
 from models.layers.rope import PartialRotary
 from models.layers.specs import KVPoolSpec, RecurrentSpec
@@ -112,6 +114,17 @@ class Qwen35Backbone(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, t) for t in cfg.layer_types)
         self.norm = ZeroCenteredRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+
+
+def prefill_kernel_refusal(cfg: Qwen35Config) -> str | None:
+    """Why a model of ``cfg`` has no prefill kernels for its head shapes (None: it has): the GDN state pass takes key
+    heads of ``STATE_PASS_KEY_DIMS``, FlashInfer's paged prefill the head widths of its ``HEAD_DIMS``."""
+    if cfg.linear_key_head_dim not in STATE_PASS_KEY_DIMS:
+        return (f"the GDN state pass takes key heads of {' or '.join(map(str, STATE_PASS_KEY_DIMS))}, not "
+                f"{cfg.linear_key_head_dim}")  # fmt: skip
+    if cfg.head_dim not in PREFILL_HEAD_DIMS:
+        return f"FlashInfer's paged prefill takes heads of {PREFILL_HEAD_DIMS}, not {cfg.head_dim}"
+    return None
 
 
 class Qwen35Model(nn.Module):
@@ -283,11 +296,18 @@ class Qwen35Model(nn.Module):
         default where the weights are on CUDA in bf16 or fp16 (FlashInfer's paged prefill has no float32 kernels, so
         a float32 model prefills on the torch references; asking for the kernels there is refused)."""
         w = self.lm_head.weight
+        shapes = self.prefill_kernel_refusal()
         if self.prefill_kernels is None:
-            return w.is_cuda and w.dtype in PREFILL_KERNEL_DTYPES
+            return w.is_cuda and w.dtype in PREFILL_KERNEL_DTYPES and shapes is None
         if self.prefill_kernels and w.dtype not in PREFILL_KERNEL_DTYPES:
             raise ValueError(f"prefill_kernels needs bf16 or fp16 weights (FlashInfer's paged prefill), not {w.dtype}")
+        if self.prefill_kernels and shapes is not None:
+            raise ValueError(f"prefill_kernels: {shapes}")
         return self.prefill_kernels
+
+    def prefill_kernel_refusal(self) -> str | None:
+        """Why this model's head shapes have no prefill kernels (None: they have; ``prefill_kernel_refusal``)."""
+        return prefill_kernel_refusal(self.cfg)
 
     def fuse_projections(self) -> Qwen35Model:
         """Fuse each layer's same-input projections into one weight (views; see models.layers.fused). Call after

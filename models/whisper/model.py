@@ -17,6 +17,7 @@ from torch import nn
 from models.layers.flat import SINK_PAGE, PassShape, device_array, exact_shape, flat_layout, host_array
 from models.layers.paged import write_kv
 from models.layers.prefill_attention import DTYPES as FLASHINFER_DTYPES
+from models.layers.prefill_attention import HEAD_DIMS as PREFILL_HEAD_DIMS
 from models.layers.prefill_attention import FlashInferPrefill
 from models.layers.specs import KVPoolSpec
 from models.whisper.config import WhisperConfig
@@ -47,7 +48,7 @@ class DecoderChunk:
     pos_offset: int = 0  # token i sits at position pos_offset + start + i
 
 
-FLASHINFER_HEAD_DIMS = (64, 128, 256)  # head widths FlashInfer's fa2 paged prefill has kernels for
+FLASHINFER_HEAD_DIMS = PREFILL_HEAD_DIMS  # head widths FlashInfer's fa2 paged prefill has kernels for
 
 
 @attrs.frozen(eq=False)
