@@ -40,10 +40,17 @@ device (its input ids are the last step's sampled tokens there), step N+1 is lau
 and the host reads them while the device runs N+1; it then pre-plans N+2 (the resident plan, or the host arm's fill
 and fa2 schedule) while N+1 runs. A request whose last token is in flight is RETIRED, so no later step runs it past its
 length; a request that stops on a token at N has run N+1 too, and that token is dropped (rows are matched by the
-admission serial they were launched with). A step with prefill work, or none at all, first lands the step in flight
-(drain). The host arm's pre-plan writes pinned buffers that H2D copies read asynchronously: the fill's ring and fa2's
-schedule wait on the event of the copy that last read them, which ran before the step landed just before the pre-plan
-(``host-overlap`` in the benchmarks: what engines with asynchronous scheduling run).
+admission serial they were launched with). A step with no decode rows, or with prefill work it runs itself (not
+async prefill), first lands the step in flight (drain). The host arm's pre-plan writes pinned buffers that H2D copies
+read asynchronously: the fill's ring and fa2's schedule wait on the event of the copy that last read them, which ran
+before the step landed just before the pre-plan (``host-overlap`` in the benchmarks: what engines with asynchronous
+scheduling run).
+
+**Async prefill** (``EngineConfig.async_prefill``, on by default with CUDA): step 3's prefill chunks go to a pass
+launched on a stream of its own (after the engine stream's work so far) and the step's decode rows run as a decode
+step beside it; the chunks' requests stay PREFILLING until the host sees the pass landed (polled at the start and the
+end of each step), which then emits their first tokens and marks their rows stale. No prefill work is composed while
+a pass is in flight; a step with nothing else to run waits for it; an abort or an offload lands it first.
 
 The pre-plan's staged crossings name pages. Whatever gives pages back (a refused admit's rollback, an offload, a
 finish) drops the pre-plan if its program names one of them: otherwise a retried step with the same rows would reuse
@@ -124,7 +131,8 @@ class EngineConfig:
     decode_in_pass: bool = False
     # a step's prefill pass runs on a CUDA stream of its own while decode steps go on beside it; its requests join the
     # decode rows once the host sees it landed (one pass in flight; on a CPU the pass runs at launch and lands at the
-    # step's end). None: on where the device is CUDA and the decode rows are not in the pass (README, "Prefill")
+    # step's end). None: on where the device is CUDA and the decode rows are not in the pass (README, "Prefill beside
+    # decode")
     async_prefill: bool | None = None
     kernels: KernelChoices = KernelChoices()  # the decode step's kernel forms: folds, PDL, the weight stream
 
