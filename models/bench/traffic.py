@@ -18,7 +18,8 @@ the round's prefill shapes would otherwise fall on whichever arm meets them firs
 arm, the arm order reversed every other round. A request's TTFT counts from its arrival, not from when the engine
 loop got to it. Per arm (median [min-max] over rounds): output tok/s and requests/s, TTFT and ITL
 p50/p90/p99, TPOT mean, decode steps, mixed steps and their mean wall time, prefill passes (tokens, wall and GPU time a
-pass), H2D copies a decode step, peak GPU memory, and whether its first tokens (and all tokens) equal the host arm's.
+pass), decode steps beside a pass in flight (async prefill), H2D copies a decode step, peak GPU memory, and whether
+its first tokens (and all tokens) equal the host arm's.
 
 Writes ``results.md``, ``results.json``, ``ttft_cdf.png``, ``itl_cdf.png`` and ``timeline.png`` (the last round of
 each arm: rows, prompt tokens and wall time of every step) under ``--out``. Runs on a CPU too (tiny model, the
@@ -54,7 +55,7 @@ GPU_ARMS = "host,host-overlap,resident-fa2,resident-xqa,resident-triton"
 CPU_ARMS = "host-torch,resident-torch"
 COUNTERS = ("decode_steps", "mixed_steps", "prefill_steps", "prefill_passes", "prefill_tokens", "prefill_ns",
             "prefill_host_ns", "prefill_gpu_ms", "mixed_ns", "decode_ns", "gpu_ms", "h2d_copies", "rows_decoded",
-            "tokens", "preplan_hits", "preplans")  # fmt: skip
+            "tokens", "preplan_hits", "preplans", "decode_beside_pass")  # fmt: skip
 
 
 def parser(prog: str = "python -m models.bench.traffic", description: str = __doc__,
@@ -299,6 +300,7 @@ def timed_run(engine: Engine, workload: Workload, requests: list, cuda: bool,
         itl_p50_ms=_pct(itl, 50), itl_p90_ms=_pct(itl, 90), itl_p99_ms=_pct(itl, 99),
         tpot_mean_ms=float(tpot.mean()) if tpot.size else float("nan"),
         decode_steps=d["decode_steps"], mixed_steps=d["mixed_steps"], prefill_steps=d["prefill_steps"],
+        decode_beside_pass=d["decode_beside_pass"],
         decode_step_ms=per("decode_ns", d["decode_steps"]) / 1e6, mixed_ms=per("mixed_ns", d["mixed_steps"]) / 1e6,
         decode_gpu_ms=per("gpu_ms", d["decode_steps"]), prefill_passes=d["prefill_passes"],
         prefill_tokens_per_pass=per("prefill_tokens", d["prefill_passes"]),
@@ -321,7 +323,8 @@ COLUMNS = (  # (header, key, format): median [min-max] over rounds
     ("TTFT p99 ms", "ttft_p99_ms", "{:.0f}"), ("ITL p50 ms", "itl_p50_ms", "{:.2f}"),
     ("ITL p90 ms", "itl_p90_ms", "{:.2f}"), ("ITL p99 ms", "itl_p99_ms", "{:.1f}"),
     ("TPOT mean ms", "tpot_mean_ms", "{:.2f}"), ("decode steps", "decode_steps", "{:.0f}"),
-    ("decode step ms", "decode_step_ms", "{:.2f}"), ("mixed steps", "mixed_steps", "{:.0f}"),
+    ("decode step ms", "decode_step_ms", "{:.2f}"), ("beside a pass", "decode_beside_pass", "{:.0f}"),
+    ("mixed steps", "mixed_steps", "{:.0f}"),
     ("mixed step ms", "mixed_ms", "{:.1f}"), ("prefill passes", "prefill_passes", "{:.0f}"),
     ("tokens a pass", "prefill_tokens_per_pass", "{:.0f}"), ("pass ms", "prefill_ms", "{:.1f}"),
     ("pass host ms", "prefill_host_ms", "{:.1f}"), ("pass GPU ms", "prefill_gpu_ms", "{:.1f}"),
