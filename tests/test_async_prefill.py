@@ -42,14 +42,6 @@ def _late(engine: Engine, late: int) -> list[list[int]]:
     return polls
 
 
-def _requests(adapter):
-    """12 greedy requests and 6 sampled ones (temperature, top-p, top-k), varied prompts and outputs."""
-    greedy = random_requests(adapter, 12, prompt_len=(3, 30), gen_len=(2, 14), seed=4)
-    sampled = random_requests(adapter, 6, prompt_len=(3, 30), gen_len=(2, 14), seed=5, temperature=0.8, top_p=0.9,
-                              top_k=20)  # fmt: skip
-    return greedy + [attrs.evolve(r, request_id=f"s{i}") for i, r in enumerate(sampled)]
-
-
 @pytest.mark.parametrize(
     "model,planning,overlap,num_pages,prefill_graphs,polls",
     [
@@ -64,11 +56,13 @@ def _requests(adapter):
 )
 def test_passes_beside_decode_steps_give_the_tokens_of_passes_in_the_step(model, planning, overlap, num_pages,
                                                                          prefill_graphs, polls):  # fmt: skip
+    from test_decode_in_pass import _requests  # 12 greedy and 6 sampled requests, varied prompts and outputs
+
     adapter = build_adapter(model, seed=0)
     reqs = _requests(adapter)
     base = EngineConfig(page_size=4, max_seq_len=64, max_running=4, token_budget=12, planning=planning,
                         overlap=overlap, num_pages=num_pages, prefill_graphs=prefill_graphs,
-                        prefill_graph_tokens=16, row_check=planning is Planning.RESIDENT)  # fmt: skip
+                        prefill_graph_tokens=16, row_check=planning is Planning.RESIDENT, async_prefill=False)
     in_step = [r.tokens for r in Engine(adapter, base).run(reqs)]
     engine = Engine(adapter, attrs.evolve(base, async_prefill=True))
     seen = _late(engine, polls)

@@ -247,7 +247,7 @@ def test_an_engine_on_cuda_prefill_graphs_gives_the_eager_engines_tokens():
     from models.layers.decode_attention import Backend
 
     cfg = EngineConfig(device="cuda", dtype="bfloat16", attention=Backend.XQA, max_running=4, page_size=16,
-                       max_seq_len=128)  # fmt: skip
+                       max_seq_len=128, async_prefill=False)  # both batch alike: passes in the step  # fmt: skip
     eager = run_arms(adapter, cfg, reqs)
     graphed = run_arms(adapter, attrs.evolve(cfg, prefill_graphs=4, prefill_graph_tokens=256), reqs)
     for arm in eager:

@@ -71,7 +71,7 @@ def test_an_engine_on_the_prefill_kernels_gives_the_torch_paths_tokens():
 
     reqs = random_requests(adapter, 16, prompt_len=(20, 600), gen_len=(4, 12), seed=7)
     cfg = EngineConfig(device="cuda", dtype="bfloat16", attention=Backend.XQA, max_running=8, page_size=16,
-                       max_seq_len=640, token_budget=512)  # fmt: skip
+                       max_seq_len=640, token_budget=512, async_prefill=False)  # both batch alike  # fmt: skip
     kern = run_arms(adapter, cfg, reqs)
     adapter.model.prefill_kernels = False
     try:
@@ -85,53 +85,46 @@ def test_an_engine_on_the_prefill_kernels_gives_the_torch_paths_tokens():
         assert firsts == 16 and same >= 15
 
 
-def test_decode_rows_in_the_pass_give_nearly_the_tokens_of_a_decode_graph_beside_it():
-    """At the 0.8B shape in bf16 on the prefill kernels, XQA decode, prefill graphs on: an engine whose decode rows
-    ride in the prefill pass against one that runs them in a decode graph beside it. The rows then run other kernels
-    (fla's chunked rule and FlashInfer's prefill instead of the decode step's), so bf16 near-ties may break the other
-    way: at least 15/16 first tokens and 12/16 whole requests equal; every row checked in the resident arms."""
+def _against_passes_in_the_step(**change):
+    """16 requests at the 0.8B shape in bf16 on the prefill kernels (prompts of 20-600 tokens under a budget of 512),
+    XQA decode, prefill graphs, overlap and row checks: an engine with ``change`` against one that runs each pass in its
+    step with a decode graph beside it. Per arm: (first tokens equal, whole requests equal, the changed engine's
+    stats)."""
     import attrs
 
-    adapter = _adapter()
     from models.layers.decode_attention import Backend
 
+    adapter = _adapter()
     reqs = random_requests(adapter, 16, prompt_len=(20, 600), gen_len=(4, 24), seed=9)
     cfg = EngineConfig(device="cuda", dtype="bfloat16", attention=Backend.XQA, max_running=8, page_size=16,
                        max_seq_len=640, token_budget=512, prefill_graphs=4, prefill_graph_tokens=2048,
-                       overlap=True, row_check=True)  # fmt: skip
-    beside = run_arms(adapter, cfg, reqs)
-    inside = run_arms(adapter, attrs.evolve(cfg, decode_in_pass=True), reqs)
-    for arm in inside:
-        firsts = sum(a[0] == b[0] for a, b in zip(inside[arm].tokens, beside[arm].tokens, strict=True))
-        same = sum(a == b for a, b in zip(inside[arm].tokens, beside[arm].tokens, strict=True))
-        st = inside[arm].engine.stats
-        print(f"\n{arm}: first tokens equal {firsts}/16, all tokens {same}/16, rows in passes {st.pass_rows}")
+                       overlap=True, row_check=True, async_prefill=False)  # fmt: skip
+    base = run_arms(adapter, cfg, reqs)
+    other = run_arms(adapter, attrs.evolve(cfg, **change), reqs)
+    out = {}
+    for arm in other:
+        firsts = sum(a[0] == b[0] for a, b in zip(other[arm].tokens, base[arm].tokens, strict=True))
+        same = sum(a == b for a, b in zip(other[arm].tokens, base[arm].tokens, strict=True))
+        out[arm] = (firsts, same, other[arm].engine.stats)
+        print(f"\n{arm} {change}: first tokens equal {firsts}/16, all tokens {same}/16")
+    return out
+
+
+def test_decode_rows_in_the_pass_give_nearly_the_tokens_of_a_decode_graph_beside_it():
+    """Decode rows riding in the prefill pass run other kernels (fla's chunked rule and FlashInfer's prefill instead
+    of the decode step's), so bf16 near-ties may break the other way: at least 15/16 first tokens and 12/16 whole
+    requests equal; every row checked in the resident arms."""
+    for firsts, same, st in _against_passes_in_the_step(decode_in_pass=True).values():
         assert st.pass_rows > 0 and st.mismatches == 0
         assert firsts >= 15 and same >= 12
 
 
 def test_passes_beside_decode_steps_give_nearly_the_tokens_of_passes_in_the_step():
-    """At the 0.8B shape in bf16 on the prefill kernels, XQA decode, prefill graphs and overlap on: an engine whose
-    passes run on their own stream beside its decode steps (``async_prefill``) against one that runs each pass in its
-    step. Passes then group other chunks and decode steps other rows (its GEMMs see other row counts), so bf16
-    near-ties may break the other way: at least 15/16 first tokens and 12/16 whole requests equal; every row
-    checked in the resident arm, and some decode steps ran while a pass was in flight."""
-    import attrs
-
-    from models.layers.decode_attention import Backend
-
-    adapter = _adapter()
-    reqs = random_requests(adapter, 16, prompt_len=(20, 600), gen_len=(4, 24), seed=9)
-    cfg = EngineConfig(device="cuda", dtype="bfloat16", attention=Backend.XQA, max_running=8, page_size=16,
-                       max_seq_len=640, token_budget=512, prefill_graphs=4, prefill_graph_tokens=2048,
-                       overlap=True, row_check=True)  # fmt: skip
-    in_step = run_arms(adapter, cfg, reqs)
-    beside = run_arms(adapter, attrs.evolve(cfg, async_prefill=True), reqs)
-    for arm in beside:
-        firsts = sum(a[0] == b[0] for a, b in zip(beside[arm].tokens, in_step[arm].tokens, strict=True))
-        same = sum(a == b for a, b in zip(beside[arm].tokens, in_step[arm].tokens, strict=True))
-        st = beside[arm].engine.stats
-        print(f"\n{arm}: first tokens equal {firsts}/16, all tokens {same}/16, decode steps beside a pass "
-              f"{st.decode_beside_pass} of {st.decode_steps}")  # fmt: skip
+    """Passes on their own stream beside the decode steps (``async_prefill``) group other chunks, and the decode steps
+    other rows (their GEMMs see other row counts), so bf16 near-ties may break the other way: at least 15/16 first
+    tokens and 12/16 whole requests equal; every row checked in the resident arm, and some decode steps ran while a
+    pass was in flight."""
+    for firsts, same, st in _against_passes_in_the_step(async_prefill=True).values():
+        print(f"decode steps beside a pass: {st.decode_beside_pass} of {st.decode_steps}")
         assert st.decode_beside_pass > 0 and st.mixed_steps == 0 and st.mismatches == 0
         assert firsts >= 15 and same >= 12

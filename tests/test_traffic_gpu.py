@@ -36,7 +36,7 @@ ENGINES = {  # name: (planning, attention, overlap); a resident engine is checke
 }
 TWIN = {"resident-fa2": "host", "resident-xqa": "host-xqa-overlap", "resident-triton": "host-triton-overlap"}
 CFG = EngineConfig(device="cuda", dtype="bfloat16", max_running=16, page_size=16, num_pages=60, max_seq_len=512,
-                   token_budget=192)  # fmt: skip
+                   token_budget=192, async_prefill=False)  # twins batch alike: passes in the step  # fmt: skip
 
 
 @pytest.fixture(scope="module")

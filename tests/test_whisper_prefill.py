@@ -166,7 +166,8 @@ def test_a_whisper_engine_on_cuda_prefill_graphs_gives_the_eager_engines_tokens(
 
     adapter = _tiny_on_cuda()
     reqs = random_requests(adapter, 12, prompt_len=(4, 40), gen_len=(3, 10), seed=9)
-    cfg = EngineConfig(device="cuda", dtype="bfloat16", max_running=4, page_size=16, max_seq_len=128, token_budget=24)
+    cfg = EngineConfig(device="cuda", dtype="bfloat16", max_running=4, page_size=16, max_seq_len=128, token_budget=24,
+                       async_prefill=False)  # both batch alike: passes in the step
     eager = run_arms(adapter, cfg, reqs)
     graphed = run_arms(adapter, attrs.evolve(cfg, prefill_graphs=4, prefill_graph_tokens=64), reqs)
     for arm in eager:
