@@ -19,7 +19,8 @@ arm, the arm order reversed every other round. A request's TTFT counts from its 
 loop got to it. Per arm (median [min-max] over rounds): output tok/s and requests/s, TTFT and ITL
 p50/p90/p99, TPOT mean, decode steps, mixed steps and their mean wall time, prefill passes (tokens, wall and GPU time a
 pass), decode steps beside a pass in flight (async prefill), H2D copies a decode step, peak GPU memory, and whether
-its first tokens (and all tokens) equal the host arm's.
+its first tokens (and all tokens) equal the host arm's. (With passes beside the decode steps, or arrivals over time,
+two arms batch their rows by their own timing, so in bf16 a near-tie may break the other way.)
 
 Writes ``results.md``, ``results.json``, ``ttft_cdf.png``, ``itl_cdf.png`` and ``timeline.png`` (the last round of
 each arm: rows, prompt tokens and wall time of every step) under ``--out``. Runs on a CPU too (tiny model, the
