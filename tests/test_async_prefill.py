@@ -111,7 +111,7 @@ def test_an_abort_lands_the_pass_in_flight_first():
     for r in reqs:
         engine.submit(r)
     engine.step()  # launches the first pass: reqs[0]'s first chunk is in it
-    assert engine.in_pass is not None and 0 in engine.in_pass.handles.tolist()
+    assert engine.in_pass is not None and 0 in [c.handle for c in engine.in_pass.chunks]
     assert engine.abort(reqs[0].request_id)
     assert engine.in_pass is None
     while engine.has_work():

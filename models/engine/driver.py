@@ -136,6 +136,13 @@ class EngineConfig:
     async_prefill: bool | None = None
     kernels: KernelChoices = KernelChoices()  # the decode step's kernel forms: folds, PDL, the weight stream
 
+    def prefill_beside(self) -> bool:
+        """Whether the engine runs its passes beside its decode steps: ``async_prefill``, or (None) where the device
+        is CUDA and the decode rows are not in the pass."""
+        if self.async_prefill is not None:
+            return self.async_prefill
+        return torch.device(self.device).type == "cuda" and not self.decode_in_pass
+
 
 @attrs.define
 class Ahead:
@@ -163,9 +170,10 @@ class InPass:
     chunks: tuple[Chunk, ...]
     launch: PassInFlight
 
-    @property
-    def handles(self) -> np.ndarray:
-        return np.array([c.handle for c in self.chunks], np.int64)
+
+def _handles(chunks: tuple[Chunk, ...]) -> np.ndarray:
+    """[n] int64: the chunks' handles, in order."""
+    return np.array([c.handle for c in chunks], np.int64)
 
 
 class Engine:
@@ -240,8 +248,7 @@ class Engine:
         self.prefill = Prefill(adapter, self.model_state, self.sampler, self.layout, self.streams,
                                self.admission.n_pages, ps, cfg.prefill_graphs, cfg.prefill_graph_tokens, H, device,
                                cfg.timing)  # fmt: skip
-        self.async_prefill = (cfg.async_prefill if cfg.async_prefill is not None
-                              else device.type == "cuda" and not cfg.decode_in_pass)  # fmt: skip
+        self.async_prefill = cfg.prefill_beside()
         self.prefill_stream = torch.cuda.Stream(device) if self.async_prefill and device.type == "cuda" else None
         self.in_pass: InPass | None = None  # async_prefill: the pass in flight
         self.limits = Limits(adapter.name, adapter.vocab_size, self.max_seq_len)
@@ -435,10 +442,8 @@ class Engine:
             self.launcher.forget(in_pass)
             self.stats.pass_rows += in_pass.size
             self.stats.rows_decoded += in_pass.size
-        for chunk in chunks:
-            self.scheduler.prefilled_chunk(chunk, seq)
-        self.table.issued[prefilled.ended] = 1
-        self.arm.prefilled(np.concatenate([rows, np.array([c.handle for c in chunks], np.int64)]), seq)
+        self._chunks_prefilled(chunks, prefilled.ended, seq)
+        self.arm.prefilled(np.concatenate([rows, _handles(chunks)]), seq)
         if rows.size:
             self.stats.mixed_steps += 1
         else:
@@ -489,12 +494,17 @@ class Engine:
         prefilled = self.prefill.land(p.launch)
         self.stats.add(prefilled)
         seq = next(self.seqs)
-        for chunk in p.chunks:
-            self.scheduler.prefilled_chunk(chunk, seq)
-        self.table.issued[prefilled.ended] = 1
-        self.arm.prefilled(p.handles, seq)
+        self._chunks_prefilled(p.chunks, prefilled.ended, seq)
+        self.arm.prefilled(_handles(p.chunks), seq)
         if prefilled.ended.size:
             self._emit(prefilled.ended, prefilled.first_tokens)
+
+    def _chunks_prefilled(self, chunks: tuple[Chunk, ...], ended: np.ndarray, seq: int) -> None:
+        """A pass ran ``chunks`` (at step ``seq``): the scheduler counts them, and the prompts it ended (``ended``)
+        have issued their first token."""
+        for chunk in chunks:
+            self.scheduler.prefilled_chunk(chunk, seq)
+        self.table.issued[ended] = 1
 
     # -- admission -----------------------------------------------------------------------------------------------
     def _compose(self) -> Batch:
