@@ -142,7 +142,7 @@ class Prefill:
             p.done.synchronize()
             torch.cuda.current_stream(self.device).wait_event(p.done)
         gpu_ms = 0.0
-        if self._timer is not None and p.tokens:
+        if self._timer is not None:
             self._timer[1].synchronize()
             gpu_ms = self._timer[0].elapsed_time(self._timer[1])
         drawn = self._drawn_np[: p.n_drawn].copy()
