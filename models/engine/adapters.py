@@ -17,6 +17,7 @@ import torch
 from kernels.choices import DEFAULT, KernelChoices
 from models.engine.requests import InvalidRequest, Request
 from models.layers.flat import bucket_shape
+from models.layers.prefill_attention import HEAD_DIMS as PREFILL_HEAD_DIMS
 from models.layers.specs import KVPoolSpec
 from models.qwen3_5 import KV_POOL, PrefillChunk, Qwen35Model
 from models.qwen3_5 import config as qwen_config
@@ -25,7 +26,6 @@ from models.whisper import DecoderChunk, WhisperModel
 from models.whisper import config as whisper_config
 from models.whisper.config import WhisperConfig
 from models.whisper.decoder import CROSS, SELF
-from models.whisper.model import FLASHINFER_HEAD_DIMS
 from resplan import ResourceInfo, ResourceKind, Segment, StepBuffers, StreamMode
 
 DECODE = "decode"  # the decode walk's stream label
@@ -265,7 +265,7 @@ class WhisperAdapter(Adapter):
         if w.is_cuda and (m.prefill_kernels is False or not m.has_prefill_kernels(w.device, w.dtype)):
             return (f"its prefill attention runs the torch references on CUDA (prefill_kernels off, or {w.dtype} "
                     f"weights and head width {m.cfg.head_dim}: FlashInfer's needs bf16 or fp16 and a width in "
-                    f"{FLASHINFER_HEAD_DIMS}), which read lengths back to the host")  # fmt: skip
+                    f"{PREFILL_HEAD_DIMS}), which read lengths back to the host")  # fmt: skip
         return None
 
     def prefill_shape(self, state, tokens, max_chunks):

@@ -17,7 +17,7 @@ from torch import nn
 from models.layers.flat import SINK_PAGE, PassShape, device_array, exact_shape, flat_layout, host_array
 from models.layers.paged import write_kv
 from models.layers.prefill_attention import DTYPES as FLASHINFER_DTYPES
-from models.layers.prefill_attention import HEAD_DIMS as PREFILL_HEAD_DIMS
+from models.layers.prefill_attention import HEAD_DIMS as PREFILL_HEAD_DIMS  # FlashInfer's paged prefill
 from models.layers.prefill_attention import FlashInferPrefill
 from models.layers.specs import KVPoolSpec
 from models.whisper.config import WhisperConfig
@@ -46,9 +46,6 @@ class DecoderChunk:
     cross_pages: PageIds  # the request's cross pages in order
     cross_len: int  # cross tokens stored (0: no context)
     pos_offset: int = 0  # token i sits at position pos_offset + start + i
-
-
-FLASHINFER_HEAD_DIMS = PREFILL_HEAD_DIMS  # head widths FlashInfer's fa2 paged prefill has kernels for
 
 
 @attrs.frozen(eq=False)
@@ -213,7 +210,7 @@ class WhisperModel(nn.Module):
     def has_prefill_kernels(self, device: torch.device, dtype: torch.dtype) -> bool:
         """Whether a state on ``device`` in ``dtype`` gets FlashInfer's prefill attention: CUDA, bf16 or fp16, and a
         head width FlashInfer serves."""
-        return device.type == "cuda" and dtype in FLASHINFER_DTYPES and self.cfg.head_dim in FLASHINFER_HEAD_DIMS
+        return device.type == "cuda" and dtype in FLASHINFER_DTYPES and self.cfg.head_dim in PREFILL_HEAD_DIMS
 
     def uses_prefill_kernels(self, state: PagedState) -> bool:
         """Whether a pass over ``state`` runs FlashInfer's paged prefill: ``prefill_kernels``, or by default where
@@ -221,7 +218,7 @@ class WhisperModel(nn.Module):
         has = getattr(state, "prefill_attention", None) is not None  # (a plain dict of pools has none)
         if self.prefill_kernels and not has:
             raise ValueError("prefill_kernels: this state has no FlashInfer prefill attention (it needs CUDA, bf16 or "
-                             f"fp16 pools and a head width in {FLASHINFER_HEAD_DIMS}, got {self.cfg.head_dim})")
+                             f"fp16 pools and a head width in {PREFILL_HEAD_DIMS}, got {self.cfg.head_dim})")
         return has if self.prefill_kernels is None else self.prefill_kernels
 
     def prefill_inputs(self, state: PagedState, chunks: Sequence[DecoderChunk], shape: PassShape | None = None,
