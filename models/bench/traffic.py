@@ -48,7 +48,7 @@ import torch
 from models.bench.arms import arm_config, frozen_heap, paired_ratio, parse_arms, planner_yardstick
 from models.bench.workload import Lengths, Sampling, Workload, WorkloadError, arrival_times, read_trace
 from models.cli import OneLineParser, fraction, positive_int, rate
-from models.engine import DEFAULT_TOKEN_BUDGET, Engine
+from models.engine import DEFAULT_TOKEN_BUDGET, Engine, EngineConfig
 from models.engine.adapters import MODEL_CONFIGS, build_adapter, model_context
 from models.engine.tensor_parallel import RankEngine, build_rank_adapter, join_group
 
@@ -493,6 +493,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         if not lead:
             return []
     table, rows = summarize(runs, run.arms)
+    beside = EngineConfig(device=run.device, decode_in_pass=args.decode_in_pass,
+                          async_prefill=knobs["async_prefill"]).prefill_beside()  # a plain-named arm's mode
     device_name = torch.cuda.get_device_name() if cuda else "CPU"
     command = "python -m models.bench.traffic " + " ".join(argv if argv is not None else sys.argv[1:])
     head = (f"Traffic benchmark on {device_name} (torch {torch.__version__}), {args.model} (random weights, "
@@ -501,7 +503,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             f"token budget {args.token_budget}, page size {args.page_size}, context {run.max_seq_len}, prefill "
             f"graphs: {knobs['prefill_graphs']} token buckets up to {args.prefill_graph_tokens} (each captured at "
             f"engine build); decode rows {'in' if args.decode_in_pass else 'beside'} the prefill pass; passes "
-            f"{'in the step' if knobs['async_prefill'] is False else 'on their own stream beside the decode steps'}"
+            f"{'on their own stream beside the decode steps' if beside else 'in the step'}"
             f" unless an arm says /async or /in-step. {args.rounds} "
             f"rounds, each its own "
             f"draw of the traffic, {'served once untimed first, then ' if args.prerun else ''}timed in every arm, the "
