@@ -144,3 +144,11 @@ def test_a_cpu_run_reports_what_it_served(tmp_path):
     assert {r["arm"] for r in data["rows"]} == {"host-torch", "resident-torch"} and len(data["runs"]) == 4
     for name in ("ttft_cdf.png", "itl_cdf.png", "timeline.png"):
         assert (out / name).stat().st_size > 1000
+
+
+def test_decode_rows_in_the_pass_with_async_passes_is_refused_by_the_engine_not_dropped(tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        traffic.main([*CPU, "--arms", "resident-torch", "--decode-in-pass", "--async-prefill", "--out",
+                      str(tmp_path / "out")])  # fmt: skip
+    assert info.value.code == 2
+    assert "engine resident-torch: decode_in_pass and async_prefill" in capsys.readouterr().err

@@ -85,8 +85,11 @@ def main(argv: list[str] | None = None) -> None:
                      page_size=args.page_size, num_pages=args.num_pages, max_seq_len=run.max_seq_len,
                      token_budget=args.token_budget, prefill_graphs=args.prefill_graphs,
                      prefill_graph_tokens=args.prefill_graph_tokens, decode_in_pass=args.decode_in_pass,
-                     async_prefill=False if args.decode_in_pass else args.async_prefill)  # fmt: skip
-    engine = Engine(adapter, cfg)
+                     async_prefill=args.async_prefill)  # fmt: skip
+    try:
+        engine = Engine(adapter, cfg)
+    except ValueError as e:
+        ap.error(f"engine {arm}: {e}")
     serve(engine, run.warmup, run.warmup.requests(adapter.vocab_size, run.sampling, args.seed + 1, "warm-"),
           wait=False)  # fmt: skip
     work = run.rounds[0]

@@ -443,7 +443,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                  page_size=args.page_size, num_pages=args.num_pages, max_seq_len=run.max_seq_len, timing=True,
                  token_budget=args.token_budget, prefill_graphs=args.prefill_graphs if cuda else 0,
                  prefill_graph_tokens=args.prefill_graph_tokens, decode_in_pass=args.decode_in_pass,
-                 async_prefill=False if args.decode_in_pass else args.async_prefill)  # fmt: skip
+                 async_prefill=args.async_prefill)  # fmt: skip
     engines = {}
     for arm in run.arms:
         try:
