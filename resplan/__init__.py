@@ -11,7 +11,7 @@ from resplan.capture import (
     capture_streams,
     resident_refusal,
 )
-from resplan.executor import Executor, Graph, KernelImpl
+from resplan.executor import Executor, Graph, KernelImpl, distinct_streams
 from resplan.layout import (
     SAMPLER_CELLS,
     SINK_PAGE,
@@ -38,6 +38,6 @@ __all__ = [
     "Column", "ColumnKind", "Executor", "FlushProgram", "Graph", "HostStreams", "KVPool", "KVStreams", "KernelImpl",
     "Mismatch", "PlanError", "PlannerConfig", "PlannerState", "Refusal", "ResidentStream", "ResourceInfo",
     "ResourceKind", "RowLayout", "SamplerCell", "Segment", "Span", "Step", "StepBuffers", "StreamMode", "bits_float",
-    "build_planner", "capture_streams", "commit", "float_bits", "mark_stale", "offload", "plan", "release",
-    "resident_refusal", "row_check",
+    "build_planner", "capture_streams", "commit", "distinct_streams", "float_bits", "mark_stale", "offload", "plan",
+    "release", "resident_refusal", "row_check",
 ]

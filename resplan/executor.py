@@ -23,6 +23,8 @@ from resplan.layout import RowLayout
 from resplan.pinned import PinnedRing, host_zeros
 from resplan.records import FlushProgram
 
+POOL_STREAMS = 32  # the streams of one priority that torch.cuda.Stream() hands out in turn (c10's kStreamsPerPool)
+
 
 class KernelImpl(enum.Enum):
     """Which implementation runs the in-graph kernels."""
@@ -46,6 +48,24 @@ def _kernels(impl: KernelImpl):
     return rows.scatter_cells_ref, rows.gather_rows_ref, rows.commit_lengths_ref
 
 
+def distinct_streams(device: torch.device, n: int) -> tuple[torch.cuda.Stream, ...]:
+    """``n`` CUDA streams, pairwise distinct and none of them the current stream or ``torch.cuda.graph``'s default
+    capture stream. ``torch.cuda.Stream()`` hands out the streams of a pool of 32 in turn, so two streams drawn 32
+    draws apart are one stream: graphs that may replay at the same time need capture streams drawn this way (Graph)."""
+    taken = {torch.cuda.current_stream(device)}
+    if torch.cuda.graph.default_capture_stream is not None:
+        taken.add(torch.cuda.graph.default_capture_stream)
+    out: list[torch.cuda.Stream] = []
+    for _ in range(2 * POOL_STREAMS):
+        s = torch.cuda.Stream(device)
+        if s not in taken:
+            out.append(s)
+            taken.add(s)
+            if len(out) == n:
+                return tuple(out)
+    raise RuntimeError(f"{2 * POOL_STREAMS} draws from torch's stream pool gave {len(out)} of {n} distinct streams")
+
+
 class Graph:
     """``torch.cuda.CUDAGraph`` of ``fn`` on CUDA; on the CPU an eager replay of the same callable."""
 
@@ -57,14 +77,16 @@ class Graph:
         share memory otherwise (seen on the H200 as a hang)."""
         self.fn = fn
         self.device = device
+        self.stream = stream
         self.graph = None
         if device.type == "cuda":
-            side = torch.cuda.Stream(device)
-            side.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(side):
-                for _ in range(warmup):
-                    fn()
-            torch.cuda.current_stream(device).wait_stream(side)
+            if warmup:
+                side = torch.cuda.Stream(device)
+                side.wait_stream(torch.cuda.current_stream(device))
+                with torch.cuda.stream(side):
+                    for _ in range(warmup):
+                        fn()
+                torch.cuda.current_stream(device).wait_stream(side)
             self.graph = self._capture(fn, pool, stream=stream)
 
     @staticmethod

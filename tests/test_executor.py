@@ -163,6 +163,65 @@ def test_a_capture_that_fails_twice_raises_and_other_errors_are_not_retried():
     assert flaky.calls == 1
 
 
+class _Pool:
+    """torch's stream pool as c10 has it: ``size`` streams handed out in turn."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.drawn = size, 0
+
+    def __call__(self, device=None) -> str:
+        self.drawn += 1
+        return f"pool{(self.drawn - 1) % self.size}"
+
+
+@pytest.mark.parametrize("drawn_before", [0, 1, 30, 31, 63])
+def test_distinct_streams_never_hand_out_one_stream_twice_though_the_pool_wraps(drawn_before, monkeypatch):
+    """Whatever was drawn before, the streams are pairwise distinct and none is the current stream or the default
+    capture stream (here pool0, the first ever drawn)."""
+    import resplan.executor as ex
+
+    pool = _Pool(ex.POOL_STREAMS)
+    monkeypatch.setattr(torch.cuda, "Stream", pool)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: "default")
+    monkeypatch.setattr(torch.cuda.graph, "default_capture_stream", pool())
+    for _ in range(drawn_before):
+        pool()
+    got = ex.distinct_streams(torch.device("cuda"), 3)
+    assert len(set(got)) == 3 and not {"pool0", "default"} & set(got)
+
+
+def test_distinct_streams_say_when_the_pool_cannot_give_them(monkeypatch):
+    import resplan.executor as ex
+
+    monkeypatch.setattr(torch.cuda, "Stream", _Pool(2))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: "pool0")
+    monkeypatch.setattr(torch.cuda.graph, "default_capture_stream", None)
+    with pytest.raises(RuntimeError, match="gave 1 of 2 distinct streams"):
+        ex.distinct_streams(torch.device("cuda"), 2)
+
+
+@pytest.mark.gpu
+def test_torchs_pool_streams_wrap_and_distinct_streams_step_around_the_default_capture_stream():
+    """The premise (a stream drawn POOL_STREAMS draws later is the same stream), then the helper on the real pool with
+    the default capture stream one draw ahead."""
+    import resplan.executor as ex
+
+    dev = torch.device("cuda")
+    first = torch.cuda.Stream(dev)
+    assert [torch.cuda.Stream(dev) for _ in range(ex.POOL_STREAMS)][-1] == first
+    if torch.cuda.graph.default_capture_stream is None:
+        torch.cuda.graph.default_capture_stream = torch.cuda.Stream(dev)
+    default = torch.cuda.graph.default_capture_stream
+    assert default in [torch.cuda.Stream(dev) for _ in range(ex.POOL_STREAMS)]
+    while torch.cuda.Stream(dev) != default:
+        pass
+    for _ in range(ex.POOL_STREAMS - 1):
+        torch.cuda.Stream(dev)  # the next draw would be the default capture stream
+    got = ex.distinct_streams(dev, 3)
+    assert len(set(got)) == 3
+    assert torch.cuda.graph.default_capture_stream not in got and torch.cuda.current_stream(dev) not in got
+
+
 def test_the_pinned_ring_hands_its_entries_out_in_turn():
     """Entries built once by make(pinned), taken round-robin with their index; ``last`` names the one taken last (the
     one ``done`` marks). Off CUDA there are no events: waiting returns at once."""

@@ -82,7 +82,7 @@ from models.engine.scheduler import Batch, Chunk, Order, Pending, Scheduler, dec
 from models.engine.stats import EngineStats
 from models.engine.table import RequestTable
 from models.layers.decode_attention import Backend
-from resplan import Executor
+from resplan import Executor, distinct_streams
 
 __all__ = ["Ahead", "Engine", "EngineConfig", "EngineStats", "Planning"]
 
@@ -238,8 +238,14 @@ class Engine:
             return step_fn(adapter, self.model_state, self.executor, self.launcher, self.sampler, self.attn[b],
                            cfg.kernels, b, greedy, resident, device_ids=resident or cfg.overlap)  # fmt: skip
 
+        # three distinct streams (torch's pool hands out 32 in turn): the decode graphs' and the passes' capture
+        # streams, and the stream an async pass runs on; graphs or GEMMs that may run at once never share a cuBLAS
+        # workspace (resplan.Graph)
+        decode_capture, prefill_capture, pass_stream = (distinct_streams(device, 3) if device.type == "cuda"
+                                                        else (None, None, None))  # fmt: skip
         W = self.layout.span(self.append_keys[0]).width
-        self.host_graphs, self.graphs = capture_graphs(self.plans, self.attn, W, device, make_fn, self.resident)
+        self.host_graphs, self.graphs = capture_graphs(self.plans, self.attn, W, device, make_fn, self.resident,
+                                                       decode_capture)  # fmt: skip
         self.seqs = itertools.count(1)  # step serials (resplan's seq), one a step and one a plan made early
         self.arm = (ResidentArm(self.layout, self.plans, H, self.executor, self.tables, self.streams, self.seqs,
                                 cfg.row_check) if self.resident
@@ -247,9 +253,9 @@ class Engine:
                                  cfg.overlap))  # fmt: skip
         self.prefill = Prefill(adapter, self.model_state, self.sampler, self.layout, self.streams,
                                self.admission.n_pages, ps, cfg.prefill_graphs, cfg.prefill_graph_tokens, H, device,
-                               cfg.timing)  # fmt: skip
+                               cfg.timing, prefill_capture)  # fmt: skip
         self.async_prefill = cfg.prefill_beside()
-        self.prefill_stream = torch.cuda.Stream(device) if self.async_prefill and device.type == "cuda" else None
+        self.prefill_stream = pass_stream if self.async_prefill else None
         self.in_pass: InPass | None = None  # async_prefill: the pass in flight
         self.limits = Limits(adapter.name, adapter.vocab_size, self.max_seq_len)
         self.stats = EngineStats()

@@ -88,13 +88,15 @@ def step_fn(adapter: Adapter, model_state, executor: Executor, launcher: Launche
 
 
 def capture_graphs(plans: dict[int, BucketPlan], attn: dict[int, object | None], width: int, device: torch.device,
-                   make_fn: Callable[[int, bool, bool], Callable[[], None]],
-                   resident: bool) -> tuple[dict[GraphKey, Graph], dict[GraphKey, Graph]]:  # fmt: skip
+                   make_fn: Callable[[int, bool, bool], Callable[[], None]], resident: bool,
+                   stream: torch.cuda.Stream | None = None,
+                   ) -> tuple[dict[GraphKey, Graph], dict[GraphKey, Graph]]:  # fmt: skip
     """Capture every bucket once per sampling mode, largest first, in one memory pool: the host-planned graphs (mixed
     steps, and the host arm's decode) and, in the resident arm, the resident decode graphs (else the host-planned
     ones again). ``make_fn(b, greedy, resident)`` is the step to capture. A step whose rows are all greedy replays the
     argmax graph and skips the sampler's top-k over the vocabulary (hundreds of microseconds of GPU time at 64
-    rows). ``width``: the block table's columns (a host-scheduled attention is scheduled for the trash rows first)."""
+    rows). ``width``: the block table's columns (a host-scheduled attention is scheduled for the trash rows first).
+    ``stream``: the capture stream (None: torch's default one)."""
     for b, p in plans.items():  # a captured run of a host-scheduled attention needs a schedule: the trash rows'
         if not p.host_plan_free:
             attn[b].schedule(np.zeros((b, width), np.int32), np.ones(b, np.int32))
@@ -102,8 +104,8 @@ def capture_graphs(plans: dict[int, BucketPlan], attn: dict[int, object | None],
     for b in sorted(plans, reverse=True):
         key = plans[b]
         for greedy in (False, True):
-            host[key, greedy] = Graph(make_fn(b, greedy, False), device, pool)
+            host[key, greedy] = Graph(make_fn(b, greedy, False), device, pool, stream=stream)
             pool = host[key, greedy].pool
             if resident:
-                res[key, greedy] = Graph(make_fn(b, greedy, True), device, pool)
+                res[key, greedy] = Graph(make_fn(b, greedy, True), device, pool, stream=stream)
     return host, (res if resident else host)

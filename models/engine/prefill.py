@@ -81,7 +81,8 @@ class Prefill:
 
     def __init__(self, adapter: Adapter, model_state, sampler: Sampler, layout: RowLayout, streams: HostStreams,
                  n_pages: dict[str, np.ndarray], page_size: int, graphs: int, graph_tokens: int, max_chunks: int,
-                 device: torch.device, timing: bool) -> None:  # fmt: skip
+                 device: torch.device, timing: bool,
+                 capture_stream: torch.cuda.Stream | None = None) -> None:  # fmt: skip
         self.adapter = adapter
         self.model_state = model_state
         self.sampler = sampler
@@ -93,7 +94,7 @@ class Prefill:
         self.device = device
         self.buckets = token_buckets(graphs, graph_tokens) if graphs else ()
         self.graphs = (PrefillGraphs(partial(adapter.prefill_forward, model_state), device, len(self.buckets),
-                                     graph_tokens) if graphs else None)  # fmt: skip
+                                     graph_tokens, capture_stream=capture_stream) if graphs else None)  # fmt: skip
         self.max_chunks = max_chunks  # chunks a pass holds at most: one a running request
         if self.graphs is not None:
             self._capture_buckets(page_size)

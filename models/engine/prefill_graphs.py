@@ -33,7 +33,7 @@ from typing import Any
 import attrs
 import torch
 
-from resplan import Graph
+from resplan import Graph, distinct_streams
 
 
 @attrs.define
@@ -64,6 +64,7 @@ class PrefillGraphs:
         capacity: int,
         max_tokens: int,
         remember: int = 256,
+        capture_stream: torch.cuda.Stream | None = None,
     ) -> None:
         if capacity < 1 or max_tokens < 1 or remember < 1:
             raise ValueError(f"prefill graphs need capacity, max_tokens and remember >= 1, got {capacity}, "
@@ -73,9 +74,11 @@ class PrefillGraphs:
         self.capacity = capacity
         self.max_tokens = max_tokens
         self.remember = remember
-        # the passes' own capture stream: a decode graph may replay beside a pass (async_prefill), and graphs captured
-        # on one stream share its cuBLAS workspace (resplan.Graph)
-        self.capture_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        # the passes' own capture stream (None: one drawn apart from torch's default): a decode graph may replay
+        # beside a pass (async_prefill), and graphs captured on one stream share its cuBLAS workspace (resplan.Graph)
+        if capture_stream is None and self.device.type == "cuda":
+            (capture_stream,) = distinct_streams(self.device, 1)
+        self.capture_stream = capture_stream
         self.graphs: OrderedDict[Hashable, _Captured] = OrderedDict()
         self.seen: OrderedDict[Hashable, None] = OrderedDict()  # keys that ran once, not captured (LRU)
         self.stats = PrefillGraphStats()
