@@ -89,6 +89,9 @@ CPU = ["--model", "qwen3_5-tiny", "--device", "cpu", "--page-size", "4", "--max-
     (["--arms", "resident-torch,nope"], "argument --arms: unknown arm 'nope'"),
     (["--arms", "resident-torch/fast"], "argument --arms: arm 'resident-torch/fast': an engine arm takes the suffix "
                                         "/async or /in-step"),
+    (["--arms", "resident-torch@0"], "argument --arms: arm 'resident-torch@0': @ takes a token budget, a positive "
+                                     "whole number"),
+    (["--arms", "resident-torch/async@lots"], "arm 'resident-torch/async@lots': @ takes a token budget"),
     (["--model", "whisper-test"], "argument --model: 'whisper-test': the traffic benchmark serves the text models"),
     (["--trace", "t.jsonl", "--rate", "3"], "argument --trace: a trace gives arrivals and lengths: drop --rate"),
     (["--trace", "missing.jsonl"], "argument --trace: missing.jsonl: No such file or directory"),
@@ -106,7 +109,7 @@ def test_bad_arguments_end_in_one_line_before_any_engine_is_built(args, words, t
     assert words in err, err
 
 
-def test_an_arms_prefill_suffix_sets_async_prefill_and_a_plain_name_takes_the_flag():
+def test_an_arms_suffixes_set_async_prefill_and_the_token_budget_and_a_plain_name_takes_the_flags():
     from models.bench.arms import arm_config, parse_arms
 
     assert parse_arms("resident-torch/async,resident-torch/in-step,host-torch", "cpu") == [
@@ -115,6 +118,10 @@ def test_an_arms_prefill_suffix_sets_async_prefill_and_a_plain_name_takes_the_fl
     assert arm_config("resident-torch/in-step", async_prefill=True).async_prefill is False
     assert arm_config("resident-torch", async_prefill=True).async_prefill is True
     assert arm_config("host-torch").overlap is False and arm_config("host-torch/async").async_prefill is True
+    cfg = arm_config("resident-torch/in-step@4096", token_budget=1024, async_prefill=True)
+    assert (cfg.token_budget, cfg.async_prefill) == (4096, False)
+    assert arm_config("resident-torch@512", token_budget=1024).token_budget == 512
+    assert arm_config("resident-torch", token_budget=1024).token_budget == 1024
 
 
 def test_a_cpu_run_reports_what_it_served(tmp_path):

@@ -15,8 +15,9 @@ Arms (planning, decode attention, overlap):
   host-torch, resident-torch  plain-torch attention (resident with overlap): the arms a CPU runs
 
 Any arm may end in ``/async`` (its prefill passes on a stream of their own, beside its decode steps:
-``EngineConfig.async_prefill``) or ``/in-step`` (each pass inside its step, the decode rows waiting for it), so that
-one run alternates the two; a plain name takes the benchmark's ``--async-prefill`` setting.
+``EngineConfig.async_prefill``) or ``/in-step`` (each pass inside its step, the decode rows waiting for it), and then
+in ``@N`` (a token budget of N prefill tokens a step), so that one run alternates them: ``resident-triton/async@4096``.
+A plain name takes the benchmark's ``--async-prefill`` and ``--token-budget``.
 """
 
 from __future__ import annotations
@@ -50,27 +51,38 @@ ARMS = {
     "resident-torch": Arm(Planning.RESIDENT, Backend.TORCH, True),
 }
 CUDA_ONLY = frozenset({Backend.FA2, Backend.XQA})
-PREFILL_MODES = {"async": True, "in-step": False}  # an arm's suffix -> EngineConfig.async_prefill
+PREFILL_MODES = {"async": True, "in-step": False}  # an arm's /suffix -> EngineConfig.async_prefill
 
 
-def split_arm(name: str) -> tuple[str, bool | None]:
-    """An arm's name as (the ``ARMS`` name, its async_prefill: True, False, or None for the benchmark's setting)."""
-    base, _, mode = name.partition("/")
-    return base, PREFILL_MODES.get(mode) if mode else None
+def split_arm(name: str) -> tuple[str, dict]:
+    """An arm's name as (the ``ARMS`` name, the EngineConfig fields its suffixes set: ``/async`` or ``/in-step`` the
+    async_prefill, ``@N`` the token_budget); ValueError for a suffix it does not know."""
+    rest, at, budget = name.partition("@")
+    base, _, mode = rest.partition("/")
+    fields: dict = {}
+    if mode:
+        if mode not in PREFILL_MODES:
+            raise ValueError(f"arm {name!r}: an engine arm takes the suffix /{' or /'.join(PREFILL_MODES)}")
+        fields["async_prefill"] = PREFILL_MODES[mode]
+    if at:
+        if not budget.isdigit() or int(budget) < 1:
+            raise ValueError(f"arm {name!r}: @ takes a token budget, a positive whole number")
+        fields["token_budget"] = int(budget)
+    return base, fields
 
 
 def parse_arms(text: str, device: str, extra: tuple[str, ...] = ()) -> list[str]:
-    """``--arms``: comma-separated names of ``ARMS`` (or of ``extra``), each with an optional prefill suffix
-    (``/async``, ``/in-step``); ValueError naming the first bad one."""
+    """``--arms``: comma-separated names of ``ARMS`` (or of ``extra``), each with optional suffixes (``/async`` or
+    ``/in-step``, then ``@N``); ValueError naming the first bad one."""
     arms = [a for a in text.split(",") if a]
     if not arms:
         raise ValueError("no arm named")
     for name in arms:
-        a, _, mode = name.partition("/")
+        a, fields = split_arm(name)
         if a not in ARMS and a not in extra:
             raise ValueError(f"unknown arm {a!r}; known: {', '.join([*ARMS, *extra])}")
-        if mode and (mode not in PREFILL_MODES or a not in ARMS):
-            raise ValueError(f"arm {name!r}: an engine arm takes the suffix /{' or /'.join(PREFILL_MODES)}")
+        if fields and a not in ARMS:
+            raise ValueError(f"arm {name!r}: {a} is not an engine arm and takes no suffix")
         if a in ARMS and device != "cuda" and ARMS[a].attention in CUDA_ONLY:
             raise ValueError(f"arm {a!r} runs {ARMS[a].attention.value} attention, which needs CUDA (on a CPU: "
                              "host-torch, resident-torch)")  # fmt: skip
@@ -80,13 +92,11 @@ def parse_arms(text: str, device: str, extra: tuple[str, ...] = ()) -> list[str]
 
 
 def arm_config(arm: str, **knobs) -> EngineConfig:
-    """The engine config of ``arm`` with the benchmark's engine knobs (device, dtype, max_running, ...); its prefill
-    suffix, if any, overrides the knobs' async_prefill."""
-    name, async_prefill = split_arm(arm)
+    """The engine config of ``arm`` with the benchmark's engine knobs (device, dtype, max_running, ...); its
+    suffixes, if any, override the knobs' async_prefill and token_budget."""
+    name, fields = split_arm(arm)
     a = ARMS[name]
-    if async_prefill is not None:
-        knobs = dict(knobs, async_prefill=async_prefill)
-    return EngineConfig(planning=a.planning, attention=a.attention, overlap=a.overlap, **knobs)
+    return EngineConfig(planning=a.planning, attention=a.attention, overlap=a.overlap, **{**knobs, **fields})
 
 
 @contextlib.contextmanager

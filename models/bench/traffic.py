@@ -89,7 +89,9 @@ def parser(prog: str = "python -m models.bench.traffic", description: str = __do
     e.add_argument("--device", default=None, help="cuda or cpu (default: cuda where there is one)")
     e.add_argument("--dtype", default=None, help="bfloat16 or float32 (default: bfloat16 on cuda, float32 on cpu)")
     e.add_argument("--arms", default=None,
-                   help=f"arms, comma-separated (default on cuda: {GPU_ARMS}; on cpu: {CPU_ARMS})")
+                   help=f"arms, comma-separated (default on cuda: {GPU_ARMS}; on cpu: {CPU_ARMS}); an arm may end "
+                        "in /async or /in-step (its prefill passes beside its decode steps or in them), then in @N "
+                        "(a token budget of N): resident-triton/async@4096")  # fmt: skip
     e.add_argument("--max-running", type=positive_int, default=32, help="requests admitted at once (default 32)")
     e.add_argument("--max-bucket", type=positive_int, default=None, help="widest decode bucket (default: max-running)")
     e.add_argument("--token-budget", type=positive_int, default=DEFAULT_TOKEN_BUDGET,
@@ -500,7 +502,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     head = (f"Traffic benchmark on {device_name} (torch {torch.__version__}), {args.model} (random weights, "
             f"{run.dtype}). Workload: {run.description}. Engine: "
             f"{'' if tp is None else f'tensor parallel over {tp.world} ranks, '}max_running {args.max_running}, "
-            f"token budget {args.token_budget}, page size {args.page_size}, context {run.max_seq_len}, prefill "
+            f"token budget {args.token_budget} unless an arm says @N, page size {args.page_size}, context "
+            f"{run.max_seq_len}, prefill "
             f"graphs: {knobs['prefill_graphs']} token buckets up to {args.prefill_graph_tokens} (each captured at "
             f"engine build); decode rows {'in' if args.decode_in_pass else 'beside'} the prefill pass; passes "
             f"{'on their own stream beside the decode steps' if beside else 'in the step'}"
