@@ -130,6 +130,14 @@ def test_async_prefill_is_refused_with_rows_in_the_pass_and_off_by_default_on_a_
     assert Engine(adapter, attrs.evolve(cfg, async_prefill=True)).async_prefill is True
 
 
+def test_a_decode_priority_must_be_more_urgent_than_the_passes_and_needs_cuda():
+    with pytest.raises(ValueError, match="decode_priority must be < 0"):
+        EngineConfig(decode_priority=0)
+    adapter = build_adapter("qwen3_5-tiny", seed=0)
+    with pytest.raises(ValueError, match="decode_priority is a CUDA stream priority; device cpu has no streams"):
+        Engine(adapter, EngineConfig(page_size=4, max_seq_len=64, max_running=4, decode_priority=-1))
+
+
 def test_no_prefill_work_is_composed_while_a_pass_is_in_flight():
     adapter = build_adapter("qwen3_5-tiny", seed=0)
     engine = Engine(adapter, EngineConfig(page_size=4, max_seq_len=64, max_running=4, token_budget=12,

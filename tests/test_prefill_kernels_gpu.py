@@ -119,12 +119,13 @@ def test_decode_rows_in_the_pass_give_nearly_the_tokens_of_a_decode_graph_beside
         assert firsts >= 15 and same >= 12
 
 
-def test_passes_beside_decode_steps_give_nearly_the_tokens_of_passes_in_the_step():
-    """Passes on their own stream beside the decode steps (``async_prefill``) group other chunks, and the decode steps
-    other rows (their GEMMs see other row counts), so bf16 near-ties may break the other way: at least 15/16 first
-    tokens and 12/16 whole requests equal; every row checked in the resident arm, and some decode steps ran while a
-    pass was in flight."""
-    for firsts, same, st in _against_passes_in_the_step(async_prefill=True).values():
+@pytest.mark.parametrize("priority", [None, -1])
+def test_passes_beside_decode_steps_give_nearly_the_tokens_of_passes_in_the_step(priority):
+    """Passes on their own stream beside the decode steps (``async_prefill``; the decode steps on a stream of higher
+    priority with ``decode_priority``) group other chunks, and the decode steps other rows (their GEMMs see other row
+    counts), so bf16 near-ties may break the other way: at least 15/16 first tokens and 12/16 whole requests equal;
+    every row checked in the resident arm, and some decode steps ran while a pass was in flight."""
+    for firsts, same, st in _against_passes_in_the_step(async_prefill=True, decode_priority=priority).values():
         print(f"decode steps beside a pass: {st.decode_beside_pass} of {st.decode_steps}")
         assert st.decode_beside_pass > 0 and st.mixed_steps == 0 and st.mismatches == 0
         assert firsts >= 15 and same >= 12

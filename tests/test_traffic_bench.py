@@ -88,7 +88,7 @@ CPU = ["--model", "qwen3_5-tiny", "--device", "cpu", "--page-size", "4", "--max-
     (["--arms", "host"], "argument --arms: arm 'host' runs fa2 attention, which needs CUDA"),
     (["--arms", "resident-torch,nope"], "argument --arms: unknown arm 'nope'"),
     (["--arms", "resident-torch/fast"], "argument --arms: arm 'resident-torch/fast': an engine arm takes the suffix "
-                                        "/async or /in-step"),
+                                        "/async or /in-step or /async-prio"),
     (["--arms", "resident-torch@0"], "argument --arms: arm 'resident-torch@0': @ takes a token budget, a positive "
                                      "whole number"),
     (["--arms", "resident-torch/async@lots"], "arm 'resident-torch/async@lots': @ takes a token budget"),
@@ -122,6 +122,7 @@ def test_an_arms_suffixes_set_async_prefill_and_the_token_budget_and_a_plain_nam
     assert (cfg.token_budget, cfg.async_prefill) == (4096, False)
     assert arm_config("resident-torch@512", token_budget=1024).token_budget == 512
     assert arm_config("resident-torch", token_budget=1024).token_budget == 1024
+    assert arm_config("host-torch/async-prio", device="cuda").decode_priority == -1
 
 
 def test_a_cpu_run_reports_what_it_served(tmp_path):

@@ -15,8 +15,10 @@ Arms (planning, decode attention, overlap):
   host-torch, resident-torch  plain-torch attention (resident with overlap): the arms a CPU runs
 
 Any arm may end in ``/async`` (its prefill passes on a stream of their own, beside its decode steps:
-``EngineConfig.async_prefill``) or ``/in-step`` (each pass inside its step, the decode rows waiting for it), and then
-in ``@N`` (a token budget of N prefill tokens a step), so that one run alternates them: ``resident-triton/async@4096``.
+``EngineConfig.async_prefill``), ``/async-prio`` (the same, its decode steps on a stream of higher priority than the
+passes': ``EngineConfig.decode_priority``) or ``/in-step`` (each pass inside its step, the decode rows waiting for
+it), and then in ``@N`` (a token budget of N prefill tokens a step), so that one run alternates them:
+``resident-triton/async@4096``.
 A plain name takes the benchmark's ``--async-prefill`` and ``--token-budget``.
 """
 
@@ -51,19 +53,22 @@ ARMS = {
     "resident-torch": Arm(Planning.RESIDENT, Backend.TORCH, True),
 }
 CUDA_ONLY = frozenset({Backend.FA2, Backend.XQA})
-PREFILL_MODES = {"async": True, "in-step": False}  # an arm's /suffix -> EngineConfig.async_prefill
+# an arm's /suffix -> the EngineConfig fields it sets
+PREFILL_MODES = {"async": dict(async_prefill=True), "in-step": dict(async_prefill=False),
+                 "async-prio": dict(async_prefill=True, decode_priority=-1)}  # fmt: skip
 
 
 def split_arm(name: str) -> tuple[str, dict]:
-    """An arm's name as (the ``ARMS`` name, the EngineConfig fields its suffixes set: ``/async`` or ``/in-step`` the
-    async_prefill, ``@N`` the token_budget); ValueError for a suffix it does not know."""
+    """An arm's name as (the ``ARMS`` name, the EngineConfig fields its suffixes set: ``/async``, ``/async-prio`` or
+    ``/in-step`` the async_prefill (and decode_priority), ``@N`` the token_budget); ValueError for a suffix it does not
+    know."""
     rest, at, budget = name.partition("@")
     base, _, mode = rest.partition("/")
     fields: dict = {}
     if mode:
         if mode not in PREFILL_MODES:
             raise ValueError(f"arm {name!r}: an engine arm takes the suffix /{' or /'.join(PREFILL_MODES)}")
-        fields["async_prefill"] = PREFILL_MODES[mode]
+        fields.update(PREFILL_MODES[mode])
     if at:
         if not budget.isdigit() or int(budget) < 1:
             raise ValueError(f"arm {name!r}: @ takes a token budget, a positive whole number")

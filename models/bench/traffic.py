@@ -90,7 +90,8 @@ def parser(prog: str = "python -m models.bench.traffic", description: str = __do
     e.add_argument("--dtype", default=None, help="bfloat16 or float32 (default: bfloat16 on cuda, float32 on cpu)")
     e.add_argument("--arms", default=None,
                    help=f"arms, comma-separated (default on cuda: {GPU_ARMS}; on cpu: {CPU_ARMS}); an arm may end "
-                        "in /async or /in-step (its prefill passes beside its decode steps or in them), then in @N "
+                        "in /async, /async-prio or /in-step (its prefill passes beside its decode steps, the same with "
+                        "the decode steps at a higher stream priority, or in them), then in @N "
                         "(a token budget of N): resident-triton/async@4096")  # fmt: skip
     e.add_argument("--max-running", type=positive_int, default=32, help="requests admitted at once (default 32)")
     e.add_argument("--max-bucket", type=positive_int, default=None, help="widest decode bucket (default: max-running)")
@@ -507,7 +508,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             f"graphs: {knobs['prefill_graphs']} token buckets up to {args.prefill_graph_tokens} (each captured at "
             f"engine build); decode rows {'in' if args.decode_in_pass else 'beside'} the prefill pass; passes "
             f"{'on their own stream beside the decode steps' if beside else 'in the step'}"
-            f" unless an arm says /async or /in-step. {args.rounds} "
+            f" unless an arm says /async, /async-prio or /in-step. {args.rounds} "
             f"rounds, each its own "
             f"draw of the traffic, {'served once untimed first, then ' if args.prerun else ''}timed in every arm, the "
             f"arm order reversed every other round; cells are median [min-max] over rounds, ratios paired by round. "

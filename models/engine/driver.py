@@ -92,6 +92,12 @@ def _positive_or_none(_inst, attribute, value) -> None:
         raise ValueError(f"{attribute.name} must be > 0 (or None), got {value}")
 
 
+def _negative_or_none(_inst, attribute, value) -> None:
+    if value is not None and value >= 0:
+        raise ValueError(f"{attribute.name} must be < 0 (more urgent than the passes' stream at 0), or None; got "
+                         f"{value}")  # fmt: skip
+
+
 def _positive(_inst, attribute, value) -> None:
     if value <= 0:
         raise ValueError(f"{attribute.name} must be > 0, got {value}")
@@ -134,6 +140,10 @@ class EngineConfig:
     # step's end). None: on where the device is CUDA and the decode rows are not in the pass (README, "Prefill beside
     # decode")
     async_prefill: bool | None = None
+    # the CUDA priority of a stream of the engine's own that its steps run on (< 0: more urgent than the passes'
+    # stream, at 0), so that a decode step beside a pass is scheduled first; None: the caller's stream. The caller's
+    # stream does not wait for the engine's: synchronize before reading its device state
+    decode_priority: int | None = attrs.field(default=None, validator=_negative_or_none)
     kernels: KernelChoices = KernelChoices()  # the decode step's kernel forms: folds, PDL, the weight stream
 
     def prefill_beside(self) -> bool:
@@ -202,6 +212,8 @@ class Engine:
         if cfg.decode_in_pass and cfg.token_budget is not None and cfg.token_budget <= widest:
             raise ValueError(f"decode_in_pass: token_budget {cfg.token_budget} leaves no prompt token beside "
                              f"{widest} decode rows; give it more than max_bucket (or max_running)")  # fmt: skip
+        if cfg.decode_priority is not None and torch.device(cfg.device).type != "cuda":
+            raise ValueError(f"decode_priority is a CUDA stream priority; device {cfg.device} has no streams")
         w = next(adapter.model.parameters())
         if cfg.dtype is not None and getattr(torch, cfg.dtype) != w.dtype:
             raise ValueError(f"EngineConfig.dtype is {cfg.dtype} but {adapter.name}'s weights are {w.dtype}: build the "
@@ -261,6 +273,11 @@ class Engine:
         self.stats = EngineStats()
         self.ahead = Ahead()
         self._arrivals = itertools.count()
+        # decode_priority: the engine's own stream, after everything its build queued on the caller's
+        self.step_stream = (torch.cuda.Stream(device, priority=cfg.decode_priority)
+                            if cfg.decode_priority is not None else None)  # fmt: skip
+        if self.step_stream is not None:
+            self.step_stream.wait_stream(torch.cuda.current_stream(device))
 
     @classmethod
     def build(cls, model: str, config: EngineConfig | None = None, seed: int = 0) -> Engine:
@@ -342,6 +359,13 @@ class Engine:
         return [self.pop_result(i) if isinstance(i, str) else i for i in ids]
 
     def abort(self, request_id: str) -> bool:
+        """``_abort`` on the engine's stream (``decode_priority``), or the caller's."""
+        if self.step_stream is None:
+            return self._abort(request_id)
+        with torch.cuda.stream(self.step_stream):
+            return self._abort(request_id)
+
+    def _abort(self, request_id: str) -> bool:
         """End a request wherever it is (waiting, mid-prefill, decoding, its token in flight, offloaded) with
         FinishReason.ABORT and the tokens it has so far. Its pages, recurrent slot and handle come back at once; its
         planner slot cools until the commit of the last step that read it, and a token of it still in flight is
@@ -365,7 +389,14 @@ class Engine:
 
     # -- one step ------------------------------------------------------------------------------------------------
     def step(self) -> bool:
-        """Run one step; False when there was nothing to run."""
+        """Run one step (on the engine's stream with ``decode_priority``, else the caller's); False when there was
+        nothing to run."""
+        if self.step_stream is None:
+            return self._step()
+        with torch.cuda.stream(self.step_stream):
+            return self._step()
+
+    def _step(self) -> bool:
         if not self.has_work():
             return False
         t0 = time.perf_counter_ns()

@@ -71,6 +71,9 @@ class RankEngine:
         if config.async_prefill:
             raise ValueError("async_prefill lands a pass when this rank's GPU has run it, so the ranks would compose "
                              "different steps; a tensor-parallel engine needs async_prefill=False")  # fmt: skip
+        if config.decode_priority is not None:
+            raise ValueError("decode_priority ranks decode steps above passes beside them, which a tensor-parallel "
+                             "engine does not run (its passes run in the step); leave it None")  # fmt: skip
         self.engine = Engine(adapter, attrs.evolve(config, async_prefill=False))  # (None would turn it on on CUDA)
         self.tp = tp
         self.check = check
