@@ -28,6 +28,11 @@ def positive_int(text: str) -> int:
     return n
 
 
+def token_budget(text: str) -> int | str:
+    """``auto`` (the engine's choice by where its passes run: EngineConfig.prefill_budget) or an integer >= 1."""
+    return "auto" if text == "auto" else positive_int(text)
+
+
 def seed(text: str) -> int:
     """An integer in [0, 2^31)."""
     n = _number(text, int, "an integer")

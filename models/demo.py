@@ -16,9 +16,10 @@ import sys
 import attrs
 
 from kernels.runtime import interpreted
-from models.cli import OneLineParser, positive_int, seed
+from models.cli import OneLineParser, positive_int, seed, token_budget
 from models.engine import (
-    DEFAULT_TOKEN_BUDGET,
+    BESIDE_TOKEN_BUDGET,
+    IN_STEP_TOKEN_BUDGET,
     MODELS,
     Engine,
     EngineConfig,
@@ -90,8 +91,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-bucket", type=positive_int, default=None,
                     help="widest decode bucket, at most the concurrency; buckets are 1, 2, 4, 8, 16, 24, ... up to it "
                          "(default: concurrency). With -c above twice it, TURNS order displaces slots")
-    ap.add_argument("--token-budget", type=positive_int, default=DEFAULT_TOKEN_BUDGET,
-                    help="prefill tokens per step: prompts longer than this prefill in chunks beside the running rows")
+    ap.add_argument("--token-budget", type=token_budget, default="auto",
+                    help="prefill tokens per step: prompts longer than this prefill in chunks beside the running rows; "
+                         f"auto (the default): the engine's, {BESIDE_TOKEN_BUDGET} where passes run beside the decode "
+                         f"steps (CUDA), {IN_STEP_TOKEN_BUDGET} where they run in the step (a CPU)")
     ap.add_argument("--attention", choices=["torch", "triton"], default="torch",
                     help="decode attention: plain torch, or our plan-free split-KV Triton kernel (on a CPU it runs in "
                          "Triton's interpreter: set TRITON_INTERPRET=1)")
@@ -234,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
                     per_arm={Planning.RESIDENT: dict(overlap=args.overlap)})
     e0 = next(iter(runs.values())).engine
     print(f"order {e0.config.order.value}, buckets {e0.buckets}, page size {e0.config.page_size}, "
-          f"pages {[p.num_pages for p in e0.admission.page_pools.values()]}, token budget {e0.config.token_budget}, "
+          f"pages {[p.num_pages for p in e0.admission.page_pools.values()]}, "
+          f"token budget {e0.config.prefill_budget()}, "
           f"attention {args.attention}")
     print(f"layout: {e0.layout.describe(2 * e0.buckets[-1] + 1)}")
     arms = list(runs)

@@ -21,8 +21,16 @@ from pathlib import Path
 
 import torch
 
-from models.cli import OneLineParser, positive_int
-from models.engine import DEFAULT_TOKEN_BUDGET, Engine, EngineConfig, InvalidRequest, Request, SamplingParams
+from models.cli import OneLineParser, positive_int, token_budget
+from models.engine import (
+    BESIDE_TOKEN_BUDGET,
+    IN_STEP_TOKEN_BUDGET,
+    Engine,
+    EngineConfig,
+    InvalidRequest,
+    Request,
+    SamplingParams,
+)
 from models.engine.audio import AudioError, decoder_prompt, feature_extractor, log_mel, read_wav
 from models.engine.checkpoint import WHISPER, CheckpointError, read_checkpoint
 from models.engine.text import Tokenizer, TokenizerError
@@ -71,9 +79,10 @@ def parser() -> OneLineParser:
     e.add_argument("--async-prefill", action=argparse.BooleanOptionalAction, default=None,
                    help="run each prefill pass on a CUDA stream of its own while the running requests keep decoding "
                         "(default: the engine's, on with CUDA); --no-async-prefill runs each pass inside its step")
-    e.add_argument("--token-budget", type=positive_int, default=DEFAULT_TOKEN_BUDGET,
-                   help=f"prompt tokens prefilled a step: longer prompts prefill in chunks beside the running rows "
-                        f"(default {DEFAULT_TOKEN_BUDGET}, the engine's)")
+    e.add_argument("--token-budget", type=token_budget, default="auto",
+                   help=f"prompt tokens prefilled a step: longer prompts prefill in chunks beside the running rows; "
+                        f"auto (the default): the engine's, {BESIDE_TOKEN_BUDGET} where passes run beside the decode "
+                        f"steps (CUDA), {IN_STEP_TOKEN_BUDGET} where they run in the step")
     return ap
 
 

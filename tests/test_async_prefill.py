@@ -138,6 +138,25 @@ def test_a_decode_priority_must_be_more_urgent_than_the_passes_and_needs_cuda():
         Engine(adapter, EngineConfig(page_size=4, max_seq_len=64, max_running=4, decode_priority=-1))
 
 
+def test_the_auto_token_budget_follows_where_the_passes_run():
+    from models.engine import BESIDE_TOKEN_BUDGET, IN_STEP_TOKEN_BUDGET
+
+    assert EngineConfig().token_budget == "auto"
+    assert EngineConfig().prefill_budget() == IN_STEP_TOKEN_BUDGET  # a CPU: passes in the step
+    assert EngineConfig(device="cuda").prefill_budget() == BESIDE_TOKEN_BUDGET
+    assert EngineConfig(device="cuda", async_prefill=False).prefill_budget() == IN_STEP_TOKEN_BUDGET
+    assert EngineConfig(device="cuda", decode_in_pass=True).prefill_budget() == IN_STEP_TOKEN_BUDGET
+    assert EngineConfig(async_prefill=True).prefill_budget() == BESIDE_TOKEN_BUDGET
+    assert EngineConfig(device="cuda", token_budget=512).prefill_budget() == 512
+    assert EngineConfig(token_budget=None).prefill_budget() is None
+    for bad in (0, -3, "big", 2.5):
+        with pytest.raises(ValueError, match="token_budget must be > 0, None"):
+            EngineConfig(token_budget=bad)
+    adapter = build_adapter("qwen3_5-tiny", seed=0)
+    engine = Engine(adapter, EngineConfig(page_size=4, max_seq_len=64, max_running=4, async_prefill=True))
+    assert engine.scheduler.token_budget == BESIDE_TOKEN_BUDGET
+
+
 def test_no_prefill_work_is_composed_while_a_pass_is_in_flight():
     adapter = build_adapter("qwen3_5-tiny", seed=0)
     engine = Engine(adapter, EngineConfig(page_size=4, max_seq_len=64, max_running=4, token_budget=12,

@@ -74,7 +74,8 @@ def test_decode_rows_in_the_pass_with_requests_arriving_between_steps(seed):
 
     cfg, reqs, arrive = _arrivals(seed)
     widest = cfg.max_bucket or cfg.max_running
-    if cfg.token_budget is not None and cfg.token_budget <= widest:
+    budget = attrs.evolve(cfg, decode_in_pass=True).prefill_budget()
+    if budget is not None and budget <= widest:
         cfg = attrs.evolve(cfg, token_budget=widest + 3)
     host = _serve(attrs.evolve(cfg, planning=Planning.HOST), reqs, arrive)
     res = _serve(attrs.evolve(cfg, planning=Planning.RESIDENT, decode_in_pass=True, overlap=True), reqs, arrive)

@@ -47,8 +47,8 @@ import torch
 
 from models.bench.arms import arm_config, frozen_heap, paired_ratio, parse_arms, planner_yardstick
 from models.bench.workload import Lengths, Sampling, Workload, WorkloadError, arrival_times, read_trace
-from models.cli import OneLineParser, fraction, positive_int, rate
-from models.engine import DEFAULT_TOKEN_BUDGET, Engine, EngineConfig
+from models.cli import OneLineParser, fraction, positive_int, rate, token_budget
+from models.engine import BESIDE_TOKEN_BUDGET, IN_STEP_TOKEN_BUDGET, Engine, EngineConfig
 from models.engine.adapters import MODEL_CONFIGS, build_adapter, model_context
 from models.engine.tensor_parallel import RankEngine, build_rank_adapter, join_group
 
@@ -95,9 +95,10 @@ def parser(prog: str = "python -m models.bench.traffic", description: str = __do
                         "(a token budget of N): resident-triton/async@4096")  # fmt: skip
     e.add_argument("--max-running", type=positive_int, default=32, help="requests admitted at once (default 32)")
     e.add_argument("--max-bucket", type=positive_int, default=None, help="widest decode bucket (default: max-running)")
-    e.add_argument("--token-budget", type=positive_int, default=DEFAULT_TOKEN_BUDGET,
-                   help=f"prefill tokens a step (default {DEFAULT_TOKEN_BUDGET}, the engine's); 0 is not "
-                        "allowed: use a large number for whole prompts")
+    e.add_argument("--token-budget", type=token_budget, default="auto",
+                   help=f"prefill tokens a step, or auto (the default): the engine's, {BESIDE_TOKEN_BUDGET} where "
+                        f"passes run beside the decode steps, {IN_STEP_TOKEN_BUDGET} where they run in the step; for "
+                        "whole prompts give a large number")
     e.add_argument("--page-size", type=positive_int, default=16, help="tokens a KV page holds (default 16)")
     e.add_argument("--num-pages", type=positive_int, default=None,
                    help="KV pages (sink included; default: every running request at the context)")
@@ -496,14 +497,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
         if not lead:
             return []
     table, rows = summarize(runs, run.arms)
-    beside = EngineConfig(device=run.device, decode_in_pass=args.decode_in_pass,
-                          async_prefill=knobs["async_prefill"]).prefill_beside()  # a plain-named arm's mode
+    plain = EngineConfig(device=run.device, decode_in_pass=args.decode_in_pass, async_prefill=knobs["async_prefill"],
+                         token_budget=args.token_budget)  # a plain-named arm's mode and budget
+    beside = plain.prefill_beside()
     device_name = torch.cuda.get_device_name() if cuda else "CPU"
     command = "python -m models.bench.traffic " + " ".join(argv if argv is not None else sys.argv[1:])
     head = (f"Traffic benchmark on {device_name} (torch {torch.__version__}), {args.model} (random weights, "
             f"{run.dtype}). Workload: {run.description}. Engine: "
             f"{'' if tp is None else f'tensor parallel over {tp.world} ranks, '}max_running {args.max_running}, "
-            f"token budget {args.token_budget} unless an arm says @N, page size {args.page_size}, context "
+            f"token budget {plain.prefill_budget()}{' (auto)' if args.token_budget == 'auto' else ''} unless an arm "
+            f"says @N, page size {args.page_size}, context "
             f"{run.max_seq_len}, prefill "
             f"graphs: {knobs['prefill_graphs']} token buckets up to {args.prefill_graph_tokens} (each captured at "
             f"engine build); decode rows {'in' if args.decode_in_pass else 'beside'} the prefill pass; passes "

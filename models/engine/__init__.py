@@ -2,7 +2,7 @@
 the two planning arms (resident through resplan, and the host-planned baseline), and the driver that composes them."""
 
 from models.engine.adapters import MODELS, Adapter, QwenAdapter, WhisperAdapter, build_adapter
-from models.engine.driver import DEFAULT_TOKEN_BUDGET, Engine, EngineConfig, EngineStats, Planning
+from models.engine.driver import BESIDE_TOKEN_BUDGET, IN_STEP_TOKEN_BUDGET, Engine, EngineConfig, EngineStats, Planning
 from models.engine.host_arm import HostFill
 from models.engine.pools import AdmitRefusal, AdmitRefused, AdmitTxn, PagePool, SlotPool, handle_pool, recurrent_pool
 from models.engine.requests import FinishReason, InvalidRequest, Limits, Request, Result, SamplingParams, validate
@@ -10,9 +10,9 @@ from models.engine.sampler import Sampler
 from models.engine.scheduler import DEFAULT_BUCKETS, Batch, Chunk, Order, Scheduler, Status, decode_buckets
 
 __all__ = [
-    "DEFAULT_BUCKETS", "DEFAULT_TOKEN_BUDGET", "MODELS", "Adapter", "AdmitRefusal", "AdmitRefused", "AdmitTxn",
-    "Batch", "Chunk", "Engine", "EngineConfig", "EngineStats", "FinishReason", "HostFill", "InvalidRequest", "Limits",
-    "Order", "PagePool", "Planning", "QwenAdapter", "Request", "Result", "Sampler", "SamplingParams", "Scheduler",
-    "SlotPool", "Status", "WhisperAdapter", "build_adapter", "decode_buckets", "handle_pool", "recurrent_pool",
-    "validate",
+    "BESIDE_TOKEN_BUDGET", "DEFAULT_BUCKETS", "IN_STEP_TOKEN_BUDGET", "MODELS", "Adapter", "AdmitRefusal",
+    "AdmitRefused", "AdmitTxn", "Batch", "Chunk", "Engine", "EngineConfig", "EngineStats", "FinishReason", "HostFill",
+    "InvalidRequest", "Limits", "Order", "PagePool", "Planning", "QwenAdapter", "Request", "Result", "Sampler",
+    "SamplingParams", "Scheduler", "SlotPool", "Status", "WhisperAdapter", "build_adapter", "decode_buckets",
+    "handle_pool", "recurrent_pool", "validate",
 ]
