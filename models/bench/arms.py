@@ -77,8 +77,8 @@ def split_arm(name: str) -> tuple[str, dict]:
 
 
 def parse_arms(text: str, device: str, extra: tuple[str, ...] = ()) -> list[str]:
-    """``--arms``: comma-separated names of ``ARMS`` (or of ``extra``), each with optional suffixes (``/async`` or
-    ``/in-step``, then ``@N``); ValueError naming the first bad one."""
+    """``--arms``: comma-separated names of ``ARMS`` (or of ``extra``), each with optional suffixes (``/async``,
+    ``/async-prio`` or ``/in-step``, then ``@N``); ValueError naming the first bad one."""
     arms = [a for a in text.split(",") if a]
     if not arms:
         raise ValueError("no arm named")

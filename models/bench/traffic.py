@@ -112,7 +112,8 @@ def parser(prog: str = "python -m models.bench.traffic", description: str = __do
     e.add_argument("--async-prefill", action=argparse.BooleanOptionalAction, default=None,
                    help="run each prefill pass on a CUDA stream of its own, beside the decode steps, its requests "
                         "joining them when it lands (default: the engine's, on with CUDA); --no-async-prefill runs "
-                        "each pass inside its step; an arm name ending in /async or /in-step sets it for that arm")
+                        "each pass inside its step; an arm name ending in /async, /async-prio or /in-step sets it "
+                        "for that arm")
     e.add_argument("--decode-in-pass", action="store_true",
                    help="a step with prefill work runs its decode rows in the prefill pass, one token each of "
                         "--token-budget, instead of a decode graph beside it (default: beside it)")
@@ -497,7 +498,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         if not lead:
             return []
     table, rows = summarize(runs, run.arms)
-    plain = EngineConfig(device=run.device, decode_in_pass=args.decode_in_pass, async_prefill=knobs["async_prefill"],
+    plain = EngineConfig(device=run.device, decode_in_pass=args.decode_in_pass, async_prefill=args.async_prefill,
                          token_budget=args.token_budget)  # a plain-named arm's mode and budget
     beside = plain.prefill_beside()
     device_name = torch.cuda.get_device_name() if cuda else "CPU"
@@ -506,9 +507,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             f"{run.dtype}). Workload: {run.description}. Engine: "
             f"{'' if tp is None else f'tensor parallel over {tp.world} ranks, '}max_running {args.max_running}, "
             f"token budget {plain.prefill_budget()}{' (auto)' if args.token_budget == 'auto' else ''} unless an arm "
-            f"says @N, page size {args.page_size}, context "
-            f"{run.max_seq_len}, prefill "
-            f"graphs: {knobs['prefill_graphs']} token buckets up to {args.prefill_graph_tokens} (each captured at "
+            f"says @N, page size {args.page_size}, context {run.max_seq_len}, prefill graphs: "
+            f"{knobs['prefill_graphs']} token buckets up to {args.prefill_graph_tokens} (each captured at "
             f"engine build); decode rows {'in' if args.decode_in_pass else 'beside'} the prefill pass; passes "
             f"{'on their own stream beside the decode steps' if beside else 'in the step'}"
             f" unless an arm says /async, /async-prio or /in-step. {args.rounds} "
