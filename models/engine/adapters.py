@@ -1,9 +1,10 @@
 """One adapter per model family: what the engine needs to know about a model, and nothing else.
 
 An adapter declares the model's KV pools (key, APPEND or READ, the model's own limit on a stream), the pool positions
-ride on, whether it keeps recurrent state, allocates the state tensors, runs one request's host-planned prefill chunk
-(and, for an encoder-decoder, the encoder that fills its READ pool first), and the graph-safe decode from a bucket's
-StepBuffers. Models are built with random weights from a seed (no downloads): ``build_adapter(name, seed)``.
+ride on, whether it keeps recurrent state, allocates the state tensors, runs a host-planned prefill pass over several
+requests' chunks (and, for an encoder-decoder, the encoder that fills its READ pool first), and the graph-safe decode
+from a bucket's StepBuffers. Models are built with random weights from a seed (no downloads):
+``build_adapter(name, seed)``.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ RECURRENT, POSITIONS, SAMPLER = "rec", "pos", "sampler"  # resource keys beside 
 
 @attrs.frozen
 class PrefillInput:
-    """One request's chunk as ``Adapter.prefill`` takes it."""
+    """One request's chunk of a prefill pass, as ``Adapter.prefill_last`` takes it."""
 
     ids: np.ndarray  # [T] int64
     pages: dict[str, np.ndarray]  # pool -> [n], the request's pages in order (host)
@@ -102,24 +103,9 @@ class Adapter:
     def encode(self, state, req: Request, pages: dict[str, torch.Tensor]) -> None:
         """Fill the READ pools for ``req`` (its context), before its first prefill chunk."""
 
-    def prefill(
-        self,
-        state,
-        ids: torch.Tensor,  # [T] long
-        pages: dict[str, torch.Tensor],  # pool -> [n] long, the request's pages in order
-        start: int,
-        rec_slot: int,
-        read_lens: dict[str, int],
-        pos_offset: int,
-    ) -> torch.Tensor:
-        """One request's chunk at stream positions start .. start+T-1, eager: logits [T, V]."""
-        raise NotImplementedError
-
     def prefill_last(self, state, chunks: list[PrefillInput]) -> torch.Tensor:
-        """Several requests' chunks (one each), eager: the logits of each chunk's last token [R, V]. This default runs
-        them one at a time; a model with a batched prefill overrides it."""
-        return torch.stack([self.prefill(state, c.ids, c.pages, c.start, c.rec_slot, c.read_lens, c.pos_offset)[-1]
-                            for c in chunks])  # fmt: skip
+        """Several requests' chunks (one each) in one eager pass: the logits of each chunk's last token [R, V]."""
+        raise NotImplementedError
 
     def prefill_capture_refusal(self) -> str | None:
         """Why prefill_inputs / prefill_forward do not give a capturable pass here, or None where they do."""
@@ -168,9 +154,6 @@ class QwenAdapter(Adapter):
 
     def kv_caches(self, state, key):
         return state.kv
-
-    def prefill(self, state, ids, pages, start, rec_slot, read_lens, pos_offset):
-        return self.model.prefill(state, ids, pages[KV_POOL], start, rec_slot, pos_offset)
 
     def prefill_last(self, state, chunks):
         """All chunks in one pass (``Qwen35Model.prefill_batch``)."""
@@ -251,9 +234,6 @@ class WhisperAdapter(Adapter):
 
     def encode(self, state, req, pages):
         self.model.encode(state, req.features, pages[CROSS])
-
-    def prefill(self, state, ids, pages, start, rec_slot, read_lens, pos_offset):
-        return self.model.prefill(state, ids, pages[SELF], start, pages[CROSS], read_lens[CROSS], pos_offset)
 
     def prefill_last(self, state, chunks):
         """All chunks in one flat pass (``WhisperModel.prefill_batch``): FlashInfer's attention where the state has

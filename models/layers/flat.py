@@ -18,8 +18,7 @@ import numpy as np
 import torch
 
 from kernels.gdn_prefill import chunk_index, chunk_rows
-
-SINK_PAGE = 0  # padding tokens write their K/V on the sink page and run on the sink recurrent slot (0)
+from resplan.layout import SINK_PAGE  # padding tokens write their K/V on the sink page, run on the sink slot (0)
 
 
 def host_array(x: torch.Tensor | Sequence[int] | np.ndarray) -> np.ndarray:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from models.layers.flat import SINK_PAGE, PassShape, device_array, exact_shape, flat_layout, host_array
+from models.layers.flat import PassShape, device_array, exact_shape, flat_layout, host_array
 from models.layers.paged import write_kv
 from models.layers.prefill_attention import DTYPES as FLASHINFER_DTYPES
 from models.layers.prefill_attention import HEAD_DIMS as PREFILL_HEAD_DIMS  # FlashInfer's paged prefill
@@ -25,7 +25,7 @@ from models.whisper.decoder import CROSS, SELF, Decoder, FlatPrefill
 from models.whisper.encoder import Encoder, sinusoids
 from models.whisper.pools import PagedState, allocate_pools
 from resplan.buffers import StepBuffers
-from resplan.layout import StreamMode
+from resplan.layout import SINK_PAGE, StreamMode
 
 PageIds = torch.Tensor | Sequence[int]
 
