@@ -1,5 +1,6 @@
-"""Which forms the decode step's kernels take: one value, fixed when a decode step is built (an engine's, a
-benchmark's variant) and passed down the model's decode walk, instead of module state a caller mutates.
+"""Which forms a model's kernels take, in the decode step and in the prefill pass: one value, fixed when a step is
+built (an engine's, a benchmark's variant, a test's) and passed down the model's walks, instead of module or model
+state a caller mutates.
 
 A captured graph keeps the choices it was captured with; two engines in one process may differ.
 """
@@ -24,12 +25,16 @@ class GemvPick(enum.Enum):
 
 @attrs.frozen
 class KernelChoices:
-    """PDL launches, the two one-row folds into the weight stream, and where the weight stream runs at all."""
+    """PDL launches, the two one-row folds into the weight stream, where the weight stream runs at all, and which
+    path the model's decode and prefill take (its Triton / CUDA kernels or the torch references)."""
 
     pdl: bool | None = None  # launch with programmatic dependent launch; None: the process default (RESPLAN_PDL)
     fold_silu_mul: bool = True  # SwiGLU's silu_mul folded into the down GEMM where measured (SILU_MUL_CONFIGS)
     fold_norm: bool = True  # a sublayer's pre-norm folded into its first GEMM where configured (NORM_CONFIGS)
     gemv: GemvPick = GemvPick.MEASURED
+    fused_decode: bool | None = None  # decode on the Triton kernels (fused step, GDN conv/delta rule); None: on CUDA
+    prefill_kernels: bool | None = None  # prefill mixers on fla-core / FlashInfer; None: CUDA weights in 16 bits
+    prefill_fused: bool | None = None  # prefill's row-wise work on our Triton kernels; None: where weights are on CUDA
 
     def streams(self, rows: int, n: int, k: int) -> bool:
         """Whether the GEMM [rows, k] x [n, k]^T runs as the weight stream."""

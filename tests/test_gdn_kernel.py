@@ -20,6 +20,7 @@ from kernels import (  # noqa: E402  (after TRITON_INTERPRET is settled)
     gdn_decode_step_,
     gdn_decode_step_ref,
 )
+from kernels.choices import KernelChoices  # noqa: E402
 from models.layers.gdn import causal_conv1d_step, gated_delta_step, normalize_qk  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -111,7 +112,8 @@ def test_conv1d_decode_matches_step(seed):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_layer_decode_fused_equals_torch(dtype):
-    """GatedDeltaNet.decode through the kernels (fused_decode=True) equals its torch path: output and both pools."""
+    """GatedDeltaNet.decode through the kernels (KernelChoices.fused_decode) equals its torch path: output and both
+    pools."""
     from models.qwen3_5 import tiny
     from models.qwen3_5.linear_attention import GatedDeltaNet
 
@@ -126,10 +128,8 @@ def test_layer_decode_fused_equals_torch(dtype):
     tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
     with torch.no_grad():
         for _ in range(2):
-            layer.fused_decode = False
-            want = layer.decode(x, conv_t, ssm_t, slots)
-            layer.fused_decode = True
-            got = layer.decode(x, conv, ssm, slots)
+            want = layer.decode(x, conv_t, ssm_t, slots, KernelChoices(fused_decode=False))
+            got = layer.decode(x, conv, ssm, slots, KernelChoices(fused_decode=True))
             real = slots != 0
             torch.testing.assert_close(got[real], want[real], **tol)
             torch.testing.assert_close(conv[1:], conv_t[1:], **tol)

@@ -173,22 +173,22 @@ PAGE = 4
 
 
 def _model(name: str, device: str, dtype: torch.dtype):
-    """The named model (seeded random weights) on the fused decode, its pre-norm weights redrawn around 0 (the
-    models start them at exactly 0, where (1 + w) = 1 would hide the norm weight)."""
+    """The named model (seeded random weights), its pre-norm weights redrawn around 0 (the models start them at
+    exactly 0, where (1 + w) = 1 would hide the norm weight)."""
     model = build_adapter(name, seed=0, device=device, dtype=dtype).model
     gen = torch.Generator().manual_seed(3)
     with torch.no_grad():
         for pname, p in model.named_parameters():
             if pname.endswith("layernorm.weight") or pname == "model.norm.weight":
                 p.copy_(0.3 * torch.randn(p.shape, generator=gen))
-    model.fused_decode = True
     return model
 
 
 def _decode_one_row(model, fold: bool, steps: int, device: str, dtype: torch.dtype, monkeypatch) -> list:
-    """A 7-token prompt prefilled into slot 1, then ``steps`` decode steps of one row over fixed tokens with the norm
-    fold chosen or not (``fold``); the logits [1, V] of each step, and how many GEMMs folded their norm."""
-    kc = KernelChoices(fold_norm=fold)
+    """A 7-token prompt prefilled into slot 1, then ``steps`` decode steps of one row over fixed tokens on the fused
+    decode with the norm fold chosen or not (``fold``); the logits [1, V] of each step, and how many GEMMs folded
+    their norm."""
+    kc = KernelChoices(fold_norm=fold, fused_decode=True)
     gen = torch.Generator().manual_seed(11)
     V = model.cfg.vocab_size
     ids = torch.randint(0, V, (7 + steps,), generator=gen)
@@ -257,18 +257,19 @@ def test_the_engines_kernel_choices_reach_the_decode_walk(monkeypatch):
 
     if DEVICE == "cpu":
         adapter = build_adapter("qwen3_5-tiny", seed=0, device=DEVICE)
-        adapter.model.fused_decode = True
+        fused_decode = True  # the CPU model's decode on the fused Triton step (the interpreter)
         monkeypatch.setattr(fused, "norm_folds", lambda p, w, kc: kc.fold_norm and p.res.h.shape[0] == 1)
         dtype = "float32"
     else:
         adapter, dtype = build_adapter("qwen3_5-0.8b", seed=0, device=DEVICE, dtype=torch.bfloat16), "bfloat16"
+        fused_decode = None  # on CUDA: the fused step by default
     real, calls = fused.gemv_add_rms_norm, []
     monkeypatch.setattr(fused, "gemv_add_rms_norm", lambda *a, **k: calls.append(1) or real(*a, **k))
     tokens = {}
     for fold in (False, True):
         calls.clear()
         cfg = EngineConfig(max_running=1, page_size=4, max_seq_len=32, device=DEVICE, dtype=dtype,
-                           kernels=KernelChoices(fold_norm=fold))  # fmt: skip
+                           kernels=KernelChoices(fold_norm=fold, fused_decode=fused_decode))  # fmt: skip
         (r,) = Engine(adapter, cfg).run([Request([5, 17, 99], SamplingParams(max_tokens=3))])
         tokens[fold] = r.tokens
         decode_steps = len(r.tokens) - 1  # the first token comes from the prefill

@@ -1,6 +1,7 @@
-"""A prefill pass's row-wise work on our Triton kernels (``prefill_fused``: residual adds folded into the norms, the
-varlen conv with q and k normalised in it, RoPE and the K/V write in one kernel, the gated norm, silu_mul) against the
-same pass in torch: logits and every pool, fresh and continuing chunks, at exact and at bucket shapes (padding).
+"""A prefill pass's row-wise work on our Triton kernels (``KernelChoices.prefill_fused``: residual adds folded into the
+norms, the varlen conv with q and k normalised in it, RoPE and the K/V write in one kernel, the gated norm, silu_mul)
+against the same pass in torch: logits and every pool, fresh and continuing chunks, at exact and at bucket shapes
+(padding).
 
 Without CUDA the kernels run in Triton's interpreter (TRITON_INTERPRET=1, set before triton is imported); the mixers
 are the torch references on both sides (fla and FlashInfer are the GPU tests')."""
@@ -18,6 +19,7 @@ if not torch.cuda.is_available():
 
 from test_prefill_graphs import MODEL, PAGES, PS, _chunks, _pools, _randomize, _state  # noqa: E402
 
+from kernels.choices import KernelChoices  # noqa: E402
 from models.layers.flat import bucket_shape  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -33,11 +35,8 @@ def test_the_fused_pass_equals_the_torch_pass(starts, bucket):
     _randomize(fused, 3)
     _randomize(plain, 3)
     shape = None if bucket is None else bucket_shape(bucket, 4, PAGES, PS)
-    MODEL.prefill_fused = True
-    try:
-        got = MODEL.prefill_forward(fused, MODEL.prefill_inputs(fused, chunks, shape))[: len(chunks)]
-    finally:
-        MODEL.prefill_fused = None
+    kc = KernelChoices(prefill_fused=True)
+    got = MODEL.prefill_forward(fused, MODEL.prefill_inputs(fused, chunks, shape, kc=kc))[: len(chunks)]
     want = MODEL.prefill_forward(plain, MODEL.prefill_inputs(plain, chunks))
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     for x, y in zip(_pools(fused), _pools(plain), strict=True):

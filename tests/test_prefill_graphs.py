@@ -12,6 +12,7 @@ import pytest
 import torch
 from test_engine import BASE, QWEN
 
+from kernels.choices import KernelChoices
 from models.engine import Engine, EngineConfig, build_adapter
 from models.engine.compare import random_requests, run_arms
 from models.engine.prefill_graphs import PrefillGraphs
@@ -136,12 +137,8 @@ def test_the_prefill_kernels_are_refused_in_float32_and_off_by_default_on_the_cp
     CUDA its default is the torch references), and a CPU model defaults to the references."""
     model = build_adapter("qwen3_5-tiny", seed=0).model
     assert not model.uses_prefill_kernels()
-    model.prefill_kernels = True
-    try:
-        with pytest.raises(ValueError, match="bf16 or fp16"):
-            model.uses_prefill_kernels()
-    finally:
-        model.prefill_kernels = None
+    with pytest.raises(ValueError, match="bf16 or fp16"):
+        model.uses_prefill_kernels(KernelChoices(prefill_kernels=True))
 
 
 def test_head_shapes_without_prefill_kernels_prefill_on_the_references_and_an_explicit_ask_is_refused():
@@ -154,12 +151,8 @@ def test_head_shapes_without_prefill_kernels_prefill_on_the_references_and_an_ex
     assert prefill_kernel_refusal(MODEL_CONFIGS["qwen3_5-2b"]) is None
     model = build_adapter("qwen3_5-tiny", seed=0, dtype=torch.bfloat16).model
     assert model.prefill_kernel_refusal() == "the GDN state pass takes key heads of 64 or 128, not 16"
-    model.prefill_kernels = True
-    try:
-        with pytest.raises(ValueError, match="prefill_kernels: the GDN state pass takes key heads of 64 or 128"):
-            model.uses_prefill_kernels()
-    finally:
-        model.prefill_kernels = None
+    with pytest.raises(ValueError, match="prefill_kernels: the GDN state pass takes key heads of 64 or 128"):
+        model.uses_prefill_kernels(KernelChoices(prefill_kernels=True))
 
 
 # -- on the GPU: real CUDA graphs ------------------------------------------------------------------------------------

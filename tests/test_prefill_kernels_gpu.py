@@ -4,11 +4,13 @@ chunks; and an engine on the kernels gives the torch path's greedy tokens."""
 
 from __future__ import annotations
 
+import attrs
 import numpy as np
 import pytest
 import torch
 from test_prefill_graphs import _pools, _randomize_cuda
 
+from kernels.choices import KernelChoices
 from models.engine import EngineConfig, build_adapter
 from models.engine.compare import random_requests, run_arms
 from models.qwen3_5 import PrefillChunk
@@ -51,11 +53,7 @@ def test_the_kernels_pass_equals_the_torch_pass(starts):
         _randomize_cuda(st, 2)
     kern, ref = states
     got = model.prefill_batch(kern, chunks)
-    model.prefill_kernels = False
-    try:
-        want = model.prefill_batch(ref, chunks)
-    finally:
-        model.prefill_kernels = None
+    want = model.prefill_batch(ref, chunks, KernelChoices(prefill_kernels=False))
     _assert_close_to_scale("logits", got, want, 1e-2)
     assert torch.equal(got.argmax(-1), want.argmax(-1))
     for i, (x, y) in enumerate(zip(_pools(kern), _pools(ref), strict=True)):
@@ -73,11 +71,7 @@ def test_an_engine_on_the_prefill_kernels_gives_the_torch_paths_tokens():
     cfg = EngineConfig(device="cuda", dtype="bfloat16", attention=Backend.XQA, max_running=8, page_size=16,
                        max_seq_len=640, token_budget=512, async_prefill=False)  # both batch alike  # fmt: skip
     kern = run_arms(adapter, cfg, reqs)
-    adapter.model.prefill_kernels = False
-    try:
-        ref = run_arms(adapter, cfg, reqs)
-    finally:
-        adapter.model.prefill_kernels = None
+    ref = run_arms(adapter, attrs.evolve(cfg, kernels=KernelChoices(prefill_kernels=False)), reqs)
     for arm in kern:
         firsts = sum(a[0] == b[0] for a, b in zip(kern[arm].tokens, ref[arm].tokens, strict=True))
         same = sum(a == b for a, b in zip(kern[arm].tokens, ref[arm].tokens, strict=True))
@@ -90,8 +84,6 @@ def _against_passes_in_the_step(**change):
     XQA decode, prefill graphs, overlap and row checks: an engine with ``change`` against one that runs each pass in its
     step with a decode graph beside it. Per arm: (first tokens equal, whole requests equal, the changed engine's
     stats)."""
-    import attrs
-
     from models.layers.decode_attention import Backend
 
     adapter = _adapter()

@@ -19,6 +19,7 @@ import attrs
 import pytest
 import torch
 
+from kernels.choices import DEFAULT, KernelChoices
 from models.qwen3_5 import KV_POOL, Qwen35Model, qwen3_5_0_8b, qwen3_5_2b, tiny
 from resplan.buffers import StepBuffers
 from resplan.layout import KVPool, RowLayout
@@ -149,13 +150,15 @@ def prefill_request(model: Qwen35Model, state, req: Request, alloc: PageAllocato
     return logits
 
 
-def decode_step(model, state, bufs, rows: list[Request | None], tokens: list[int], alloc) -> torch.Tensor:
-    """Reserve pages, fill the buffers, run one decode; advances each real request by one token."""
+def decode_step(model, state, bufs, rows: list[Request | None], tokens: list[int], alloc,
+                kc: KernelChoices = DEFAULT) -> torch.Tensor:  # fmt: skip
+    """Reserve pages, fill the buffers, run one decode (its kernels as ``kc`` says); advances each real request by one
+    token."""
     for req in rows:
         if req is not None:
             req.reserve(req.length + 1, alloc)
     fill(bufs, rows)
-    logits = model.decode(state, torch.tensor(tokens, dtype=torch.int64), bufs)
+    logits = model.decode(state, torch.tensor(tokens, dtype=torch.int64), bufs, kc=kc)
     for req in rows:
         if req is not None:
             req.length += 1
@@ -225,9 +228,9 @@ def hf_reference(pair):
 
 @pytest.mark.parametrize("fused", DECODE_PATHS)
 @pytest.mark.parametrize("pad_row", [0, 1, 2], ids=lambda r: f"pad=row{r}")
-def test_batched_greedy_decode_matches_transformers(pair, hf_reference, pad_row, fused, monkeypatch):
+def test_batched_greedy_decode_matches_transformers(pair, hf_reference, pad_row, fused):
     _, ours = pair
-    monkeypatch.setattr(ours, "fused_decode", fused)
+    kc = KernelChoices(fused_decode=fused)
     alloc = PageAllocator(NUM_PAGES, seed=pad_row)
     state = ours.allocate_state(NUM_PAGES, PAGE_SIZE, NUM_SLOTS, "cpu", torch.float32)
     reqs = [Request(prompt(n, seed=100 + i), slot=NUM_SLOTS - 1 - i) for i, n in enumerate(PROMPT_LENS)]
@@ -247,7 +250,7 @@ def test_batched_greedy_decode_matches_transformers(pair, hf_reference, pad_row,
         for i, t in enumerate(toks):
             got_tokens[i].append(t)
         row_tokens = [0 if req is None else toks[reqs.index(req)] for req in rows]
-        logits = decode_step(ours, state, bufs, rows, row_tokens, alloc)  # [3, V]
+        logits = decode_step(ours, state, bufs, rows, row_tokens, alloc, kc)  # [3, V]
         assert torch.isfinite(logits).all()
         last = [logits[rows.index(req)] for req in reqs]
         for i in range(len(reqs)):
@@ -298,9 +301,9 @@ def test_first_chunk_ignores_stale_slot_state(pair):
 
 
 @pytest.mark.parametrize("fused", DECODE_PATHS)
-def test_padding_rows_do_not_disturb_real_rows(pair, fused, monkeypatch):
+def test_padding_rows_do_not_disturb_real_rows(pair, fused):
     _, ours = pair
-    monkeypatch.setattr(ours, "fused_decode", fused)
+    kc = KernelChoices(fused_decode=fused)
     base = ours.allocate_state(NUM_PAGES, PAGE_SIZE, NUM_SLOTS, "cpu", torch.float32)
     reqs = [Request(prompt(n, seed=200 + i), slot=1 + 2 * i) for i, n in enumerate((6, 9))]
     prompt_alloc = PageAllocator(NUM_PAGES, seed=11)
@@ -312,9 +315,9 @@ def test_padding_rows_do_not_disturb_real_rows(pair, fused, monkeypatch):
     plain_bufs, padded_bufs = StepBuffers.allocate(layout(), size=2), StepBuffers.allocate(layout(), size=5)
     plain_alloc, padded_alloc = copy.deepcopy(prompt_alloc), copy.deepcopy(prompt_alloc)  # hand out pages alike
     for _ in range(5):
-        a = decode_step(ours, plain, plain_bufs, plain_reqs, toks, plain_alloc)  # [2, V]
+        a = decode_step(ours, plain, plain_bufs, plain_reqs, toks, plain_alloc, kc)  # [2, V]
         rows = [None, padded_reqs[0], None, None, padded_reqs[1]]
-        b = decode_step(ours, padded, padded_bufs, rows, [0, toks[0], 0, 0, toks[1]], padded_alloc)  # [5, V]
+        b = decode_step(ours, padded, padded_bufs, rows, [0, toks[0], 0, 0, toks[1]], padded_alloc, kc)  # [5, V]
         assert torch.isfinite(b).all()
         torch.testing.assert_close(b[[1, 4]], a, atol=SELF_ATOL, rtol=SELF_ATOL)
         toks = [int(x) for x in a.argmax(-1)]

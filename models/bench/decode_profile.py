@@ -129,8 +129,8 @@ def main(argv: list[str] | None = None) -> None:
         variants = [(p, m == "on", f, n) for p in a.paths.split(",") for m in a.pdl.split(",")
                     for f in a.silu_mul.split(",") for n in a.norm.split(",")]  # fmt: skip
         for path, pdl_on, silu, norm in variants:
-            model.fused_decode = {"fused": True, "torch": False}[path]
-            kc = KernelChoices(pdl=pdl_on, fold_silu_mul=silu == "fold", fold_norm=norm == "fold", gemv=gemv_pick)
+            kc = KernelChoices(pdl=pdl_on, fold_silu_mul=silu == "fold", fold_norm=norm == "fold", gemv=gemv_pick,
+                               fused_decode={"fused": True, "torch": False}[path])  # fmt: skip
             if a.attention != "xqa":
                 attn = TritonDecode(hq, hk, d, ps, max_batch=max(batches), max_pages_per_row=W, device=dev, dtype=dt,
                                     pdl=pdl_on)  # fmt: skip

@@ -19,6 +19,7 @@ import time
 import numpy as np
 import torch
 
+from kernels.choices import KernelChoices
 from models.cli import OneLineParser
 from models.engine import build_adapter
 from models.engine.prefill_graphs import PrefillGraphs
@@ -81,17 +82,16 @@ def main(argv: list[str] | None = None) -> None:
             chunks = draw_chunks(rng, T, ps, model.cfg.vocab_size, args.max_chunks)
             counts.append(len(chunks))
             for arm in arms if rep % 2 == 0 else arms[::-1]:
-                model.prefill_kernels = arm != "torch"
+                kc = KernelChoices(prefill_kernels=arm != "torch")
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
                 if arm == "graph":
-                    graphs.run(model.prefill_inputs(state, chunks, shape, graphed=True))
+                    graphs.run(model.prefill_inputs(state, chunks, shape, graphed=True, kc=kc))
                 else:
-                    model.prefill_batch(state, chunks)
+                    model.prefill_batch(state, chunks, kc)
                 torch.cuda.synchronize()
                 if rep >= 2:
                     times[arm].append(time.perf_counter() - t0)
-        model.prefill_kernels = None
         if args.profile:
             batch = model.prefill_inputs(state, draw_chunks(rng, T, ps, model.cfg.vocab_size, args.max_chunks), shape,
                                          graphed=True)  # fmt: skip

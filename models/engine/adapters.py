@@ -103,26 +103,30 @@ class Adapter:
     def encode(self, state, req: Request, pages: dict[str, torch.Tensor]) -> None:
         """Fill the READ pools for ``req`` (its context), before its first prefill chunk."""
 
-    def prefill_last(self, state, chunks: list[PrefillInput]) -> torch.Tensor:
-        """Several requests' chunks (one each) in one eager pass: the logits of each chunk's last token [R, V]."""
+    def prefill_last(self, state, chunks: list[PrefillInput], kc: KernelChoices = DEFAULT) -> torch.Tensor:
+        """Several requests' chunks (one each) in one eager pass: the logits of each chunk's last token [R, V].
+        ``kc``: the pass's kernels (``prefill_kernels``, ``prefill_fused``; the engine's ``EngineConfig.kernels``)."""
         raise NotImplementedError
 
-    def prefill_capture_refusal(self) -> str | None:
-        """Why prefill_inputs / prefill_forward do not give a capturable pass here, or None where they do."""
+    def prefill_capture_refusal(self, kc: KernelChoices = DEFAULT) -> str | None:
+        """Why prefill_inputs / prefill_forward with the kernels ``kc`` chooses do not give a capturable pass here,
+        or None where they do."""
         return "no capturable prefill pass"
 
     def prefill_shape(self, state, tokens: int, max_chunks: int):
         """The shape of a pass padded to ``tokens`` that holds up to ``max_chunks`` chunks (a token bucket's)."""
         raise NotImplementedError(f"{self.name}: no capturable prefill pass")
 
-    def prefill_inputs(self, state, chunks: list[PrefillInput], shape=None):
+    def prefill_inputs(self, state, chunks: list[PrefillInput], shape=None, kc: KernelChoices = DEFAULT):
         """``prefill_last``'s chunks as one pass's device inputs in ``shape`` (``prefill_shape``'s; None: the chunks'
-        own): an attrs record with ``key`` (what fixes its shapes) and ``tokens``, whose tensor fields are every input
-        ``prefill_forward`` reads; that forward has no host sync. Its logits' rows past the chunks are padding."""
+        own): an attrs record with ``key`` (what fixes its shapes and kernels, those ``kc`` chooses) and ``tokens``,
+        whose tensor fields are every input ``prefill_forward`` reads; that forward has no host sync. Its logits'
+        rows past the chunks are padding."""
         raise NotImplementedError(f"{self.name}: no capturable prefill pass")
 
     def prefill_forward(self, state, batch) -> torch.Tensor:
-        """The pass over ``prefill_inputs``' record: ``prefill_last``'s logits [R, V]. Graph-safe."""
+        """The pass over ``prefill_inputs``' record (its kernels chosen there): ``prefill_last``'s logits [R, V].
+        Graph-safe."""
         raise NotImplementedError(f"{self.name}: no capturable prefill pass")
 
     def decode(self, state, ids: torch.Tensor, bufs: StepBuffers, attn=None,
@@ -155,13 +159,13 @@ class QwenAdapter(Adapter):
     def kv_caches(self, state, key):
         return state.kv
 
-    def prefill_last(self, state, chunks):
+    def prefill_last(self, state, chunks, kc=DEFAULT):
         """All chunks in one pass (``Qwen35Model.prefill_batch``)."""
-        return self.prefill_forward(state, self.prefill_inputs(state, chunks))
+        return self.prefill_forward(state, self.prefill_inputs(state, chunks, kc=kc))
 
-    def prefill_capture_refusal(self):
+    def prefill_capture_refusal(self, kc=DEFAULT):
         m = self.model
-        if m.lm_head.weight.is_cuda and not m.uses_prefill_kernels():  # a CPU "graph" re-runs the pass
+        if m.lm_head.weight.is_cuda and not m.uses_prefill_kernels(kc):  # a CPU "graph" re-runs the pass
             why = m.prefill_kernel_refusal() or (f"prefill_kernels off, or {m.lm_head.weight.dtype} weights: the "
                                                  "kernels need bf16 or fp16")  # fmt: skip
             return f"its prefill runs the torch references on CUDA ({why}), which read lengths back to the host"
@@ -171,10 +175,10 @@ class QwenAdapter(Adapter):
         # the chunks' requests hold distinct pages, so the pool's page count bounds the pages of any pass
         return bucket_shape(tokens, max_chunks, state.num_pages, state.page_size)
 
-    def prefill_inputs(self, state, chunks, shape=None):
+    def prefill_inputs(self, state, chunks, shape=None, kc=DEFAULT):
         return self.model.prefill_inputs(
             state, [PrefillChunk(c.ids, c.pages[KV_POOL], c.start, c.rec_slot, c.pos_offset) for c in chunks], shape,
-            graphed=shape is not None)  # fmt: skip
+            graphed=shape is not None, kc=kc)  # fmt: skip
 
     def prefill_forward(self, state, batch):
         return self.model.prefill_forward(state, batch)
@@ -235,14 +239,14 @@ class WhisperAdapter(Adapter):
     def encode(self, state, req, pages):
         self.model.encode(state, req.features, pages[CROSS])
 
-    def prefill_last(self, state, chunks):
+    def prefill_last(self, state, chunks, kc=DEFAULT):
         """All chunks in one flat pass (``WhisperModel.prefill_batch``): FlashInfer's attention where the state has
-        it, else the torch references, one sequence at a time."""
-        return self.prefill_forward(state, self.prefill_inputs(state, chunks))
+        it (and ``kc`` does not turn it off), else the torch references, one sequence at a time."""
+        return self.prefill_forward(state, self.prefill_inputs(state, chunks, kc=kc))
 
-    def prefill_capture_refusal(self):
+    def prefill_capture_refusal(self, kc=DEFAULT):
         m, w = self.model, self.model.proj_out.weight
-        if w.is_cuda and (m.prefill_kernels is False or not m.has_prefill_kernels(w.device, w.dtype)):
+        if w.is_cuda and (kc.prefill_kernels is False or not m.has_prefill_kernels(w.device, w.dtype)):
             return (f"its prefill attention runs the torch references on CUDA (prefill_kernels off, or {w.dtype} "
                     f"weights and head width {m.cfg.head_dim}: FlashInfer's needs bf16 or fp16 and a width in "
                     f"{PREFILL_HEAD_DIMS}), which read lengths back to the host")  # fmt: skip
@@ -252,10 +256,10 @@ class WhisperAdapter(Adapter):
         kv = state[SELF][0]  # the chunks' requests hold distinct pages: the pool's page count bounds any pass's
         return bucket_shape(tokens, max_chunks, kv.shape[0], kv.shape[2])
 
-    def prefill_inputs(self, state, chunks, shape=None):
+    def prefill_inputs(self, state, chunks, shape=None, kc=DEFAULT):
         return self.model.prefill_inputs(state, [
             DecoderChunk(c.ids, c.pages[SELF], c.start, c.pages[CROSS], c.read_lens.get(CROSS, 0), c.pos_offset)
-            for c in chunks], shape, graphed=shape is not None)  # fmt: skip
+            for c in chunks], shape, graphed=shape is not None, kc=kc)  # fmt: skip
 
     def prefill_forward(self, state, batch):
         return self.model.prefill_forward(state, batch)

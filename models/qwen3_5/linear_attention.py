@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.choices import KernelChoices
+from kernels.choices import DEFAULT, KernelChoices
 from kernels.conv1d_varlen import conv1d_varlen_, conv1d_varlen_ref_
 from kernels.gdn_decode import conv1d_decode_step_, gdn_decode_raw_step_, gdn_decode_step_
 from kernels.gdn_prefill import gdn_prefill, gdn_prefill_ref
@@ -24,8 +24,6 @@ from models.qwen3_5.config import Qwen35Config
 
 class GatedDeltaNet(nn.Module):
     """Parameter names match transformers' Qwen3_5GatedDeltaNet."""
-
-    fused_decode: bool | None = None  # decode through the Triton kernels; None: when the input is on CUDA
 
     def __init__(self, cfg: Qwen35Config) -> None:
         super().__init__()
@@ -113,13 +111,15 @@ class GatedDeltaNet(nn.Module):
         conv_pool: torch.Tensor,  # [slots, C, K]
         ssm_pool: torch.Tensor,  # [slots, hv, dk, dv]
         slots: torch.Tensor,  # [b] int32, 0 (sink) for padding rows
+        kc: KernelChoices = DEFAULT,  # fused_decode: the conv and delta-rule steps on Triton (None: on CUDA)
     ) -> torch.Tensor:
         """One token a row: gather the rows' slots, step conv and delta rule, scatter back. Graph-safe. [b, hidden].
 
-        On CUDA the conv and delta-rule steps are fused Triton kernels working in place on the pools by slot.
+        Where ``kc.fused_decode`` says (by default on CUDA) the conv and delta-rule steps are fused Triton kernels
+        working in place on the pools by slot; else torch gathers, steps and scatters.
         """
         mixed, z, g, beta = self._project(x)
-        if x.is_cuda if self.fused_decode is None else self.fused_decode:
+        if x.is_cuda if kc.fused_decode is None else kc.fused_decode:
             mixed = conv1d_decode_step_(conv_pool, slots, mixed, self.conv_weight)  # [b, C]
             q, k, v = self._split(mixed, repeat=False)  # q, k [b, hk, dk]: the kernel maps value heads to key heads
             o = torch.empty(v.shape, dtype=torch.float32, device=v.device)  # [b, hv, dv]

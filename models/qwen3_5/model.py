@@ -129,12 +129,10 @@ def prefill_kernel_refusal(cfg: Qwen35Config) -> str | None:
 
 class Qwen35Model(nn.Module):
     """Qwen3.5 causal LM with host-planned ``prefill`` (one request's chunk; ``prefill_batch``: several requests', one
-    chunk each) and graph-safe batched ``decode``."""
+    chunk each) and graph-safe batched ``decode``. Which kernels each takes is the caller's ``KernelChoices``
+    (``fused_decode``, ``prefill_kernels``, ``prefill_fused``), passed to every call."""
 
-    fused_decode: bool | None = None  # decode through the fused Triton step; None: where the weights are on CUDA
     tp = None  # this rank's models.qwen3_5.tp.TensorParallel when the model is one shard of a tensor-parallel group
-    prefill_kernels: bool | None = None  # prefill mixers on fla-core / FlashInfer; None: CUDA weights in 16 bits
-    prefill_fused: bool | None = None  # prefill's row-wise work on Triton; None: where the weights are on CUDA
 
     def __init__(self, cfg: Qwen35Config) -> None:
         super().__init__()
@@ -190,23 +188,26 @@ class Qwen35Model(nn.Module):
         start: int,  # tokens already stored (0 for the first chunk)
         rec_slot: int,
         pos_offset: int = 0,
+        kc: KernelChoices = DEFAULT,  # the pass's kernels (prefill_kernels, prefill_fused)
     ) -> torch.Tensor:
         """One request's chunk, eager: logits [T, V]. Writes its K/V and leaves the GDN state in ``rec_slot``."""
-        h = self._prefill_pass(state, self.prefill_inputs(state, [PrefillChunk(token_ids, pages, start, rec_slot,
-                                                                               pos_offset)]))  # fmt: skip
+        chunk = PrefillChunk(token_ids, pages, start, rec_slot, pos_offset)
+        h = self._prefill_pass(state, self.prefill_inputs(state, [chunk], kc=kc))
         return self.lm_head(self.model.norm(h))  # [T, V]
 
     @torch.inference_mode()  # cheaper per operation than no_grad: prefill dispatches thousands
-    def prefill_batch(self, state: Qwen35State, chunks: Sequence[PrefillChunk]) -> torch.Tensor:
+    def prefill_batch(self, state: Qwen35State, chunks: Sequence[PrefillChunk],
+                      kc: KernelChoices = DEFAULT) -> torch.Tensor:  # fmt: skip
         """Several requests' chunks in one eager pass, each as ``prefill`` runs it: the logits of each chunk's last
         token [R, V]. Requests (their recurrent slots) must be distinct."""
-        return self.prefill_forward(state, self.prefill_inputs(state, chunks))[: len(chunks)]
+        return self.prefill_forward(state, self.prefill_inputs(state, chunks, kc=kc))[: len(chunks)]
 
     def prefill_inputs(self, state: Qwen35State, chunks: Sequence[PrefillChunk], shape: PassShape | None = None,
-                       graphed: bool = False) -> PrefillBatch:  # fmt: skip
+                       graphed: bool = False, kc: KernelChoices = DEFAULT) -> PrefillBatch:  # fmt: skip
         """The chunks checked and laid out as one pass's device inputs in ``shape`` (default: the chunks' exact
         shape), FlashInfer's plan included (host work: the only part that reads them). ``graphed``: the pass may be
-        captured (FlashInfer's plan then keeps its grid fixed for the shape)."""
+        captured (FlashInfer's plan then keeps its grid fixed for the shape). ``kc``: the pass's kernels, resolved
+        here into the batch's ``kernels`` and ``fused`` (what ``prefill_forward`` reads)."""
         device = self.lm_head.weight.device
         ps = state.page_size
         for c in chunks:
@@ -220,7 +221,7 @@ class Qwen35Model(nn.Module):
             shape = exact_shape([len(t) for t in ids], held)
         lay = flat_layout(ids, [c.start for c in chunks], [c.pos_offset for c in chunks],
                           [c.rec_slot for c in chunks], pages, ps, shape)  # fmt: skip
-        kernels = self.uses_prefill_kernels()
+        kernels = self.uses_prefill_kernels(kc)
         if kernels and state.prefill_attention is None:
             raise ValueError("prefill kernels need a state allocated on CUDA (its FlashInfer prefill attention)")
         attn = None
@@ -236,7 +237,7 @@ class Qwen35Model(nn.Module):
             cu_seqlens=dev(lay.cu_seqlens), slots=dev(lay.slots), fresh=dev(lay.fresh), last=dev(lay.last),
             chunk_indices=dev(lay.chunk_indices), chunk_offsets=dev(lay.chunk_offsets), kv_indptr=dev(lay.kv_indptr),
             kv_indices=dev(lay.kv_indices), kv_lens=dev(lay.kv_lens), shape=shape, kernels=kernels,
-            fused=self.uses_prefill_fused(), attn=attn, chunks=lay.chunks,
+            fused=self.uses_prefill_fused(kc), attn=attn, chunks=lay.chunks,
         )  # fmt: skip
 
     @torch.inference_mode()
@@ -286,24 +287,24 @@ class Qwen35Model(nn.Module):
         share), in place; x itself on one rank."""
         return x if self.tp is None else self.tp.all_reduce(x)
 
-    def uses_prefill_fused(self) -> bool:
-        """Whether prefill's row-wise work runs our Triton kernels: ``prefill_fused``, or by default where the
+    def uses_prefill_fused(self, kc: KernelChoices = DEFAULT) -> bool:
+        """Whether prefill's row-wise work runs our Triton kernels: ``kc.prefill_fused``, or by default where the
         weights are on CUDA."""
-        return self.lm_head.weight.is_cuda if self.prefill_fused is None else self.prefill_fused
+        return self.lm_head.weight.is_cuda if kc.prefill_fused is None else kc.prefill_fused
 
-    def uses_prefill_kernels(self) -> bool:
-        """Whether prefill runs the CUDA kernels (fla, FlashInfer, the Triton conv): ``prefill_kernels``, or by
+    def uses_prefill_kernels(self, kc: KernelChoices = DEFAULT) -> bool:
+        """Whether prefill runs the CUDA kernels (fla, FlashInfer, the Triton conv): ``kc.prefill_kernels``, or by
         default where the weights are on CUDA in bf16 or fp16 (FlashInfer's paged prefill has no float32 kernels, so
         a float32 model prefills on the torch references; asking for the kernels there is refused)."""
         w = self.lm_head.weight
         shapes = self.prefill_kernel_refusal()
-        if self.prefill_kernels is None:
+        if kc.prefill_kernels is None:
             return w.is_cuda and w.dtype in PREFILL_KERNEL_DTYPES and shapes is None
-        if self.prefill_kernels and w.dtype not in PREFILL_KERNEL_DTYPES:
+        if kc.prefill_kernels and w.dtype not in PREFILL_KERNEL_DTYPES:
             raise ValueError(f"prefill_kernels needs bf16 or fp16 weights (FlashInfer's paged prefill), not {w.dtype}")
-        if self.prefill_kernels and shapes is not None:
+        if kc.prefill_kernels and shapes is not None:
             raise ValueError(f"prefill_kernels: {shapes}")
-        return self.prefill_kernels
+        return kc.prefill_kernels
 
     def prefill_kernel_refusal(self) -> str | None:
         """Why this model's head shapes have no prefill kernels (None: they have; ``prefill_kernel_refusal``)."""
@@ -320,20 +321,21 @@ class Qwen35Model(nn.Module):
             layer.mlp.gate_up_weight()
         return self
 
-    def uses_fused_decode(self) -> bool:
-        """Whether ``decode`` runs the fused Triton step: ``fused_decode``, or by default where CUDA runs it."""
-        return self.lm_head.weight.is_cuda if self.fused_decode is None else self.fused_decode
+    def uses_fused_decode(self, kc: KernelChoices = DEFAULT) -> bool:
+        """Whether ``decode`` runs the fused Triton step: ``kc.fused_decode``, or by default where CUDA runs it."""
+        return self.lm_head.weight.is_cuda if kc.fused_decode is None else kc.fused_decode
 
     @torch.no_grad()
     def decode(self, state: Qwen35State, input_ids: torch.Tensor, bufs, attn=None,
                kc: KernelChoices = DEFAULT) -> torch.Tensor:  # fmt: skip
         """One token a row from the static StepBuffers (pool "kv", positions, recurrent_slots): logits [b, V].
         ``attn``: the bucket's decode attention (FlashInfer XQA / fa2 on the GPU); None = plain torch. ``kc``: the
-        forms the fused step's kernels take (folds, PDL, the weight stream; ``kernels.choices``).
+        step's kernels: the fused Triton step or plain torch (``fused_decode``), and the forms the fused step's kernels
+        take (folds, PDL, the weight stream; ``kernels.choices``).
 
         CUDA-graph safe: no host sync, no data-dependent shapes; padding rows hit the sink page and sink slot.
         """
-        if self.uses_fused_decode():
+        if self.uses_fused_decode(kc):
             return self._decode_fused(state, input_ids, bufs, attn, kc)
         block_table, seq_lens = bufs.block_tables[KV_POOL], bufs.seq_lens[KV_POOL]  # [b, W], [b]
         write_loc, slots = bufs.write_loc[KV_POOL], bufs.recurrent_slots  # [b], [b]
@@ -343,7 +345,7 @@ class Qwen35Model(nn.Module):
             x = layer.input_layernorm(h)
             j = self._pool_index[i]
             if layer.is_linear:
-                h = h + self._reduce(layer.linear_attn.decode(x, state.conv[j], state.ssm[j], slots))
+                h = h + self._reduce(layer.linear_attn.decode(x, state.conv[j], state.ssm[j], slots, kc))
             else:
                 h = h + self._reduce(layer.self_attn.decode(x, state.kv[j], block_table, seq_lens, write_loc, cos, sin,
                                                             attn))  # fmt: skip

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from kernels.choices import DEFAULT, KernelChoices
 from models.layers.flat import PassShape, device_array, exact_shape, flat_layout, host_array
 from models.layers.paged import write_kv
 from models.layers.prefill_attention import DTYPES as FLASHINFER_DTYPES
@@ -91,14 +92,15 @@ class _EncoderDecoder(nn.Module):
 
 
 class WhisperModel(nn.Module):
-    """logits = proj_out(decoder(ids | encoder(mel))); state_dict() matches WhisperForConditionalGeneration's."""
+    """logits = proj_out(decoder(ids | encoder(mel))); state_dict() matches WhisperForConditionalGeneration's. Whether
+    a prefill pass runs FlashInfer's attention is the caller's ``KernelChoices.prefill_kernels``, passed to each
+    call."""
 
     def __init__(self, cfg: WhisperConfig) -> None:
         super().__init__()
         self.cfg = cfg
         self.model = _EncoderDecoder(cfg)
         self.proj_out = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.prefill_kernels: bool | None = None  # FlashInfer's prefill attention; None: where the state has it
         self.reset_parameters()
         if cfg.tie_word_embeddings:
             self.proj_out.weight = self.model.decoder.embed_tokens.weight
@@ -180,11 +182,12 @@ class WhisperModel(nn.Module):
         cross_pages: PageIds,
         cross_len: int,
         pos_offset: int = 0,
+        kc: KernelChoices = DEFAULT,  # the pass's kernels (prefill_kernels)
     ) -> torch.Tensor:
         """Decoder over tokens at stream positions start .. start+T-1 (self K/V written there; causal over the
         stream, full over cross_len cross tokens), token i at position pos_offset + start + i. -> logits [T, V]."""
-        batch = self.prefill_inputs(state, [DecoderChunk(token_ids, self_pages, start, cross_pages, cross_len,
-                                                         pos_offset)])  # fmt: skip
+        chunk = DecoderChunk(token_ids, self_pages, start, cross_pages, cross_len, pos_offset)
+        batch = self.prefill_inputs(state, [chunk], kc=kc)
         return self.proj_out(self._hidden(state, batch))  # [T, V] (an exact pass has no padding tokens)
 
     def _check_chunk(self, state: PagedState, ids_shape, n_pages: int, start: int, n_cross_pages: int,
@@ -202,31 +205,33 @@ class WhisperModel(nn.Module):
             raise ValueError(f"positions up to {pos_offset + start + T - 1} exceed {self.cfg.max_target_positions - 1}")
 
     @torch.no_grad()
-    def prefill_batch(self, state: PagedState, chunks: Sequence[DecoderChunk]) -> torch.Tensor:
+    def prefill_batch(self, state: PagedState, chunks: Sequence[DecoderChunk],
+                      kc: KernelChoices = DEFAULT) -> torch.Tensor:  # fmt: skip
         """Several requests' chunks (one each) as one flat pass (``models.layers.flat``): each is ``prefill`` of its
         own, and the pass returns the logits of each chunk's last token [R, V]."""
-        return self.prefill_forward(state, self.prefill_inputs(state, chunks))[: len(chunks)]
+        return self.prefill_forward(state, self.prefill_inputs(state, chunks, kc=kc))[: len(chunks)]
 
     def has_prefill_kernels(self, device: torch.device, dtype: torch.dtype) -> bool:
         """Whether a state on ``device`` in ``dtype`` gets FlashInfer's prefill attention: CUDA, bf16 or fp16, and a
         head width FlashInfer serves."""
         return device.type == "cuda" and dtype in FLASHINFER_DTYPES and self.cfg.head_dim in PREFILL_HEAD_DIMS
 
-    def uses_prefill_kernels(self, state: PagedState) -> bool:
-        """Whether a pass over ``state`` runs FlashInfer's paged prefill: ``prefill_kernels``, or by default where
+    def uses_prefill_kernels(self, state: PagedState, kc: KernelChoices = DEFAULT) -> bool:
+        """Whether a pass over ``state`` runs FlashInfer's paged prefill: ``kc.prefill_kernels``, or by default where
         the state has it (CUDA, bf16 or fp16, a head width FlashInfer serves); else the torch references."""
         has = getattr(state, "prefill_attention", None) is not None  # (a plain dict of pools has none)
-        if self.prefill_kernels and not has:
+        if kc.prefill_kernels and not has:
             raise ValueError("prefill_kernels: this state has no FlashInfer prefill attention (it needs CUDA, bf16 or "
                              f"fp16 pools and a head width in {PREFILL_HEAD_DIMS}, got {self.cfg.head_dim})")
-        return has if self.prefill_kernels is None else self.prefill_kernels
+        return has if kc.prefill_kernels is None else kc.prefill_kernels
 
     def prefill_inputs(self, state: PagedState, chunks: Sequence[DecoderChunk], shape: PassShape | None = None,
-                       graphed: bool = False) -> PrefillBatch:  # fmt: skip
+                       graphed: bool = False, kc: KernelChoices = DEFAULT) -> PrefillBatch:  # fmt: skip
         """The chunks checked and laid out as one pass's device inputs in ``shape`` (default: the chunks' exact
         shape), FlashInfer's two plans included (host work). ``graphed``: the pass may be captured (its plans then
-        keep their grids fixed for the shape). A sequence with no context (the padding, empty ones, a chunk of
-        cross length 0) lists the cross sink page once and its cross output is masked to 0."""
+        keep their grids fixed for the shape). ``kc``: the pass's kernels, resolved here into the batch's
+        ``kernels``. A sequence with no context (the padding, empty ones, a chunk of cross length 0) lists the cross
+        sink page once and its cross output is masked to 0."""
         dev = self.proj_out.weight.device
         ps, ps_cross = state[SELF][0].shape[2], state[CROSS][0].shape[2]
         pages = [host_array(c.self_pages) for c in chunks]
@@ -250,7 +255,7 @@ class WhisperModel(nn.Module):
             n = -(-c.cross_len // ps_cross)
             cross_indices[cross_indptr[r] : cross_indptr[r] + n] = cross[r][:n]
         live = cross_lens > 0  # [S]
-        kernels = self.uses_prefill_kernels(state)
+        kernels = self.uses_prefill_kernels(state, kc)
         self_attn = cross_attn = None
         if kernels:
             i32 = np.int32
