@@ -1,4 +1,5 @@
-"""The CPU side of the FlashInfer backends: the FA2 host CSR builder and the torch dispatch (no flashinfer needed)."""
+"""The CPU side of the FlashInfer backends: the FA2 host CSR builder, the torch dispatch and the owned workspaces (no
+flashinfer needed)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,14 @@ import pytest
 import torch
 
 from models.layers.decode_attention import Backend
-from models.layers.flashinfer_attention import TorchDecode, build_paged_kv_csr, decode_attention, make_decode_attention
+from models.layers.flashinfer_attention import (
+    TorchDecode,
+    WorkspaceKind,
+    Workspaces,
+    build_paged_kv_csr,
+    decode_attention,
+    make_decode_attention,
+)
 from models.layers.paged import paged_decode_attention
 
 
@@ -83,3 +91,20 @@ def test_torch_dispatch():
     torch.testing.assert_close(attn(q, kv, bt, sl, 0.3), ref)
     torch.testing.assert_close(decode_attention(None, q, kv, bt, sl, 0.3), ref)
     torch.testing.assert_close(decode_attention(attn, q, kv, bt, sl, 0.3), ref)
+
+
+def test_workspaces_give_one_zeroed_buffer_a_kind_to_their_owner_alone():
+    """Every ask of a kind gets the same zeroed buffer; kinds are distinct buffers; another owner's are its own; a
+    larger ask than the first is refused; an attention on another device is refused its owner's workspaces."""
+    ws, other = Workspaces("cpu"), Workspaces("cpu")
+    xqa = ws.get(WorkspaceKind.XQA, 64)
+    assert xqa.dtype == torch.uint8 and xqa.numel() == 64 and not xqa.any()
+    assert ws.get(WorkspaceKind.XQA, 64) is xqa and ws.get(WorkspaceKind.XQA, 16) is xqa
+    fa2, prefill = ws.get(WorkspaceKind.FA2, 64), ws.get(WorkspaceKind.PREFILL, 64)
+    ptrs = {t.data_ptr() for t in (xqa, fa2, prefill, other.get(WorkspaceKind.XQA, 64))}
+    assert len(ptrs) == 4
+    with pytest.raises(ValueError, match="the xqa workspace holds 64 bytes, 128 asked for"):
+        ws.get(WorkspaceKind.XQA, 128)
+    assert ws.on("cpu") is ws
+    with pytest.raises(ValueError, match="workspaces on cpu given to an attention on meta"):
+        ws.on("meta")

@@ -22,7 +22,7 @@ import torch
 
 from models.bench.timing import replay_us
 from models.cli import OneLineParser
-from models.layers.flashinfer_attention import FA2Decode, TorchDecode, XQADecode
+from models.layers.flashinfer_attention import FA2Decode, TorchDecode, Workspaces, XQADecode
 from models.layers.triton_attention import TritonDecode
 from resplan import Graph
 
@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     W = -(-a.ctx // ps)
     scale = d**-0.5
     rng = np.random.default_rng(0)
+    ws = Workspaces(dev)  # every XQA and fa2 object below takes its workspace from these, as an engine's do
     print(
         f"# decode attention, {torch.cuda.get_device_name()}: d={d} hq={hq} hk={hk} ps={ps} ctx<={a.ctx} "
         f"layers/graph={a.layers}\n"
@@ -92,11 +93,11 @@ def main(argv: list[str] | None = None) -> None:
             if name == "torch":
                 attn = TorchDecode()
             elif name == "xqa":
-                attn = XQADecode(hq, hk, d, ps, max_batch=b, device=dev)
+                attn = XQADecode(hq, hk, d, ps, max_batch=b, device=dev, workspaces=ws)
             elif name == "triton":
                 attn = TritonDecode(hq, hk, d, ps, max_batch=b, max_pages_per_row=W, device=dev, sm_scale=scale)
             elif name == "fa2":
-                attn = FA2Decode(b, W, hq, hk, d, ps, device=dev, sm_scale=scale)
+                attn = FA2Decode(b, W, hq, hk, d, ps, device=dev, sm_scale=scale, workspaces=ws)
                 attn.schedule(*sets[0])
             else:
                 raise SystemExit(f"unknown backend {name}")

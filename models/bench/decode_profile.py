@@ -23,7 +23,7 @@ from kernels.choices import GemvPick, KernelChoices
 from models.cli import OneLineParser
 from models.engine import build_adapter
 from models.engine.sampler import Sampler
-from models.layers.flashinfer_attention import XQADecode
+from models.layers.flashinfer_attention import Workspaces, XQADecode
 from models.layers.triton_attention import TritonDecode
 from models.qwen3_5 import KV_POOL
 from resplan import Graph, KVPool, RowLayout, StepBuffers
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     hq, hk, d, _ = adapter.attention_dims()
     pdl = {"auto": None, "on": True, "off": False}[a.xqa_pdl]
     if a.attention == "xqa":
-        attn = XQADecode(hq, hk, d, ps, max_batch=max(batches), device=dev, enable_pdl=pdl)
+        attn = XQADecode(hq, hk, d, ps, max_batch=max(batches), device=dev, enable_pdl=pdl, workspaces=Workspaces(dev))
     else:
         attn = None  # per variant below: its launches follow the variant's PDL choice
     sampler = Sampler(model.cfg.vocab_size, dev)

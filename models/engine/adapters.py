@@ -17,6 +17,7 @@ import torch
 
 from kernels.choices import DEFAULT, KernelChoices
 from models.engine.requests import InvalidRequest, Request
+from models.layers.flashinfer_attention import Workspaces
 from models.layers.flat import bucket_shape
 from models.layers.prefill_attention import HEAD_DIMS as PREFILL_HEAD_DIMS
 from models.layers.specs import KVPoolSpec
@@ -93,7 +94,10 @@ class Adapter:
         """Tokens each READ pool will hold for ``req`` (its context), by pool key."""
         return {}
 
-    def allocate(self, num_pages: dict[str, int], page_size: int, rec_slots: int, device, dtype):
+    def allocate(self, num_pages: dict[str, int], page_size: int, rec_slots: int, device, dtype,
+                 workspaces: Workspaces | None = None):  # fmt: skip
+        """The model's state: its pools, and its prefill attention where it has one, whose FlashInfer workspace comes
+        from ``workspaces`` (the engine's; None: a private one)."""
         raise NotImplementedError
 
     def kv_caches(self, state, key: str) -> tuple[torch.Tensor, ...]:
@@ -153,8 +157,8 @@ class QwenAdapter(Adapter):
         self.positions_pool = KV_POOL
         self.recurrent = True
 
-    def allocate(self, num_pages, page_size, rec_slots, device, dtype):
-        return self.model.allocate_state(num_pages[KV_POOL], page_size, rec_slots, device, dtype)
+    def allocate(self, num_pages, page_size, rec_slots, device, dtype, workspaces=None):
+        return self.model.allocate_state(num_pages[KV_POOL], page_size, rec_slots, device, dtype, workspaces)
 
     def kv_caches(self, state, key):
         return state.kv
@@ -230,8 +234,9 @@ class WhisperAdapter(Adapter):
     def read_tokens(self, req):
         return {CROSS: self._n_ctx(req)}
 
-    def allocate(self, num_pages, page_size, rec_slots, device, dtype):
-        return self.model.allocate_state(num_pages, {k: page_size for k in num_pages}, device=device, dtype=dtype)
+    def allocate(self, num_pages, page_size, rec_slots, device, dtype, workspaces=None):
+        return self.model.allocate_state(num_pages, {k: page_size for k in num_pages}, device=device, dtype=dtype,
+                                         workspaces=workspaces)  # fmt: skip
 
     def kv_caches(self, state, key):
         return state[key]

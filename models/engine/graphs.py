@@ -14,6 +14,7 @@ from models.engine.adapters import DECODE, Adapter
 from models.engine.launcher import Launcher
 from models.engine.sampler import Sampler
 from models.layers.decode_attention import Backend
+from models.layers.flashinfer_attention import Workspaces, make_decode_attention
 from resplan import BucketPlan, CaptureError, Executor, Graph, ResidentStream, RowLayout, capture_streams
 
 log = logging.getLogger(__name__)
@@ -22,22 +23,23 @@ GraphKey = tuple[BucketPlan, bool]  # (the bucket's capture plan, greedy)
 
 
 def make_attention(backend: Backend, adapter: Adapter, layout: RowLayout, buckets: tuple[int, ...], page_size: int,
-                   device: torch.device, dtype: torch.dtype,
-                   kc: KernelChoices) -> dict[int, object | None]:  # fmt: skip
+                   device: torch.device, dtype: torch.dtype, kc: KernelChoices,
+                   workspaces: Workspaces | None = None) -> dict[int, object | None]:  # fmt: skip
     """Each bucket's decode attention: None (plain torch), one XQA or Triton attention shared by every bucket, or
-    fa2 per bucket. Triton runs on a CPU too, in Triton's interpreter, and launches as ``kc.pdl`` says."""
+    fa2 per bucket. Triton runs on a CPU too, in Triton's interpreter, and launches as ``kc.pdl`` says. XQA and fa2
+    take their FlashInfer workspace from ``workspaces`` (the engine's; None: one private to these attentions), every
+    fa2 bucket the same one."""
     if backend is Backend.TORCH:
         return {b: None for b in buckets}
     if device.type != "cuda" and backend is not Backend.TRITON:
         raise ValueError(f"attention {backend.value} runs on CUDA only; use Backend.TORCH on {device}")
     if layout.read_pools or len(layout.append_pools) != 1:
         raise ValueError(f"{adapter.name}: GPU attention backends serve one appended pool, no read pools")
-    from models.layers.flashinfer_attention import make_decode_attention
-
     hq, hk, d, scale = adapter.attention_dims()
     W = layout.span(layout.append_pools[0].key).width
     common = dict(max_pages_per_row=W, num_qo_heads=hq, num_kv_heads=hk, head_dim=d, page_size=page_size,
-                  device=device, dtype=dtype, sm_scale=scale)  # fmt: skip
+                  device=device, dtype=dtype, sm_scale=scale,
+                  workspaces=Workspaces(device) if workspaces is None else workspaces)  # fmt: skip
     if backend in (Backend.XQA, Backend.TRITON):
         extra = dict(pdl=kc.pdl) if backend is Backend.TRITON else {}
         shared = make_decode_attention(backend, batch_size=buckets[-1], **common, **extra)

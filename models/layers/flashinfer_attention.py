@@ -13,12 +13,16 @@ APPEND pool: the stored length + 1, this step's K/V already written at ``write_l
   device ``block_table``/``seq_lens``; ``plan(block_tables_np, seq_lens_np)`` must run on the host before every
   replay (the host-planned baseline). Replaying with new lengths and no re-plan has hung an H200.
 
+The FlashInfer workspaces an attention writes belong to whoever built it (``Workspaces``: an engine makes one and
+passes it to every attention it builds, decode and prefill); there is no process-wide cache.
+
 flashinfer is imported lazily (inside constructors/calls), so this module imports on a CPU box without it.
 All the API facts below were read from the flashinfer-python 0.7.2.post1 wheel (decode.py, xqa.py, csrc/xqa).
 """
 
 from __future__ import annotations
 
+import enum
 import math
 from typing import Protocol
 
@@ -61,24 +65,48 @@ class TorchDecode:
 
 # -- workspaces -------------------------------------------------------------------------------------------------------
 
-_WORKSPACES: dict[tuple[str, str, int], torch.Tensor] = {}
 
-
-def shared_workspace(kind: str, device: torch.device | str, nbytes: int = DEFAULT_WORKSPACE_BYTES) -> torch.Tensor:
-    """A zeroed uint8 workspace per (kind, device, size), shared by every layer and bucket of that kind.
-
-    Keep XQA's and FA2's apart: XQA's first 8 MiB are semaphores that must stay zero between launches (the kernel
-    resets them), while FA2 writes split-KV partials from offset 0 of its float workspace. One stream only: two
-    streams running XQA at once on one workspace would race on the semaphores.
-    """
+def _device(device: torch.device | str) -> torch.device:
+    """``device`` with its index ("cuda" names the current device)."""
     dev = torch.device(device)
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
-    key = (kind, str(dev), nbytes)
-    ws = _WORKSPACES.get(key)
-    if ws is None:
-        ws = _WORKSPACES[key] = torch.zeros(nbytes, dtype=torch.uint8, device=dev)
-    return ws
+    return torch.device("cuda", torch.cuda.current_device()) if dev.type == "cuda" and dev.index is None else dev
+
+
+class WorkspaceKind(enum.Enum):
+    """What a FlashInfer workspace holds. Kinds never share memory: XQA's first 8 MiB are semaphores that must stay
+    zero between launches (the kernel resets them), while fa2 writes split-KV partials from offset 0 of its float
+    workspace, and the prefill pass (on a stream of its own beside the decode steps) writes its own partials."""
+
+    XQA = "xqa"  # XQA decode: 8 MiB of semaphores, then multi-block scratch
+    FA2 = "fa2"  # fa2 decode: split-KV partials
+    PREFILL = "prefill"  # paged prefill: split-KV partials of one pass at a time
+
+
+class Workspaces:
+    """The FlashInfer workspaces of one owner (an engine, a benchmark, a test): one zeroed uint8 buffer per kind on
+    ``device``, shared by every layer and bucket of that kind the owner builds, made when first asked for. One stream
+    a kind: two streams running XQA at once on one workspace would race on its semaphores."""
+
+    def __init__(self, device: torch.device | str) -> None:
+        self.device = _device(device)
+        self._buffers: dict[WorkspaceKind, torch.Tensor] = {}  # kind -> [nbytes] uint8
+
+    def get(self, kind: WorkspaceKind, nbytes: int = DEFAULT_WORKSPACE_BYTES) -> torch.Tensor:
+        """The kind's workspace [>= nbytes] uint8: zeroed when made by the first ask, the same buffer for every later
+        one."""
+        ws = self._buffers.get(kind)
+        if ws is None:
+            ws = self._buffers[kind] = torch.zeros(nbytes, dtype=torch.uint8, device=self.device)
+        elif ws.numel() < nbytes:
+            raise ValueError(f"the {kind.value} workspace holds {ws.numel()} bytes, {nbytes} asked for: one buffer a "
+                             "kind, sized by its first ask")  # fmt: skip
+        return ws
+
+    def on(self, device: torch.device | str) -> Workspaces:
+        """These workspaces, checked to live on ``device`` (an attention's)."""
+        if _device(device) != self.device:
+            raise ValueError(f"workspaces on {self.device} given to an attention on {device}")
+        return self
 
 
 def _check_common(num_qo_heads: int, num_kv_heads: int, head_dim: int) -> None:
@@ -129,7 +157,7 @@ class XQADecode:
         max_batch: int,
         device: torch.device | str = "cuda",
         dtype: torch.dtype = torch.bfloat16,
-        workspace: torch.Tensor | None = None,
+        workspaces: Workspaces | None = None,  # the owner's (None: a private one); takes its XQA workspace
         enable_pdl: bool | None = None,
     ) -> None:
         from flashinfer.decode import trtllm_batch_decode_with_kv_cache
@@ -145,7 +173,8 @@ class XQADecode:
         self.page_size, self.max_batch, self.dtype = page_size, max_batch, dtype
         self.enable_pdl = enable_pdl
         self._decode = trtllm_batch_decode_with_kv_cache
-        self.workspace = shared_workspace("xqa", device) if workspace is None else workspace
+        ws = Workspaces(device) if workspaces is None else workspaces.on(device)
+        self.workspace = ws.get(WorkspaceKind.XQA)
         if self.workspace.numel() * self.workspace.element_size() <= XQA_SEMAPHORE_BYTES:
             raise ValueError("XQA workspace must be larger than its 8 MiB semaphore area")
         # Static output: run() returns out[:b], valid until the next call (layers consume it at once).
@@ -265,7 +294,7 @@ class FA2Decode:
         dtype: torch.dtype = torch.bfloat16,
         sm_scale: float | None = None,
         use_tensor_cores: bool = False,
-        workspace: torch.Tensor | None = None,
+        workspaces: Workspaces | None = None,  # the owner's (None: a private one); takes its fa2 workspace
         enable_pdl: bool | None = None,
     ) -> None:
         import flashinfer
@@ -279,7 +308,7 @@ class FA2Decode:
         self.page_size, self.dtype, self.enable_pdl = page_size, dtype, enable_pdl
         self.sm_scale = float(head_dim**-0.5 if sm_scale is None else sm_scale)
         dev = torch.device(device)
-        self.workspace = shared_workspace("fa2", dev) if workspace is None else workspace
+        self.workspace = (Workspaces(dev) if workspaces is None else workspaces.on(dev)).get(WorkspaceKind.FA2)
         # fixed device buffers the captured kernel reads
         self.indptr_buf = torch.zeros(b + 1, dtype=torch.int32, device=dev)
         self.indices_buf = torch.zeros(b * W, dtype=torch.int32, device=dev)
@@ -366,17 +395,18 @@ def make_decode_attention(
     device: torch.device | str = "cuda",
     dtype: torch.dtype = torch.bfloat16,
     sm_scale: float | None = None,
+    workspaces: Workspaces | None = None,
     **kwargs,
 ) -> DecodeAttention:
     """The attention callable of one captured bucket. XQA and TRITON objects may be shared between buckets (size them
-    with the largest); FA2 needs one per bucket (its batch size is frozen); TORCH is stateless. ``kwargs`` go to the
-    XQA or TRITON object (TRITON: ``pdl``)."""
+    with the largest); FA2 needs one per bucket (its batch size is frozen); TORCH is stateless. ``workspaces``: the
+    owner's FlashInfer workspaces, which XQA and FA2 take theirs from (None: a private one; pass one to share it
+    between buckets). ``kwargs`` go to the XQA or TRITON object (TRITON: ``pdl``)."""
     if backend is Backend.TORCH:
         return TorchDecode()
     if backend is Backend.XQA:
-        return XQADecode(
-            num_qo_heads, num_kv_heads, head_dim, page_size, max_batch=batch_size, device=device, dtype=dtype, **kwargs
-        )
+        return XQADecode(num_qo_heads, num_kv_heads, head_dim, page_size, max_batch=batch_size, device=device,
+                         dtype=dtype, workspaces=workspaces, **kwargs)  # fmt: skip
     if backend is Backend.TRITON:
         from models.layers.triton_attention import TritonDecode
 
@@ -394,6 +424,7 @@ def make_decode_attention(
             device=device,
             dtype=dtype,
             sm_scale=sm_scale,
+            workspaces=workspaces,
             **kwargs,
         )
     raise ValueError(f"unknown backend {backend}")
@@ -435,7 +466,7 @@ class FlashInferPrefill:
         *,
         device: torch.device | str = "cuda",
         dtype: torch.dtype = torch.bfloat16,
-        workspace: torch.Tensor | None = None,
+        workspaces: Workspaces | None = None,  # the owner's (None: a private one); takes its prefill workspace
         backend: str = "fa2",
     ) -> None:
         import flashinfer
@@ -443,7 +474,7 @@ class FlashInferPrefill:
         _check_common(num_qo_heads, num_kv_heads, head_dim)
         self.num_qo_heads, self.num_kv_heads, self.head_dim = num_qo_heads, num_kv_heads, head_dim
         self.page_size, self.dtype = page_size, dtype
-        ws = shared_workspace("prefill", device) if workspace is None else workspace
+        ws = (Workspaces(device) if workspaces is None else workspaces.on(device)).get(WorkspaceKind.PREFILL)
         self.wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend=backend)
 
     def __call__(

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from models.layers.flashinfer_attention import shared_workspace
+from models.layers.flashinfer_attention import WorkspaceKind, Workspaces
 from models.layers.flat import PassShape, device_array
 from models.layers.paged import paged_prefill_attention
 
@@ -49,10 +49,12 @@ def paged_prefill_ref(
 class FlashInferPrefill:
     """FlashInfer's paged prefill for every pass shape the engine runs, causal (a stream over its own pages) or not (a
     read-only context); ``prepare(shape, ...)`` plans a pass and returns the wrapper whose ``run`` the pass calls
-    (``__call__``)."""
+    (``__call__``). Its split-KV partials live in the prefill workspace of ``workspaces`` (the owner's; None: a
+    private one), one pass at a time."""
 
     def __init__(self, n_heads: int, n_kv_heads: int, head_dim: int, page_size: int, dtype: torch.dtype,
-                 device: torch.device | str, scale: float, causal: bool = True) -> None:  # fmt: skip
+                 device: torch.device | str, scale: float, causal: bool = True,
+                 workspaces: Workspaces | None = None) -> None:  # fmt: skip
         import flashinfer
 
         if dtype not in DTYPES:
@@ -61,7 +63,8 @@ class FlashInferPrefill:
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.page_size, self.dtype, self.scale, self.causal = page_size, dtype, scale, causal
         self.device = torch.device(device)
-        self.workspace = shared_workspace("prefill", self.device)  # split-KV partials; one pass at a time
+        ws = Workspaces(self.device) if workspaces is None else workspaces.on(self.device)
+        self.workspace = ws.get(WorkspaceKind.PREFILL)  # split-KV partials; one pass at a time
         self.wrappers: dict[tuple[PassShape | None, bool], object] = {}  # (bucket shape, True) or (None, False)
 
     def _wrapper(self, shape: PassShape, seqs: int, pages: int, graphed: bool):

@@ -18,6 +18,7 @@ from kernels.choices import DEFAULT, KernelChoices
 from kernels.gates import silu_mul
 from kernels.gdn_prefill import STATE_PASS_KEY_DIMS
 from kernels.norms import add_rms_norm_
+from models.layers.flashinfer_attention import Workspaces
 from models.layers.flat import PassShape, device_array, exact_shape, flat_layout, host_array
 from models.layers.fused import PendingNorm, Residual, decode_linear
 from models.layers.mlp import SwiGLU
@@ -160,9 +161,12 @@ class Qwen35Model(nn.Module):
         return tuple(RecurrentSpec(layer, conv, ssm) for layer in c.linear_layers)
 
     def allocate_state(
-        self, num_pages: int, page_size: int, num_rec_slots: int, device: torch.device | str, dtype: torch.dtype
+        self, num_pages: int, page_size: int, num_rec_slots: int, device: torch.device | str, dtype: torch.dtype,
+        workspaces: Workspaces | None = None,
     ) -> Qwen35State:
-        """Zeroed pools: KV [num_pages, 2, page_size, hk, d] per attention layer; conv/SSM slots per GDN layer."""
+        """Zeroed pools: KV [num_pages, 2, page_size, hk, d] per attention layer; conv/SSM slots per GDN layer. On CUDA
+        in 16 bits also the prefill pass's FlashInfer attention, its workspace taken from ``workspaces`` (the
+        owner's; None: a private one)."""
         if num_pages < 2 or num_rec_slots < 2:
             raise ValueError("need >= 2 pages and >= 2 recurrent slots (page 0 and slot 0 are sinks)")
         (kv_spec,) = self.kv_pool_specs()
@@ -174,7 +178,7 @@ class Qwen35Model(nn.Module):
         if torch.device(device).type == "cuda" and dtype in PREFILL_KERNEL_DTYPES:
             c = self.cfg
             attn = FlashInferPrefill(c.num_attention_heads, c.num_key_value_heads, c.head_dim, page_size, dtype, device,
-                                     c.head_dim**-0.5)  # fmt: skip
+                                     c.head_dim**-0.5, workspaces=workspaces)  # fmt: skip
         return Qwen35State(kv, conv, ssm, page_size=page_size, num_pages=num_pages, num_slots=num_rec_slots,
                            prefill_attention=attn)  # fmt: skip
 

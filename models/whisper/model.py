@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from kernels.choices import DEFAULT, KernelChoices
+from models.layers.flashinfer_attention import Workspaces
 from models.layers.flat import PassShape, device_array, exact_shape, flat_layout, host_array
 from models.layers.paged import write_kv
 from models.layers.prefill_attention import DTYPES as FLASHINFER_DTYPES
@@ -135,18 +136,24 @@ class WhisperModel(nn.Module):
         )
 
     def allocate_state(
-        self, num_pages: dict[str, int], page_size: dict[str, int], device=None, dtype: torch.dtype | None = None
+        self, num_pages: dict[str, int], page_size: dict[str, int], device=None, dtype: torch.dtype | None = None,
+        workspaces: Workspaces | None = None,
     ) -> PagedState:
-        """Zeroed per-layer caches for both pools: {"self": (kv per layer), "cross": (kv per layer)}."""
+        """Zeroed per-layer caches for both pools: {"self": (kv per layer), "cross": (kv per layer)}; where FlashInfer
+        serves the shape, the prefill pass's two attentions, sharing the prefill workspace of ``workspaces`` (the
+        owner's; None: a private one)."""
         w = self.proj_out.weight
         device, dtype = torch.device(device or w.device), dtype or w.dtype
         state = allocate_pools(self.kv_pool_specs(), num_pages, page_size, device=device, dtype=dtype)
         c = self.cfg
         if self.has_prefill_kernels(device, dtype):
             heads = c.decoder_attention_heads  # q is scaled by the projection (Attention.query): sm_scale 1
+            ws = Workspaces(device) if workspaces is None else workspaces
             state.prefill_attention = PrefillAttention(
-                FlashInferPrefill(heads, heads, c.head_dim, page_size[SELF], dtype, device, 1.0, causal=True),
-                FlashInferPrefill(heads, heads, c.head_dim, page_size[CROSS], dtype, device, 1.0, causal=False))
+                FlashInferPrefill(heads, heads, c.head_dim, page_size[SELF], dtype, device, 1.0, causal=True,
+                                  workspaces=ws),
+                FlashInferPrefill(heads, heads, c.head_dim, page_size[CROSS], dtype, device, 1.0, causal=False,
+                                  workspaces=ws))  # fmt: skip
         return state
 
     # -- host-planned, eager -------------------------------------------------------------------------------------
