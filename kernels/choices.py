@@ -28,7 +28,7 @@ class KernelChoices:
     """PDL launches, the two one-row folds into the weight stream, where the weight stream runs at all, and which
     path the model's decode and prefill take (its Triton / CUDA kernels or the torch references)."""
 
-    pdl: bool | None = None  # launch with programmatic dependent launch; None: the process default (RESPLAN_PDL)
+    pdl: bool | None = None  # launch with programmatic dependent launch; None: the process default (``resolved``)
     fold_silu_mul: bool = True  # SwiGLU's silu_mul folded into the down GEMM where measured (SILU_MUL_CONFIGS)
     fold_norm: bool = True  # a sublayer's pre-norm folded into its first GEMM where configured (NORM_CONFIGS)
     gemv: GemvPick = GemvPick.MEASURED
@@ -53,6 +53,11 @@ class KernelChoices:
     def launches_pdl(self) -> bool:
         """Whether the step's kernels launch with PDL on this machine (never in the interpreter or off sm_90+)."""
         return _pdl.enabled(self.pdl)
+
+    def resolved(self) -> KernelChoices:
+        """These choices with ``pdl`` None turned into the process default (``RESPLAN_PDL``, read here): what an engine
+        keeps from its construction on, so that no launch of its steps reads the environment."""
+        return self if self.pdl is not None else attrs.evolve(self, pdl=_pdl.process_default())
 
 
 DEFAULT = KernelChoices()  # what a decode walk takes when its caller passes nothing

@@ -13,8 +13,9 @@ cuBLAS) wait for full completion as usual.
 
 Supported on CUDA devices of compute capability >= 9 when Triton can launch with PDL, never in Triton's interpreter.
 Each kernel wrapper takes ``pdl``: True or False (where unsupported, False either way), or None for the process
-default, ``RESPLAN_PDL`` (on unless "0"). An engine fixes it in its ``KernelChoices`` (``kernels.choices``) and passes
-it down; a captured graph keeps what its launches were given.
+default, ``RESPLAN_PDL`` (on unless "0"), read at that launch: a convenience for standalone callers (tests,
+benchmarks). An engine resolves it once, at construction (``KernelChoices.resolved``), and passes the bool down its
+walks, so nothing on its step path reads the environment; a captured graph keeps what its launches were given.
 """
 
 from __future__ import annotations
@@ -46,9 +47,14 @@ def _supported() -> bool:
     return "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
 
 
+def process_default() -> bool:
+    """What None asks for: ``RESPLAN_PDL`` (on unless "0"), read from the environment at this call."""
+    return os.environ.get("RESPLAN_PDL", "1") != "0"
+
+
 def enabled(pdl: bool | None = None) -> bool:
-    """Whether a launch asked for ``pdl`` (None: the process default, ``RESPLAN_PDL``) runs with PDL here."""
-    asked = os.environ.get("RESPLAN_PDL", "1") != "0" if pdl is None else pdl
+    """Whether a launch asked for ``pdl`` (None: ``process_default()``) runs with PDL here."""
+    asked = process_default() if pdl is None else pdl
     return asked and _supported()
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import enum
 import gc
-import os
 import warnings
 from collections.abc import Callable
 
@@ -18,6 +17,7 @@ import attrs
 import numpy as np
 import torch
 
+from kernels.runtime import interpreted
 from resplan.buffers import StepBuffers
 from resplan.layout import RowLayout
 from resplan.pinned import PinnedRing, host_zeros
@@ -34,8 +34,9 @@ class KernelImpl(enum.Enum):
 
     @classmethod
     def default(cls, device: torch.device) -> KernelImpl:
-        """Triton where it can run (CUDA, or TRITON_INTERPRET=1), else the references."""
-        if device.type == "cuda" or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):  # kernels.runtime
+        """Triton where it can run (CUDA, or Triton's interpreter: ``kernels.runtime.interpreted``), else the
+        references."""
+        if device.type == "cuda" or interpreted():
             return cls.TRITON
         return cls.REFERENCE
 

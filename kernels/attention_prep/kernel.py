@@ -99,7 +99,7 @@ def attention_prep_(
     num_q_heads: int,
     eps: float,
     q_out: torch.Tensor | None = None,  # [n, HQ, D] contiguous, qkv's dtype unless given
-    pdl: bool | None = None,  # launch with PDL (kernels.pdl; None: the process default)
+    pdl: bool | None = None,  # launch with PDL (kernels.pdl); None reads the process default: an engine passes a bool
 ) -> torch.Tensor:
     """Normed, rotated queries [n, HQ, D]; normed, rotated keys and the values written into ``kv``. See module doc."""
     n = qkv.shape[0]

@@ -62,7 +62,7 @@ def sigmoid_gate_mul(
     o: torch.Tensor,  # [n, H, D], the attention output
     qkv: torch.Tensor,  # [n, >= 2 H D], the fused projection: per head h, [query D | gate D] at h * 2D
     out: torch.Tensor | None = None,  # [n, H * D], o's dtype unless given
-    pdl: bool | None = None,  # launch with PDL (kernels.pdl; None: the process default)
+    pdl: bool | None = None,  # launch with PDL (kernels.pdl); None reads the process default: an engine passes a bool
 ) -> torch.Tensor:
     """out[r, h] = o[r, h] * sigmoid(gate[r, h]), flattened to [n, H * D] for o_proj."""
     n, H, D = o.shape

@@ -117,7 +117,7 @@ def gdn_decode_step_(
     beta: torch.Tensor,  # [b, hv]
     out: torch.Tensor,  # [b, hv, dv], written
     block_v: int | None = None,
-    pdl: bool | None = None,  # launch with PDL (kernels.pdl; None: the process default)
+    pdl: bool | None = None,  # launch with PDL (kernels.pdl); None reads the process default: an engine passes a bool
 ) -> None:
     """One gated-delta-rule token per row on ``ssm_pool[slots[r]]``, in place; writes o to ``out``. See module doc."""
     _launch_gdn(ssm_pool, slots, q, k, v, g, beta, out, block_v, prep=None, pdl=pdl)
@@ -135,7 +135,7 @@ def gdn_decode_raw_step_(
     dt_bias: torch.Tensor,  # [hv]
     out: torch.Tensor,  # [b, hv, dv], written
     block_v: int | None = None,
-    pdl: bool | None = None,  # launch with PDL (kernels.pdl; None: the process default)
+    pdl: bool | None = None,  # launch with PDL (kernels.pdl); None reads the process default: an engine passes a bool
 ) -> None:
     """``gdn_decode_step_`` after ``normalize_qk(q, k, 1)`` and ``gdn_gates(a, b, A_log, dt_bias)``, in the kernel."""
     hv = ssm_pool.shape[1]
@@ -218,7 +218,7 @@ def conv1d_decode_step_(
     x: torch.Tensor,  # [b, C]
     weight: torch.Tensor,  # [C, K]
     out: torch.Tensor | None = None,  # [b, C], x's dtype unless given
-    pdl: bool | None = None,  # launch with PDL (kernels.pdl; None: the process default)
+    pdl: bool | None = None,  # launch with PDL (kernels.pdl); None reads the process default: an engine passes a bool
 ) -> torch.Tensor:
     """One causal-conv token per row on ``conv_pool[slots[r]]`` (shift in x, in place); returns silu(conv) [b, C].
 

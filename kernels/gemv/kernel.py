@@ -203,7 +203,7 @@ def gemv(
     w: torch.Tensor,  # [N, K], unit column stride
     out: torch.Tensor | None = None,  # [M, N] contiguous, x's dtype unless given
     config: tuple[int, int, int, int] | None = None,  # (block_n, block_k, num_warps, num_stages)
-    pdl: bool | None = None,  # launch with PDL (kernels.pdl; None: the process default)
+    pdl: bool | None = None,  # launch with PDL (kernels.pdl); None reads the process default: an engine passes a bool
 ) -> torch.Tensor:
     """x @ w^T for a few rows, as one weight stream. See module doc. Under PDL the first tile of ``w`` is read before
     the kernel waits for the one before it: ``w`` must be a weight, never something an earlier kernel of the step
@@ -219,7 +219,7 @@ def gemv_silu_mul(
     w: torch.Tensor,  # [N, K], the down projection, unit column stride
     out: torch.Tensor | None = None,  # [M, N] contiguous, gu's dtype unless given
     config: tuple[int, int, int, int] | None = None,  # (block_n, block_k, num_warps, num_stages)
-    pdl: bool | None = None,  # launch with PDL (kernels.pdl; None: the process default)
+    pdl: bool | None = None,  # launch with PDL (kernels.pdl); None reads the process default: an engine passes a bool
 ) -> torch.Tensor:
     """(silu(gu[:, :K]) * gu[:, K:]) @ w^T, bit for bit ``gemv(kernels.gates.silu_mul(gu), w)``, in one launch."""
     M, two_k = gu.shape
@@ -238,7 +238,7 @@ def gemv_add_rms_norm(
     out: torch.Tensor | None = None,  # [1, N] contiguous, h_in's dtype unless given
     config: tuple[int, int, int, int] | None = None,  # (block_n, block_k, num_warps, num_stages)
     zero_centered: bool = True,
-    pdl: bool | None = None,  # launch with PDL (kernels.pdl; None: the process default)
+    pdl: bool | None = None,  # launch with PDL (kernels.pdl); None reads the process default: an engine passes a bool
 ) -> torch.Tensor:
     """h_out = s = round(h_in + delta); y = round(s * rsqrt(mean(s^2) + eps) * (1 + nw)) @ w^T, in one launch: the
     value of ``gemv(add_rms_norm_(h, delta, nw, eps), w)`` with ``h`` updated into h_out instead of in place."""

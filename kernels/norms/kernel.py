@@ -64,7 +64,7 @@ def add_rms_norm_(
     *,
     zero_centered: bool = True,
     out: torch.Tensor | None = None,  # [n, N], h's dtype unless given
-    pdl: bool | None = None,  # launch with PDL (kernels.pdl; None: the process default)
+    pdl: bool | None = None,  # launch with PDL (kernels.pdl); None reads the process default: an engine passes a bool
 ) -> torch.Tensor:
     """h += delta (rounded to h's dtype), then out = rms_norm(h) * (1 + w) (or * w); returns out. See module doc."""
     n, N = h.shape
@@ -134,7 +134,7 @@ def gated_rms_norm(
     weight: torch.Tensor,  # [D], the model dtype
     eps: float,
     out: torch.Tensor | None = None,  # [n, H * D], weight's dtype unless given
-    pdl: bool | None = None,  # launch with PDL (kernels.pdl; None: the process default)
+    pdl: bool | None = None,  # launch with PDL (kernels.pdl); None reads the process default: an engine passes a bool
     rows: int | None = None,  # (row, head) pairs a program (a power of two); None: by size, see ``_rows``
 ) -> torch.Tensor:
     """out[r, h] = (w * rms_normalize(o[r, h])) * silu(z[r, h]) per head, rounded where GatedRMSNorm rounds."""

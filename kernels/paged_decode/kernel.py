@@ -174,7 +174,7 @@ def paged_decode(
     out: torch.Tensor,  # [b, hq, D], q's dtype
     workspace: torch.Tensor | None = None,  # fp32, >= b * hk * S * G * (D + 2) elements when S > 1
     splits: int | None = None,  # split count (default: num_splits for this batch and table width)
-    pdl: bool | None = None,  # launch with PDL (kernels.pdl; None: the process default)
+    pdl: bool | None = None,  # launch with PDL (kernels.pdl); None reads the process default: an engine passes a bool
 ) -> torch.Tensor:
     """softmax(q K^T * scale) V per row over its paged tokens, GQA (hq = G * hk); see module doc."""
     b, hq, D = q.shape

@@ -32,7 +32,7 @@ class TritonDecode:
         device: torch.device | str = "cuda",
         dtype: torch.dtype = torch.bfloat16,
         sm_scale: float | None = None,
-        pdl: bool | None = None,  # launch with PDL (kernels.pdl; None: the process default)
+        pdl: bool | None = None,  # launch with PDL (kernels.pdl); None: the process default, an engine passes a bool
     ) -> None:
         dev = torch.device(device)
         self.pdl = pdl
