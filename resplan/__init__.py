@@ -11,7 +11,8 @@ from resplan.capture import (
     capture_streams,
     resident_refusal,
 )
-from resplan.executor import Executor, Graph, KernelImpl, distinct_streams
+from resplan.executor import Executor, KernelImpl
+from resplan.graph import Graph, distinct_streams
 from resplan.layout import (
     SAMPLER_CELLS,
     SINK_PAGE,

@@ -4,26 +4,25 @@ Host side, before a replay: ``flush`` turns a ``FlushProgram`` into H2D copies o
 slot row (if changed), one copy per whole-row run, one copy of the staged cells. In the graph: ``scatter`` the staged
 cells into the store, ``gather`` the step's rows by the slot row into the bucket's ``StepBuffers``, the forward,
 ``commit`` +1 to every APPEND length of the real rows. A steady step's program is empty: no H2D at all.
+
+The in-graph ops are ``kernels.rows``, which take plain tensors and integers: the executor describes its layout's
+columns and its buffers to them once, at construction (``row_columns``, ``gather_targets``).
 """
 
 from __future__ import annotations
 
 import enum
-import gc
-import warnings
-from collections.abc import Callable
 
 import attrs
 import numpy as np
 import torch
 
+import kernels.rows as rows
 from kernels.runtime import interpreted
 from resplan.buffers import StepBuffers
-from resplan.layout import RowLayout
+from resplan.layout import SAMPLER_CELLS, RowLayout, StreamMode
 from resplan.pinned import PinnedRing, host_zeros
 from resplan.records import FlushProgram
-
-POOL_STREAMS = 32  # the streams of one priority that torch.cuda.Stream() hands out in turn (c10's kStreamsPerPool)
 
 
 class KernelImpl(enum.Enum):
@@ -42,92 +41,32 @@ class KernelImpl(enum.Enum):
 
 
 def _kernels(impl: KernelImpl):
-    import kernels.rows as rows  # (when an executor is built: kernels.rows imports resplan's records back)
-
     if impl is KernelImpl.TRITON:
         return rows.scatter_cells, rows.gather_rows, rows.commit_lengths
     return rows.scatter_cells_ref, rows.gather_rows_ref, rows.commit_lengths_ref
 
 
-def distinct_streams(device: torch.device, n: int) -> tuple[torch.cuda.Stream, ...]:
-    """``n`` CUDA streams, pairwise distinct and none of them the current stream or ``torch.cuda.graph``'s default
-    capture stream. ``torch.cuda.Stream()`` hands out the streams of a pool of 32 in turn, so two streams drawn 32
-    draws apart are one stream: graphs that may replay at the same time need capture streams drawn this way (Graph)."""
-    taken = {torch.cuda.current_stream(device)}
-    if torch.cuda.graph.default_capture_stream is not None:
-        taken.add(torch.cuda.graph.default_capture_stream)
-    out: list[torch.cuda.Stream] = []
-    for _ in range(2 * POOL_STREAMS):
-        s = torch.cuda.Stream(device)
-        if s not in taken:
-            out.append(s)
-            taken.add(s)
-            if len(out) == n:
-                return tuple(out)
-    raise RuntimeError(f"{2 * POOL_STREAMS} draws from torch's stream pool gave {len(out)} of {n} distinct streams")
+def row_columns(layout: RowLayout) -> rows.RowColumns:
+    """Where ``kernels.rows.gather_rows`` finds each piece of a row of ``layout`` (-1: a cell the layout lacks)."""
+    pools = tuple(rows.PoolSpan(sp.start, sp.width, layout.len_col(sp.pool), sp.page_size,
+                                sp.mode is StreamMode.APPEND) for sp in layout.spans)  # fmt: skip
+    pos = layout.positions_pool
+    return rows.RowColumns(
+        width=layout.width, pools=pools, pos_len_col=-1 if pos is None else layout.len_col(pos),
+        pos_col=-1 if pos is None else layout.pos_col, rec_col=layout.rec_col if layout.recurrent else -1,
+        sampler_col=layout.sampler_col if layout.sampler else -1, sampler_cells=len(SAMPLER_CELLS),
+    )  # fmt: skip
 
 
-class Graph:
-    """``torch.cuda.CUDAGraph`` of ``fn`` on CUDA; on the CPU an eager replay of the same callable."""
-
-    def __init__(self, fn: Callable[[], None], device: torch.device, pool=None, warmup: int = 1,
-                 stream: torch.cuda.Stream | None = None) -> None:  # fmt: skip
-        """``stream``: the capture stream (None: torch's default one). A captured GEMM keeps the cuBLAS workspace of
-        the stream it was captured on (torch keys workspaces by handle and stream), so graphs that may replay at
-        the same time on two streams must be captured on two streams: their split-K partials and semaphores would
-        share memory otherwise (seen on the H200 as a hang)."""
-        self.fn = fn
-        self.device = device
-        self.stream = stream
-        self.graph = None
-        if device.type == "cuda":
-            if warmup:
-                side = torch.cuda.Stream(device)
-                side.wait_stream(torch.cuda.current_stream(device))
-                with torch.cuda.stream(side):
-                    for _ in range(warmup):
-                        fn()
-                torch.cuda.current_stream(device).wait_stream(side)
-            self.graph = self._capture(fn, pool, stream=stream)
-
-    @staticmethod
-    def _capture(fn: Callable[[], None], pool, attempts: int = 2, *, new_graph=None, capturing=None, stream=None):
-        """Capture ``fn`` with the garbage collector paused (a collection during capture can free CUDA objects of
-        dead engines, e.g. pinned buffers, whose release is not capture-safe). An invalidated capture is retried once,
-        with a warning; the second failure raises. Seen twice in the H200 test runs (a capture after other engines'
-        tests in the same process); the cause is not pinned down."""
-        new_graph = new_graph or torch.cuda.CUDAGraph  # both injectable: tests drive the retry on a CPU
-        capturing = capturing or torch.cuda.graph
-        for attempt in range(1, attempts + 1):
-            graph = new_graph()
-            collecting = gc.isenabled()
-            gc.disable()
-            try:
-                # thread_local: an unsafe CUDA call made meanwhile by another thread must not invalidate this capture
-                with capturing(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
-                    fn()
-                return graph
-            except RuntimeError as e:
-                if attempt == attempts or "capture" not in str(e):
-                    raise
-                warnings.warn(f"CUDA graph capture invalidated ({str(e).splitlines()[0]}); capturing again",
-                              RuntimeWarning, stacklevel=3)  # fmt: skip
-                if torch.cuda.is_available():
-                    torch.cuda.synchronize()
-            finally:
-                if collecting:
-                    gc.enable()
-        raise AssertionError("unreachable")
-
-    @property
-    def pool(self):
-        return None if self.graph is None else self.graph.pool()
-
-    def replay(self) -> None:
-        if self.graph is None:
-            self.fn()
-        else:
-            self.graph.replay()
+def gather_targets(layout: RowLayout, bufs: StepBuffers) -> rows.GatherTargets:
+    """``bufs`` as the buffers ``kernels.rows.gather_rows`` fills, each pool's in ``layout``'s order (views: the
+    same memory)."""
+    keys = [sp.pool for sp in layout.spans]
+    return rows.GatherTargets(
+        size=bufs.size, block_tables=tuple(bufs.block_tables[k] for k in keys),
+        seq_lens=tuple(bufs.seq_lens[k] for k in keys), write_loc=tuple(bufs.write_loc.get(k) for k in keys),
+        positions=bufs.positions, recurrent_slots=bufs.recurrent_slots, sampler=bufs.sampler,
+    )  # fmt: skip
 
 
 @attrs.frozen(eq=False)
@@ -182,6 +121,8 @@ class Executor:
         self.staging = torch.zeros(2 + 2 * self.staging_cap, **i32)  # [count, _, (flat idx, value) * cap]
         self.slot_rows = {b: torch.zeros(b, **i32) for b in bucket_sizes}  # [b], 0 = trash row
         self.buffers = {b: StepBuffers.allocate(layout, b, self.device) for b in bucket_sizes}
+        self.columns = row_columns(layout)  # the gather's view of a row
+        self.targets = {b: gather_targets(layout, bufs) for b, bufs in self.buffers.items()}  # its view of the buffers
         self.len_cols = tuple(layout.len_col(p.key) for p in layout.append_pools)
         # the stager ring: per entry a slot-row, a whole-rows and a staged-cells host buffer, with the views a flush
         # copies from made once here (a torch slice costs microseconds of host time)
@@ -231,7 +172,7 @@ class Executor:
     def before_forward(self, bucket: int) -> None:
         """Scatter the staged cells into the store, then gather the bucket's rows into its StepBuffers."""
         self._scatter(self.store, self.staging)
-        self._gather(self.store, self.slot_rows[bucket], self.layout, self.buffers[bucket])
+        self._gather(self.store, self.slot_rows[bucket], self.columns, self.targets[bucket])
 
     def after_forward(self, bucket: int) -> None:
         """+1 on the stored length of every APPEND pool for the bucket's real rows."""

@@ -178,7 +178,7 @@ class _Pool:
 def test_distinct_streams_never_hand_out_one_stream_twice_though_the_pool_wraps(drawn_before, monkeypatch):
     """Whatever was drawn before, the streams are pairwise distinct and none is the current stream or the default
     capture stream (here pool0, the first ever drawn)."""
-    import resplan.executor as ex
+    import resplan.graph as ex
 
     pool = _Pool(ex.POOL_STREAMS)
     monkeypatch.setattr(torch.cuda, "Stream", pool)
@@ -191,7 +191,7 @@ def test_distinct_streams_never_hand_out_one_stream_twice_though_the_pool_wraps(
 
 
 def test_distinct_streams_say_when_the_pool_cannot_give_them(monkeypatch):
-    import resplan.executor as ex
+    import resplan.graph as ex
 
     monkeypatch.setattr(torch.cuda, "Stream", _Pool(2))
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: "pool0")
@@ -204,7 +204,7 @@ def test_distinct_streams_say_when_the_pool_cannot_give_them(monkeypatch):
 def test_torchs_pool_streams_wrap_and_distinct_streams_step_around_the_default_capture_stream():
     """The premise (a stream drawn POOL_STREAMS draws later is the same stream), then the helper on the real pool with
     the default capture stream one draw ahead."""
-    import resplan.executor as ex
+    import resplan.graph as ex
 
     dev = torch.device("cuda")
     first = torch.cuda.Stream(dev)

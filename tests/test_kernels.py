@@ -24,6 +24,7 @@ from kernels import (  # noqa: E402  (after TRITON_INTERPRET is settled)
     scatter_cells_ref,
 )
 from resplan.buffers import StepBuffers  # noqa: E402
+from resplan.executor import gather_targets, row_columns  # noqa: E402
 from resplan.layout import SAMPLER_CELLS, KVPool, RowLayout, StreamMode  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -158,6 +159,16 @@ def assert_bufs_equal(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor
         assert torch.equal(g, w), f"{what}: {k} differs\n got  {g.tolist()}\n want {w.tolist()}"
 
 
+def gather(store, slot_row, layout: RowLayout, bufs: StepBuffers, **kw) -> None:
+    """The kernel over a layout's row and a bucket's buffers, described to it as the executor describes them."""
+    gather_rows(store, slot_row, row_columns(layout), gather_targets(layout, bufs), **kw)
+
+
+def gather_ref(store, slot_row, layout: RowLayout, bufs: StepBuffers) -> None:
+    """The reference, called as ``gather``."""
+    gather_rows_ref(store, slot_row, row_columns(layout), gather_targets(layout, bufs))
+
+
 def append_len_cols(layout: RowLayout) -> tuple[int, ...]:
     return tuple(layout.len_col(p.key) for p in layout.append_pools)
 
@@ -173,11 +184,11 @@ def test_gather_rows_matches_reference(layout_id: str, seed: int, max_block_w: i
     b = slot_row.shape[0]
 
     want = poisoned(layout, b)
-    gather_rows_ref(store, slot_row, layout, want)
+    gather_ref(store, slot_row, layout, want)
     assert_bufs_equal(want.tensors(), spec_gather(store, slot_row, layout), "reference vs spec")
 
     got = poisoned(layout, b)
-    gather_rows(store, slot_row, layout, got, max_block_w=max_block_w)
+    gather(store, slot_row, layout, got, max_block_w=max_block_w)
     assert_bufs_equal(got.tensors(), want.tensors(), "kernel vs reference")
     assert torch.equal(store, before), "gather must not write the store"
 
@@ -189,7 +200,7 @@ def test_gather_rows_padding_reads_trash_row(layout_id: str) -> None:
     store, _ = make_case(layout, seed=5)
     slot_row = torch.zeros(4, dtype=torch.int32, device=DEVICE)
     got = poisoned(layout, 4)
-    gather_rows(store, slot_row, layout, got)
+    gather(store, slot_row, layout, got)
     for name, t in got.tensors().items():
         pool = name.split(".", 1)[1] if "." in name else None
         want = 1 if name.startswith("seq_lens.") and layout.pool(pool).mode is StreamMode.APPEND else 0
@@ -277,8 +288,8 @@ def test_step_cycle_matches_reference(layout_id: str) -> None:
         got, want = poisoned(layout, b), poisoned(layout, b)
         scatter_cells(store, staging)
         scatter_cells_ref(store_ref, staging_ref)
-        gather_rows(store, slot_row, layout, got)
-        gather_rows_ref(store_ref, slot_row, layout, want)
+        gather(store, slot_row, layout, got)
+        gather_ref(store_ref, slot_row, layout, want)
         commit_lengths(store, slot_row, cols)
         commit_lengths_ref(store_ref, slot_row, cols)
         assert_bufs_equal(got.tensors(), want.tensors(), f"step {step}")
@@ -290,11 +301,11 @@ def test_wrappers_reject_bad_inputs() -> None:
     store, slot_row = make_case(layout, seed=0)
     bufs = poisoned(layout, slot_row.shape[0])
     with pytest.raises(AssertionError):
-        gather_rows(store.long(), slot_row, layout, bufs)
+        gather(store.long(), slot_row, layout, bufs)
     with pytest.raises(AssertionError):
-        gather_rows(store, slot_row[:-1], layout, bufs)
+        gather(store, slot_row[:-1], layout, bufs)
     with pytest.raises(AssertionError):
-        gather_rows(store[:, :-1].contiguous(), slot_row, layout, bufs)
+        gather(store[:, :-1].contiguous(), slot_row, layout, bufs)
     with pytest.raises(AssertionError):
         scatter_cells(store, torch.zeros(5, dtype=torch.int32, device=DEVICE))
     with pytest.raises(AssertionError):
@@ -313,14 +324,14 @@ def test_step_in_cuda_graph(layout_id: str) -> None:
     cols = append_len_cols(layout)
     b = slot_row.shape[0]
     bufs = poisoned(layout, b)
-    gather_rows(store, slot_row, layout, bufs)  # compile outside the capture
+    gather(store, slot_row, layout, bufs)  # compile outside the capture
     scatter_cells(store, staging)
     commit_lengths(store, slot_row, cols)
     store_ref = store.clone()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         scatter_cells(store, staging)
-        gather_rows(store, slot_row, layout, bufs)
+        gather(store, slot_row, layout, bufs)
         commit_lengths(store, slot_row, cols)
     torch.cuda.synchronize()
     assert torch.equal(store, store_ref), "capture must not run the kernels"
@@ -331,7 +342,7 @@ def test_step_in_cuda_graph(layout_id: str) -> None:
         slot_row.copy_(new_slots)
         staging_ref, want = staging.clone(), poisoned(layout, b)
         scatter_cells_ref(store_ref, staging_ref)
-        gather_rows_ref(store_ref, slot_row, layout, want)
+        gather_ref(store_ref, slot_row, layout, want)
         commit_lengths_ref(store_ref, slot_row, cols)
         for t in bufs.tensors().values():
             t.fill_(POISON)

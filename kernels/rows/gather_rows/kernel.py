@@ -1,11 +1,11 @@
-"""gather_rows: fill a bucket's StepBuffers from the store rows of the step's slots, in one launch.
+"""gather_rows: fill a bucket's step buffers (``GatherTargets``) from the store rows of the step's slots, in one launch.
 
-Row r reads store row ``s = slot_row[r]`` (0: the all-zero trash row, for padding). For each pool p (span start
-``st``, width W, page size ps, ``A = 1`` for APPEND else 0) with stored length ``L = store[s, len_col(p)]``:
+Row r reads store row ``s = slot_row[r]`` (0: the all-zero trash row, for padding). For each pool p (``PoolSpan``:
+span start ``st``, width W, page size ps, ``A = 1`` for APPEND else 0) with stored length ``L = store[s, len_col]``:
 ``seq_lens[p][r] = L + A``; ``block_tables[p][r, j] = store[s, st + j]`` for ``j < min(ceil((L + A) / ps), W)``
 else 0; APPEND only: ``write_loc[p][r] = page * ps + L % ps`` with ``page = store[s, st + L // ps]`` (0 when
-``L // ps >= W``). Narrow cells: ``positions[r] = store[s, len_col(positions_pool)] + store[s, pos_col]``,
-``recurrent_slots[r] = store[s, rec_col]``, ``sampler[r] = store[s, sampler_col : sampler_col + 4]``.
+``L // ps >= W``). Narrow cells (``RowColumns``): ``positions[r] = store[s, pos_len_col] + store[s, pos_col]``,
+``recurrent_slots[r] = store[s, rec_col]``, ``sampler[r] = store[s, sampler_col : sampler_col + sampler_cells]``.
 
 One program per row; every pool (up to MAX_POOLS) and the narrow cells are handled in the same launch, each pool's
 geometry a constexpr, so a layout compiles once. Spans wider than a block are walked in unrolled chunks. The page of
@@ -22,12 +22,10 @@ import torch
 import triton
 import triton.language as tl
 
-from resplan.buffers import StepBuffers
-from resplan.layout import SAMPLER_CELLS, RowLayout, StreamMode
+from kernels.rows.gather_rows.spec import GatherTargets, RowColumns
 
 MAX_POOLS = 4
 MAX_BLOCK_W = 1024
-N_SAMPLER = len(SAMPLER_CELLS)
 
 
 @triton.jit
@@ -135,31 +133,29 @@ def _gather_rows_kernel(
 
 
 @functools.cache
-def _launch_config(layout: RowLayout, max_block_w: int) -> tuple[tuple[str, ...], types.MappingProxyType, int]:
-    """(pool keys in launch order, constexpr kwargs, num_warps) for a layout; computed once per layout."""
-    assert len(layout.pools) <= MAX_POOLS, f"gather_rows handles at most {MAX_POOLS} pools, got {len(layout.pools)}"
-    assert N_SAMPLER & (N_SAMPLER - 1) == 0, "sampler cells must be a power of two"
-    consts: dict[str, int] = {"ROW_W": layout.width, "N_POOLS": len(layout.pools)}
+def _launch_config(cols: RowColumns, max_block_w: int) -> tuple[types.MappingProxyType, int]:
+    """(constexpr kwargs, num_warps) for a row's columns; computed once per value."""
+    assert len(cols.pools) <= MAX_POOLS, f"gather_rows handles at most {MAX_POOLS} pools, got {len(cols.pools)}"
+    n_smp = cols.sampler_cells
+    assert n_smp & (n_smp - 1) == 0, "sampler cells must be a power of two"
+    consts: dict[str, int] = {"ROW_W": cols.width, "N_POOLS": len(cols.pools)}
     max_bw = 1
     for k in range(MAX_POOLS):
-        if k < len(layout.pools):
-            p = layout.pools[k]
-            sp = layout.span(p.key)
-            bw = min(triton.next_power_of_2(sp.width), max_block_w)
+        if k < len(cols.pools):
+            p = cols.pools[k]
+            bw = min(triton.next_power_of_2(p.width), max_block_w)
             max_bw = max(max_bw, bw)
-            vals = (sp.start, sp.width, layout.len_col(p.key), sp.page_size, int(sp.mode is StreamMode.APPEND), bw)
+            vals = (p.start, p.width, p.len_col, p.page_size, int(p.append), bw)
         else:
             vals = (0, 1, 0, 1, 0, 1)  # never traced: N_POOLS guards it
         for name, v in zip(("START", "W", "LC", "PS", "APP", "BW"), vals, strict=True):
             consts[f"{name}{k}"] = v
-    pos_pool = layout.positions_pool
-    consts["POS_LEN_COL"] = layout.len_col(pos_pool) if pos_pool is not None else -1
-    consts["POS_COL"] = layout.pos_col if pos_pool is not None else -1
-    consts["REC_COL"] = layout.rec_col if layout.recurrent else -1
-    consts["SMP_COL"] = layout.sampler_col if layout.sampler else -1
-    consts["N_SMP"] = N_SAMPLER
-    keys = tuple(p.key for p in layout.pools)
-    return keys, types.MappingProxyType(consts), max(1, min(4, max_bw // 128))
+    consts["POS_LEN_COL"] = cols.pos_len_col if cols.pos_col >= 0 else -1
+    consts["POS_COL"] = cols.pos_col
+    consts["REC_COL"] = cols.rec_col
+    consts["SMP_COL"] = cols.sampler_col
+    consts["N_SMP"] = n_smp
+    return types.MappingProxyType(consts), max(1, min(4, max_bw // 128))
 
 
 def _check_out(t: torch.Tensor | None, shape: tuple[int, ...], store: torch.Tensor, name: str) -> None:
@@ -171,39 +167,44 @@ def _check_out(t: torch.Tensor | None, shape: tuple[int, ...], store: torch.Tens
 
 
 def gather_rows(
-    store: torch.Tensor, slot_row: torch.Tensor, layout: RowLayout, bufs: StepBuffers, *, max_block_w: int = MAX_BLOCK_W
+    store: torch.Tensor,  # [S, width] int32
+    slot_row: torch.Tensor,  # [b] int32, 0 = the trash row
+    cols: RowColumns,
+    out: GatherTargets,  # of b rows
+    *,
+    max_block_w: int = MAX_BLOCK_W,
 ) -> None:
-    """bufs[r] <- the step view of store[slot_row[r]] (block tables, seq_lens, write_loc, narrow cells), in place."""
+    """out[r] <- the step view of store[slot_row[r]] (block tables, seq_lens, write_loc, narrow cells), in place."""
     assert store.dtype == torch.int32 and store.dim() == 2 and store.is_contiguous(), "store: contiguous int32 [S, W]"
-    assert store.shape[1] == layout.width, f"store rows have {store.shape[1]} cells, layout {layout.width}"
+    assert store.shape[1] == cols.width, f"store rows have {store.shape[1]} cells, the columns {cols.width}"
     assert slot_row.dtype == torch.int32 and slot_row.dim() == 1 and slot_row.is_contiguous(), "slot_row: int32 [b]"
     assert slot_row.device == store.device, "store and slot_row must share a device"
     b = slot_row.shape[0]
-    assert bufs.size == b, f"slot_row has {b} rows, buffers {bufs.size}"
+    assert out.size == b, f"slot_row has {b} rows, buffers {out.size}"
+    assert len(out.block_tables) == len(out.seq_lens) == len(out.write_loc) == len(cols.pools), "one buffer a pool"
     if b == 0:
         return
-    keys, consts, num_warps = _launch_config(layout, max_block_w)
+    consts, num_warps = _launch_config(cols, max_block_w)
     ptrs: dict[str, torch.Tensor] = {}
     for k in range(MAX_POOLS):
-        if k < len(keys):
-            key = keys[k]
-            bt, sl, wl = bufs.block_tables[key], bufs.seq_lens[key], bufs.write_loc.get(key)
-            _check_out(bt, (b, consts[f"W{k}"]), store, f"block_tables[{key!r}]")
-            _check_out(sl, (b,), store, f"seq_lens[{key!r}]")
+        if k < len(cols.pools):
+            bt, sl, wl = out.block_tables[k], out.seq_lens[k], out.write_loc[k]
+            _check_out(bt, (b, consts[f"W{k}"]), store, f"block_tables[{k}]")
+            _check_out(sl, (b,), store, f"seq_lens[{k}]")
             if consts[f"APP{k}"]:
-                _check_out(wl, (b,), store, f"write_loc[{key!r}]")
+                _check_out(wl, (b,), store, f"write_loc[{k}]")
             else:
                 wl = store  # never touched: READ pools write no location
         else:
             bt = sl = wl = store  # never touched: N_POOLS guards it
         ptrs[f"bt{k}"], ptrs[f"sl{k}"], ptrs[f"wl{k}"] = bt, sl, wl
     narrow = {"pos_ptr": ("positions", (b,), "POS_COL"), "rec_ptr": ("recurrent_slots", (b,), "REC_COL"),
-              "smp_ptr": ("sampler", (b, N_SAMPLER), "SMP_COL")}  # fmt: skip
+              "smp_ptr": ("sampler", (b, cols.sampler_cells), "SMP_COL")}  # fmt: skip
     for arg, (name, shape, col) in narrow.items():
-        t = getattr(bufs, name)
+        t = getattr(out, name)
         if consts[col] >= 0:
             _check_out(t, shape, store, name)
             ptrs[arg] = t
         else:
-            ptrs[arg] = store  # never touched: the layout has no such cell
+            ptrs[arg] = store  # never touched: the row has no such cell
     _gather_rows_kernel[(b,)](store_ptr=store, slot_ptr=slot_row, **ptrs, **consts, num_warps=num_warps)

@@ -4,31 +4,29 @@ from __future__ import annotations
 
 import torch
 
-from resplan.buffers import StepBuffers
-from resplan.layout import SAMPLER_CELLS, RowLayout, StreamMode
+from kernels.rows.gather_rows.spec import GatherTargets, RowColumns
 
 
-def gather_rows_ref(store: torch.Tensor, slot_row: torch.Tensor, layout: RowLayout, bufs: StepBuffers) -> None:
-    """bufs[r] <- the step view of store[slot_row[r]] (block tables, seq_lens, write_loc, narrow cells), in place."""
+def gather_rows_ref(store: torch.Tensor, slot_row: torch.Tensor, cols: RowColumns, out: GatherTargets) -> None:
+    """out[r] <- the step view of store[slot_row[r]] (block tables, seq_lens, write_loc, narrow cells), in place."""
     rows = store[slot_row.long()]  # [b, width]
-    for p in layout.pools:
-        sp = layout.span(p.key)
-        ps, width, append = sp.page_size, sp.width, int(sp.mode is StreamMode.APPEND)
-        L = rows[:, layout.len_col(p.key)]
+    for p, bt, sl, wl in zip(cols.pools, out.block_tables, out.seq_lens, out.write_loc, strict=True):
+        ps, width, append = p.page_size, p.width, int(p.append)
+        L = rows[:, p.len_col]
         seq = L + append
         n_used = (seq + ps - 1) // ps
-        span = rows[:, sp.start : sp.start + width]
+        span = rows[:, p.start : p.start + width]
         j = torch.arange(width, device=store.device)
-        bufs.block_tables[p.key].copy_(torch.where(j[None, :] < n_used[:, None], span, 0))
-        bufs.seq_lens[p.key].copy_(seq)
+        bt.copy_(torch.where(j[None, :] < n_used[:, None], span, 0))
+        sl.copy_(seq)
         if append:
             idx = (L // ps).long()
             page = span.gather(1, idx.clamp(max=width - 1)[:, None])[:, 0]
             page = torch.where(idx < width, page, 0)
-            bufs.write_loc[p.key].copy_(page * ps + L % ps)
-    if layout.positions_pool is not None:
-        bufs.positions.copy_(rows[:, layout.len_col(layout.positions_pool)] + rows[:, layout.pos_col])
-    if layout.recurrent:
-        bufs.recurrent_slots.copy_(rows[:, layout.rec_col])
-    if layout.sampler:
-        bufs.sampler.copy_(rows[:, layout.sampler_col : layout.sampler_col + len(SAMPLER_CELLS)])
+            wl.copy_(page * ps + L % ps)
+    if cols.pos_col >= 0:
+        out.positions.copy_(rows[:, cols.pos_len_col] + rows[:, cols.pos_col])
+    if cols.rec_col >= 0:
+        out.recurrent_slots.copy_(rows[:, cols.rec_col])
+    if cols.sampler_col >= 0:
+        out.sampler.copy_(rows[:, cols.sampler_col : cols.sampler_col + cols.sampler_cells])
