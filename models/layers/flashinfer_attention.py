@@ -11,13 +11,14 @@ APPEND pool: the stored length + 1, this step's K/V already written at ``write_l
   with new tables/lengths written in place. Our NHD 5-D cache is taken as is (no HND conversion).
 * ``FA2Decode``: ``flashinfer.BatchDecodeWithPagedKVCacheWrapper(use_cuda_graph=True, backend="fa2")``: ignores the
   device ``block_table``/``seq_lens``; ``plan(block_tables_np, seq_lens_np)`` must run on the host before every
-  replay (the host-planned baseline). Replaying with new lengths and no re-plan has hung an H200.
+  replay (the host-planned baseline): a replay with new lengths and no re-plan runs a stale schedule, which can hang
+  the GPU.
 
 The FlashInfer workspaces an attention writes belong to whoever built it (``Workspaces``: an engine makes one and
 passes it to every attention it builds, decode and prefill); there is no process-wide cache.
 
-flashinfer is imported lazily (inside constructors/calls), so this module imports on a CPU box without it.
-All the API facts below were read from the flashinfer-python 0.7.2.post1 wheel (decode.py, xqa.py, csrc/xqa).
+flashinfer is imported lazily (inside constructors/calls), so this module imports on a machine without it.
+The API facts below are those of the flashinfer-python 0.7.2.post1 wheel's sources (decode.py, xqa.py, csrc/xqa).
 """
 
 from __future__ import annotations

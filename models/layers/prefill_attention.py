@@ -7,7 +7,7 @@ its earlier chunks' pages and its own tokens, whose K/V the pass has already wri
   captured once replays every later plan of that shape (scheduler.cuh's PrefillSplitQOKVIndptr).
 * ``paged_prefill_ref``: the torch reference, one sequence at a time (``models.layers.paged.paged_prefill_attention``).
 
-flashinfer is imported inside the constructor, so this module imports on a CPU box without it.
+flashinfer is imported inside the constructor, so this module imports on a machine without it.
 """
 
 from __future__ import annotations
