@@ -28,9 +28,14 @@ def positive_int(text: str) -> int:
     return n
 
 
-def token_budget(text: str) -> int | str:
-    """``auto`` (the engine's choice by where its passes run: EngineConfig.prefill_budget) or an integer >= 1."""
-    return "auto" if text == "auto" else positive_int(text)
+def token_budget(text: str) -> int | None:
+    """``auto`` (None: the engine's default by where its passes run, EngineConfig.token_budget) or an integer >= 1."""
+    return None if text == "auto" else positive_int(text)
+
+
+def budget_field(budget: int | None) -> dict:
+    """The EngineConfig field a ``--token-budget`` sets: none for ``auto`` (the config's default), else the number."""
+    return {} if budget is None else {"token_budget": budget}
 
 
 def seed(text: str) -> int:

@@ -16,7 +16,7 @@ import sys
 import attrs
 
 from kernels.runtime import interpreted
-from models.cli import OneLineParser, positive_int, seed, token_budget
+from models.cli import OneLineParser, budget_field, positive_int, seed, token_budget
 from models.engine import (
     BESIDE_TOKEN_BUDGET,
     IN_STEP_TOKEN_BUDGET,
@@ -29,6 +29,7 @@ from models.engine import (
     Order,
     Planning,
     Request,
+    StepOutput,
     build_adapter,
     validate,
 )
@@ -91,7 +92,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-bucket", type=positive_int, default=None,
                     help="widest decode bucket, at most the concurrency; buckets are 1, 2, 4, 8, 16, 24, ... up to it "
                          "(default: concurrency). With -c above twice it, TURNS order displaces slots")
-    ap.add_argument("--token-budget", type=token_budget, default="auto",
+    ap.add_argument("--token-budget", type=token_budget, default="auto", metavar="auto|N",
                     help="prefill tokens per step: prompts longer than this prefill in chunks beside the running rows; "
                          f"auto (the default): the engine's, {BESIDE_TOKEN_BUDGET} where passes run beside the decode "
                          f"steps (CUDA), {IN_STEP_TOKEN_BUDGET} where they run in the step (a CPU)")
@@ -121,9 +122,9 @@ def config(args, context: int) -> EngineConfig:
         page_size=args.page_size,
         num_pages=args.num_pages,
         max_seq_len=args.max_seq_len or min(128, context),
-        token_budget=args.token_budget,
         row_check=args.row_check,
         attention=Backend(args.attention),
+        **budget_field(args.token_budget),
     )
 
 
@@ -138,14 +139,11 @@ def progress(args, requests: list[Request]):
         from tqdm import tqdm
 
         bar = tqdm(total=total, desc=f"{arm.value:>8}", unit="tok", file=sys.stderr, dynamic_ncols=True)
-        shown = [0]
 
-        def on_step(e: Engine) -> None:
-            done = e.stats.tokens + sum(asked[rid] - len(r.tokens) for rid, r in e.results.items())
-            bar.update(done - shown[0])
-            shown[0] = done
-            bar.set_postfix(steps=e.stats.steps, refresh=False)
-            if not e.has_work():
+        def on_step(out: StepOutput) -> None:  # a finished request gives back the tokens it did not use
+            bar.update(out.tokens.size + sum(asked[r.request_id] - len(r.tokens) for r in out.finished))
+            bar.set_postfix(steps=engine.stats.steps, refresh=False)
+            if not engine.has_work():
                 bar.close()
 
         return on_step
@@ -172,7 +170,7 @@ def summary(engines: dict[Planning, tuple[Engine, float]]) -> str:
             ("input-id copies", f"{s.ids_copies}" if e.resident else f"{s.decode_steps} (every decode step)"),
             ("overlapped steps (rows dropped)", f"{s.overlapped} ({s.discarded})" if e.config.overlap else "off"),
             ("planner us / decode step", f"{s.plan_ns / d / 1e3:.1f}"),
-            ("pre-plans (reused / dropped)", f"{s.preplans} ({s.preplan_hits} / {s.preplan_drops})"
+            ("early plans (used / dropped)", f"{s.early_steps} ({s.early_hits} / {s.early_drops})"
              if e.resident else "-"),
             ("offloads / reloads", f"{s.offloads} / {s.reloads}"),
             ("refused admits", f"{s.refused_admits}"),
@@ -238,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     e0 = next(iter(runs.values())).engine
     print(f"order {e0.config.order.value}, buckets {e0.buckets}, page size {e0.config.page_size}, "
           f"pages {[p.num_pages for p in e0.admission.page_pools.values()]}, "
-          f"token budget {e0.config.prefill_budget()}, "
+          f"token budget {e0.config.token_budget}, "
           f"attention {args.attention}")
     print(f"layout: {e0.layout.describe(2 * e0.buckets[-1] + 1)}")
     arms = list(runs)

@@ -21,13 +21,14 @@ from pathlib import Path
 
 import torch
 
-from models.cli import OneLineParser, positive_int, token_budget
+from models.cli import OneLineParser, budget_field, positive_int, token_budget
 from models.engine import (
     BESIDE_TOKEN_BUDGET,
     IN_STEP_TOKEN_BUDGET,
     Engine,
     EngineConfig,
     InvalidRequest,
+    PrefillPlacement,
     Request,
     SamplingParams,
 )
@@ -76,10 +77,12 @@ def parser() -> OneLineParser:
     e.add_argument("--prefill-graphs", type=int, default=0,
                    help="token buckets of prefill CUDA graphs, halving down from 8192 tokens (a checkpoint in bf16 "
                         "or fp16 on CUDA, Qwen3.5 or Whisper; the benchmarks use 6); 0, the default: eager prefill")
-    e.add_argument("--async-prefill", action=argparse.BooleanOptionalAction, default=None,
-                   help="run each prefill pass on a CUDA stream of its own while the running requests keep decoding "
-                        "(default: the engine's, on with CUDA); --no-async-prefill runs each pass inside its step")
-    e.add_argument("--token-budget", type=token_budget, default="auto",
+    e.add_argument("--prefill", choices=[p.value for p in PrefillPlacement], default=None,
+                   help="where a prefill pass runs: beside (on a CUDA stream of its own while the running requests "
+                        "keep decoding), beside-priority (the same, the decode steps on a stream of higher priority), "
+                        "in-step (inside its step), in-pass (the running requests' tokens ride in the pass); "
+                        "default: beside on CUDA, in-step elsewhere")
+    e.add_argument("--token-budget", type=token_budget, default="auto", metavar="auto|N",
                    help=f"prompt tokens prefilled a step: longer prompts prefill in chunks beside the running rows; "
                         f"auto (the default): the engine's, {BESIDE_TOKEN_BUDGET} where passes run beside the decode "
                         f"steps (CUDA), {IN_STEP_TOKEN_BUDGET} where they run in the step")
@@ -146,37 +149,34 @@ def main(argv: list[str] | None = None) -> int:
                  f"{ckpt.name}'s context of {context}")  # fmt: skip
     if args.prefill_graphs < 0:
         ap.error("argument --prefill-graphs: must be >= 0")
-    cfg = EngineConfig(device=device, dtype=args.dtype, attention=Backend(args.attention),
-                       max_running=min(args.max_running, len(requests)), page_size=args.page_size,
-                       max_seq_len=args.max_seq_len or longest, token_budget=args.token_budget, overlap=args.overlap,
-                       prefill_graphs=args.prefill_graphs, async_prefill=args.async_prefill)  # fmt: skip
+    placement = {} if args.prefill is None else {"prefill": PrefillPlacement(args.prefill)}
     try:
+        cfg = EngineConfig(device=device, dtype=getattr(torch, args.dtype) if args.dtype else None,
+                           attention=Backend(args.attention), max_running=min(args.max_running, len(requests)),
+                           page_size=args.page_size, max_seq_len=args.max_seq_len or longest, overlap=args.overlap,
+                           prefill_graphs=args.prefill_graphs, **placement,
+                           **budget_field(args.token_budget))  # fmt: skip
         engine = Engine.from_pretrained(args.model_dir, cfg)
         ids = [engine.submit(r) for r in requests]
     except (CheckpointError, InvalidRequest, ValueError) as e:
         ap.error(str(e))
-    streams = {rid: tok.detokenizer() for rid in ids}
-    shown = dict.fromkeys(ids, 0)
-    stream = len(ids) == 1
+    stream = tok.detokenizer() if len(ids) == 1 else None  # one request: its text as it comes
+    results = []
     t0 = time.perf_counter()
     while engine.has_work():
-        engine.step()
-        if stream:  # the one request's new tokens, as text, as they come
-            rid = ids[0]
-            toks = engine.output(rid)
-            for t in toks[shown[rid] :]:
-                sys.stdout.write(streams[rid].push(t))
-            shown[rid] = len(toks)
+        out = engine.step()
+        if stream is not None:
+            sys.stdout.write("".join(stream.push(t) for t in out.tokens.tolist()))
             sys.stdout.flush()
-        for rid in [r for r in ids if r in engine.results and not stream]:
-            result = engine.pop_result(rid)
-            print(f"### [{rid}] {result.finish_reason.value}, {len(result.tokens)} tokens")
-            print(tok.decode(result.tokens), flush=True)
-            ids.remove(rid)
+        for result in out.finished:
+            results.append(result)
+            if stream is None:
+                print(f"### [{result.request_id}] {result.finish_reason.value}, {len(result.tokens)} tokens")
+                print(tok.decode(result.tokens), flush=True)
     wall = time.perf_counter() - t0
-    if stream:
-        result = engine.pop_result(ids[0])
-        sys.stdout.write(streams[ids[0]].flush() + "\n")
+    if stream is not None:
+        (result,) = results
+        sys.stdout.write(stream.flush() + "\n")
         print(f"[{result.finish_reason.value}, {len(result.tokens)} tokens, TTFT {result.ttft_s * 1e3:.0f} ms, "
               f"{wall:.2f} s]", file=sys.stderr)  # fmt: skip
     else:

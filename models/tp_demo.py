@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from models.cli import OneLineParser, positive_int
-from models.engine import Engine, EngineConfig, Planning, build_adapter
+from models.engine import Engine, EngineConfig, Planning, PrefillPlacement, build_adapter
 from models.engine.compare import random_requests
 from models.engine.tensor_parallel import RankEngine, build_rank_adapter, join_group
 
@@ -51,9 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     tp = join_group(cuda)
     try:
         device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
-        cfg = EngineConfig(device=device, dtype="bfloat16" if cuda else "float32", planning=Planning(args.planning),
-                           max_running=args.max_running, max_seq_len=args.prompt_len + args.gen_len + 1,
-                           row_check=True)  # fmt: skip
+        cfg = EngineConfig(device=device, dtype=dtype, planning=Planning(args.planning), max_running=args.max_running,
+                           max_seq_len=args.prompt_len + args.gen_len + 1, row_check=True,
+                           prefill=PrefillPlacement.IN_STEP)  # fmt: skip
         try:
             eng = RankEngine(build_rank_adapter(args.model, tp, args.seed, device, dtype), cfg, tp, check=args.check)
         except ValueError as e:

@@ -186,6 +186,11 @@ class RowLayout:
     def read_pools(self) -> tuple[KVPool, ...]:
         return tuple(p for p in self.pools if p.mode is StreamMode.READ)
 
+    @property
+    def append_keys(self) -> tuple[str, ...]:
+        """The APPEND pools' keys, in order."""
+        return tuple(p.key for p in self.append_pools)
+
     def describe(self, n_slots: int | None = None) -> str:
         """One line a log can print: cells by part, and bytes."""
         parts = [f"{self.narrow} narrow cells"] + [f"{s.width} {s.pool} pages ({s.mode.value})" for s in self.spans]

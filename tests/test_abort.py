@@ -1,6 +1,7 @@
 """Abort and bounded bookkeeping: ``Engine.abort`` ends a request wherever it is (waiting, mid-prefill, decoding,
 its token in flight under overlap, offloaded) with FinishReason.ABORT and the tokens it had; everything it held comes
-back; no other request's tokens change; a finished request's result is handed over once and its id forgotten."""
+back; no other request's tokens change; a finished request's result is handed over once, in one step's output, and
+its id forgotten."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from test_engine import BASE, QWEN
 
-from models.engine import Engine, FinishReason, Planning, Request, SamplingParams
+from models.engine import Engine, FinishReason, InvalidRequest, Planning, Request, SamplingParams
 from models.engine.compare import check_pools, random_requests
 from models.engine.scheduler import Status
 from resplan.state import FREE
@@ -48,7 +49,7 @@ STAGES = {  # stage: (config changes, predicate on the engine telling the victim
 
 
 def _handle(e: Engine, rid: str) -> int | None:
-    return next((h for h, live in e.table.live.items() if live.pend.rid == rid), None)
+    return e.table.handle_of(rid)
 
 
 def _status(e: Engine, rid: str) -> int | None:
@@ -65,49 +66,43 @@ def test_an_abort_at_each_stage_frees_everything_and_changes_no_other_request(st
     e = Engine(QWEN, cfg)
     for r in REQS:
         e.submit(r)
-    victim = None
+    results, victim = {}, None
     while e.has_work() and victim is None:
-        victim = next((r.request_id for r in REQS if r.request_id not in e.results and there(e, r.request_id)), None)
+        victim = next((r.request_id for r in REQS if r.request_id not in results and there(e, r.request_id)), None)
         if victim is None:
-            e.step()
+            results.update((r.request_id, r) for r in e.step().finished)
     assert victim is not None, f"no request was ever {stage}"
     had = e.table.gen[_handle(e, victim)] if _handle(e, victim) is not None else 0
     assert e.abort(victim) is True
-    out = e.results[victim]
-    assert out.finish_reason is FinishReason.ABORT and len(out.tokens) == had
-    assert out.tokens == want[victim][: len(out.tokens)]
-    assert e.abort(victim) is False  # finished: its result waits
+    assert e.abort(victim) is False  # ended: its result is in the next step's output
     while e.has_work():
-        e.step()
+        results.update((r.request_id, r) for r in e.step().finished)
         check_pools(e)
     assert_all_free(e)
-    got = {rid: e.pop_result(rid).tokens for rid in want}
+    out = results[victim]
+    assert out.finish_reason is FinishReason.ABORT and len(out.tokens) == had
+    assert out.tokens == want[victim][: len(out.tokens)]
+    got = {rid: results[rid].tokens for rid in want}
     assert {k: v for k, v in got.items() if k != victim} == {k: v for k, v in want.items() if k != victim}
     assert e.stats.mismatches == 0, e.stats.first_mismatches
 
 
 def test_results_are_handed_over_once_and_their_ids_forgotten():
     e = Engine(QWEN, attrs.evolve(BASE, max_running=2))
-    rid = e.submit(Request((1, 2, 3), SamplingParams(max_tokens=2), request_id="x"))
-    with pytest.raises(KeyError, match="has not finished"):
-        e.pop_result(rid)
+    e.submit(Request((1, 2, 3), SamplingParams(max_tokens=2), request_id="x"))
+    with pytest.raises(InvalidRequest, match="is in use"):  # not finished: its id is taken
+        e.submit(Request((4, 5), request_id="x"))
+    outs = []
     while e.has_work():
-        e.step()
-    assert e.pop_result("x").tokens and "x" not in e.results
-    with pytest.raises(KeyError, match="not known"):
-        e.pop_result("x")
-    with pytest.raises(KeyError, match="not known"):
-        e.abort("x")
+        outs.append(e.step())
+    finished = [r for out in outs for r in out.finished]
+    assert [r.request_id for r in finished] == ["x"] and finished[0].tokens  # handed over once
+    assert tuple(t for out in outs for t in out.new_tokens().get("x", ())) == finished[0].tokens  # streamed in order
+    assert not e.table.rids and not e.table.t_submit and not e.table.live  # nothing kept
+    assert e.abort("x") is False  # forgotten
+    assert not e.step().ran and not e.step().finished
     e.submit(Request((4, 5), SamplingParams(max_tokens=1), request_id="x"))  # the id is free again
-    seen = []
-    e.on_finish = seen.append  # a callback takes the results instead: nothing is kept
-    while e.has_work():
-        e.step()
-    assert [r.request_id for r in seen] == ["x"] and not e.results and not e.table.rids and not e.table.t_submit
-    with pytest.raises(ValueError, match="on_finish"):
-        e.run([Request((1,), SamplingParams(max_tokens=1))])
-    e.on_finish = None
-    assert len(e.run(REQS[:3])) == 3 and not e.results and not e.table.rids  # run() hands its results back
+    assert len(e.run(REQS[:3])) == 3 and not e.table.rids and not e.table.t_submit  # run() hands its results back
 
 
 class AbortMachine(RuleBasedStateMachine):
@@ -126,6 +121,7 @@ class AbortMachine(RuleBasedStateMachine):
         self.e = Engine(QWEN, self.cfg)
         self.todo = list(REQS)
         self.aborted: set[str] = set()
+        self.results: dict = {}
 
     @precondition(lambda self: self.todo)
     @rule(n=st.integers(1, 3))
@@ -138,16 +134,20 @@ class AbortMachine(RuleBasedStateMachine):
     def step(self, k):
         for _ in range(k):
             if self.e.has_work():
-                self.e.step()
+                self._collect(self.e.step())
 
-    @precondition(lambda self: set(self.e.table.rids) - set(self.e.results))
+    def _collect(self, out):
+        for r in out.finished:
+            assert r.request_id not in self.results, "a result handed over twice"
+            self.results[r.request_id] = r
+
+    @precondition(lambda self: self.e.table.rids)
     @rule(i=st.integers(0, 63))
     def abort(self, i):
-        unfinished = sorted(set(self.e.table.rids) - set(self.e.results))
+        unfinished = sorted(self.e.table.rids)
         rid = unfinished[i % len(unfinished)]
         assert self.e.abort(rid)
         self.aborted.add(rid)
-        assert self.e.results[rid].finish_reason is FinishReason.ABORT
 
     @invariant()
     def pools_hold(self):
@@ -157,11 +157,12 @@ class AbortMachine(RuleBasedStateMachine):
         for r in self.todo:
             self.e.submit(r)
         while self.e.has_work():
-            self.e.step()
+            self._collect(self.e.step())
         assert_all_free(self.e)
         for rid, want in self.want.items():
-            got = self.e.pop_result(rid).tokens
+            got = self.results[rid].tokens
             assert got == want if rid not in self.aborted else got == want[: len(got)], rid
+        assert all(self.results[rid].finish_reason is FinishReason.ABORT for rid in self.aborted)
         assert not self.e.table.rids and self.e.stats.mismatches == 0
 
 

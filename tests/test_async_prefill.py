@@ -1,4 +1,4 @@
-"""Prefill passes beside decode steps (``EngineConfig.async_prefill``): a step's pass is launched on a stream of its own
+"""Prefill passes beside decode steps (``PrefillPlacement.BESIDE``): a step's pass is launched on a stream of its own
 and the decode rows go on as decode steps; the pass's requests join them once it lands. The engine gives the tokens
 of an engine that runs each pass inside its step, for both models and both planning arms, synchronous and overlapped,
 with offloads under KV pressure, prefill graphs, refused admits and aborts, and with passes that stay in flight for
@@ -10,9 +10,11 @@ import attrs
 import numpy as np
 import pytest
 
-from models.engine import Engine, EngineConfig, Planning, build_adapter
+from models.engine import Engine, EngineConfig, Planning, PrefillPlacement, build_adapter
 from models.engine.compare import random_requests
 from models.engine.prefill import PassInFlight
+
+IN_STEP, BESIDE = PrefillPlacement.IN_STEP, PrefillPlacement.BESIDE
 
 
 @attrs.frozen(eq=False)
@@ -62,9 +64,9 @@ def test_passes_beside_decode_steps_give_the_tokens_of_passes_in_the_step(model,
     reqs = _requests(adapter)
     base = EngineConfig(page_size=4, max_seq_len=64, max_running=4, token_budget=12, planning=planning,
                         overlap=overlap, num_pages=num_pages, prefill_graphs=prefill_graphs,
-                        prefill_graph_tokens=16, row_check=planning is Planning.RESIDENT, async_prefill=False)
+                        prefill_graph_tokens=16, row_check=planning is Planning.RESIDENT, prefill=IN_STEP)
     in_step = [r.tokens for r in Engine(adapter, base).run(reqs)]
-    engine = Engine(adapter, attrs.evolve(base, async_prefill=True))
+    engine = Engine(adapter, attrs.evolve(base, prefill=BESIDE))
     seen = _late(engine, polls)
     beside = [r.tokens for r in engine.run(reqs)]
     assert beside == in_step
@@ -72,7 +74,7 @@ def test_passes_beside_decode_steps_give_the_tokens_of_passes_in_the_step(model,
     assert st.mixed_steps == 0 and st.decode_beside_pass > 0 and st.mismatches == 0
     assert st.prefill_passes == len(seen) and max(n for n, in seen) > polls  # a pass was seen running `polls` times
     assert num_pages is None or st.offloads > 0
-    assert engine.in_pass is None and not engine.has_work()
+    assert engine.prefill.in_flight is None and not engine.has_work()
 
 
 @pytest.mark.parametrize("seed", [0, 6, 7, 9, 19])  # refused admits, pre-plans dropped, offloads (6, 9)
@@ -82,7 +84,7 @@ def test_passes_beside_decode_steps_with_requests_arriving_between_steps(seed):
     from test_engine_admit import QWEN, _arrivals, _serve
 
     cfg, reqs, arrive = _arrivals(seed)
-    host = _serve(attrs.evolve(cfg, planning=Planning.HOST), reqs, arrive)
+    _, host = _serve(attrs.evolve(cfg, planning=Planning.HOST), reqs, arrive)
     real_init = Engine.__init__
 
     def init(self, *args, **kwargs):
@@ -91,11 +93,11 @@ def test_passes_beside_decode_steps_with_requests_arriving_between_steps(seed):
 
     Engine.__init__ = init
     try:
-        res = _serve(attrs.evolve(cfg, planning=Planning.RESIDENT, async_prefill=True, overlap=True), reqs, arrive)
+        res, results = _serve(attrs.evolve(cfg, planning=Planning.RESIDENT, prefill=BESIDE, overlap=True), reqs, arrive)
     finally:
         Engine.__init__ = real_init
     assert res.adapter is QWEN
-    assert [res.results[r.request_id] for r in reqs] == [host.results[r.request_id] for r in reqs]
+    assert [results[r.request_id] for r in reqs] == [host[r.request_id] for r in reqs]
     assert res.stats.decode_beside_pass > 0 and res.stats.mismatches == 0, res.stats.first_mismatches
 
 
@@ -106,64 +108,60 @@ def test_an_abort_lands_the_pass_in_flight_first():
     reqs = random_requests(adapter, 6, prompt_len=(10, 30), gen_len=(4, 10), seed=9)
     cfg = EngineConfig(page_size=4, max_seq_len=64, max_running=3, token_budget=8, row_check=True, overlap=True)
     alone = {r.request_id: r.tokens for r in Engine(adapter, cfg).run(reqs[1:])}
-    engine = Engine(adapter, attrs.evolve(cfg, async_prefill=True))
+    engine = Engine(adapter, attrs.evolve(cfg, prefill=BESIDE))
     _late(engine, 5)
     for r in reqs:
         engine.submit(r)
-    engine.step()  # launches the first pass: reqs[0]'s first chunk is in it
-    assert engine.in_pass is not None and 0 in [c.handle for c in engine.in_pass.chunks]
+    results = {r.request_id: r for r in engine.step().finished}  # launches the first pass: reqs[0]'s chunk is in it
+    assert engine.prefill.in_flight is not None and 0 in [c.handle for c in engine.prefill.in_flight.chunks]
     assert engine.abort(reqs[0].request_id)
-    assert engine.in_pass is None
+    assert engine.prefill.in_flight is None
     while engine.has_work():
-        engine.step()
-    assert engine.pop_result(reqs[0].request_id).finish_reason.value == "abort"
-    assert {r.request_id: engine.pop_result(r.request_id).tokens for r in reqs[1:]} == alone
+        results.update((r.request_id, r) for r in engine.step().finished)
+    assert results[reqs[0].request_id].finish_reason.value == "abort"
+    assert {r.request_id: results[r.request_id].tokens for r in reqs[1:]} == alone
     assert engine.stats.mismatches == 0
 
 
-def test_async_prefill_is_refused_with_rows_in_the_pass_and_off_by_default_on_a_cpu():
+def test_the_placement_is_beside_by_default_on_cuda_only():
     adapter = build_adapter("qwen3_5-tiny", seed=0)
     cfg = EngineConfig(page_size=4, max_seq_len=64, max_running=4, token_budget=12)
-    with pytest.raises(ValueError, match="decode_in_pass and async_prefill"):
-        Engine(adapter, attrs.evolve(cfg, decode_in_pass=True, async_prefill=True))
-    assert cfg.async_prefill is None and Engine(adapter, cfg).async_prefill is False  # None: on with CUDA only
-    assert Engine(adapter, attrs.evolve(cfg, async_prefill=True)).async_prefill is True
+    assert cfg.prefill is IN_STEP and Engine(adapter, cfg).prefill.pass_stream is None  # a CPU: passes in the step
+    assert EngineConfig(device="cuda").prefill is BESIDE
+    assert Engine(adapter, attrs.evolve(cfg, prefill=BESIDE)).prefill.in_flight is None  # (a CPU pass lands at once)
 
 
-def test_a_decode_priority_must_be_more_urgent_than_the_passes_and_needs_cuda():
-    with pytest.raises(ValueError, match="decode_priority must be < 0"):
-        EngineConfig(decode_priority=0)
-    adapter = build_adapter("qwen3_5-tiny", seed=0)
-    with pytest.raises(ValueError, match="decode_priority is a CUDA stream priority; device cpu has no streams"):
-        Engine(adapter, EngineConfig(page_size=4, max_seq_len=64, max_running=4, decode_priority=-1))
+def test_a_higher_priority_for_the_decode_steps_needs_cuda():
+    with pytest.raises(ValueError, match="BESIDE_PRIORITY ranks the steps' CUDA stream above the passes'; device cpu "
+                                         "has no streams"):  # fmt: skip
+        EngineConfig(page_size=4, max_seq_len=64, max_running=4, prefill=PrefillPlacement.BESIDE_PRIORITY)
 
 
-def test_the_auto_token_budget_follows_where_the_passes_run():
+def test_the_default_token_budget_follows_where_the_passes_run():
     from models.engine import BESIDE_TOKEN_BUDGET, IN_STEP_TOKEN_BUDGET
 
-    assert EngineConfig().token_budget == "auto"
-    assert EngineConfig().prefill_budget() == IN_STEP_TOKEN_BUDGET  # a CPU: passes in the step
-    assert EngineConfig(device="cuda").prefill_budget() == BESIDE_TOKEN_BUDGET
-    assert EngineConfig(device="cuda", async_prefill=False).prefill_budget() == IN_STEP_TOKEN_BUDGET
-    assert EngineConfig(device="cuda", decode_in_pass=True).prefill_budget() == IN_STEP_TOKEN_BUDGET
-    assert EngineConfig(async_prefill=True).prefill_budget() == BESIDE_TOKEN_BUDGET
-    assert EngineConfig(device="cuda", token_budget=512).prefill_budget() == 512
-    assert EngineConfig(token_budget=None).prefill_budget() is None
-    for bad in (0, -3, "big", 2.5):
-        with pytest.raises(ValueError, match="token_budget must be > 0, None"):
+    assert EngineConfig().token_budget == IN_STEP_TOKEN_BUDGET  # a CPU: passes in the step
+    assert EngineConfig(device="cuda").token_budget == BESIDE_TOKEN_BUDGET
+    assert EngineConfig(device="cuda", prefill=IN_STEP).token_budget == IN_STEP_TOKEN_BUDGET
+    assert EngineConfig(device="cuda", prefill=PrefillPlacement.IN_PASS).token_budget == IN_STEP_TOKEN_BUDGET
+    assert EngineConfig(prefill=BESIDE).token_budget == BESIDE_TOKEN_BUDGET
+    assert EngineConfig(device="cuda", token_budget=512).token_budget == 512
+    assert EngineConfig(token_budget=None).token_budget is None
+    for bad in (0, -3, "big", 2.5, "auto", True):
+        with pytest.raises(ValueError, match="token_budget must be > 0 or None"):
             EngineConfig(token_budget=bad)
     adapter = build_adapter("qwen3_5-tiny", seed=0)
-    engine = Engine(adapter, EngineConfig(page_size=4, max_seq_len=64, max_running=4, async_prefill=True))
+    engine = Engine(adapter, EngineConfig(page_size=4, max_seq_len=64, max_running=4, prefill=BESIDE))
     assert engine.scheduler.token_budget == BESIDE_TOKEN_BUDGET
 
 
 def test_no_prefill_work_is_composed_while_a_pass_is_in_flight():
     adapter = build_adapter("qwen3_5-tiny", seed=0)
     engine = Engine(adapter, EngineConfig(page_size=4, max_seq_len=64, max_running=4, token_budget=12,
-                                          async_prefill=True))  # fmt: skip
+                                          prefill=BESIDE))  # fmt: skip
     for r in random_requests(adapter, 4, prompt_len=(20, 30), gen_len=(2, 4), seed=1):
         engine.submit(r)
     free = engine.admission.free()
-    assert engine.scheduler.compose(free).host_planned
+    assert engine.scheduler.compose(free).has_prefill
     batch = engine.scheduler.compose(free, prefill=False)
-    assert not batch.host_planned and np.array_equal(batch.rows, engine.scheduler.decode_rows())
+    assert not batch.has_prefill and np.array_equal(batch.rows, engine.scheduler.decode_rows())

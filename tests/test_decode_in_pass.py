@@ -1,4 +1,4 @@
-"""Decode rows in the prefill pass (``EngineConfig.decode_in_pass``): a mixed step is one forward, each decode row one
+"""Decode rows in the prefill pass (``PrefillPlacement.IN_PASS``): a mixed step is one forward, each decode row one
 token of the pass at its stream's end. The engine gives the tokens it gives with a decode graph beside the pass, for
 both models and both planning arms, synchronous and overlapped, greedy and sampled rows, with offloads under KV
 pressure and with prefill graphs; the budget counts the rows' tokens, and a budget with no room beside them is
@@ -9,8 +9,10 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from models.engine import Engine, EngineConfig, Planning, build_adapter
+from models.engine import Engine, EngineConfig, Planning, PrefillPlacement, build_adapter
 from models.engine.compare import random_requests
+
+IN_PASS = PrefillPlacement.IN_PASS
 
 
 def _requests(adapter):
@@ -40,7 +42,7 @@ def test_decode_rows_in_the_pass_give_the_tokens_of_a_decode_graph_beside_it(mod
                         overlap=overlap, num_pages=num_pages, prefill_graphs=prefill_graphs,
                         prefill_graph_tokens=16, row_check=planning is Planning.RESIDENT)  # fmt: skip
     beside = [r.tokens for r in Engine(adapter, base).run(reqs)]
-    engine = Engine(adapter, attrs.evolve(base, decode_in_pass=True))
+    engine = Engine(adapter, attrs.evolve(base, prefill=IN_PASS))
     inside = [r.tokens for r in engine.run(reqs)]
     assert inside == beside
     st = engine.stats
@@ -51,9 +53,9 @@ def test_decode_rows_in_the_pass_give_the_tokens_of_a_decode_graph_beside_it(mod
 def test_the_budget_counts_the_decode_rows_and_must_leave_room_beside_them():
     adapter = build_adapter("qwen3_5-tiny", seed=0)
     with pytest.raises(ValueError, match="leaves no prompt token"):
-        Engine(adapter, EngineConfig(page_size=4, max_seq_len=64, max_running=4, token_budget=4, decode_in_pass=True))
+        EngineConfig(page_size=4, max_seq_len=64, max_running=4, token_budget=4, prefill=IN_PASS)
     engine = Engine(adapter, EngineConfig(page_size=4, max_seq_len=64, max_running=4, token_budget=12,
-                                          decode_in_pass=True, timing=False))  # fmt: skip
+                                          prefill=IN_PASS, timing=False))  # fmt: skip
     sizes = []
     real = engine.prefill.run
 
@@ -73,11 +75,9 @@ def test_decode_rows_in_the_pass_with_requests_arriving_between_steps(seed):
     from test_engine_admit import _arrivals, _serve
 
     cfg, reqs, arrive = _arrivals(seed)
-    widest = cfg.max_bucket or cfg.max_running
-    budget = attrs.evolve(cfg, decode_in_pass=True).prefill_budget()
-    if budget is not None and budget <= widest:
-        cfg = attrs.evolve(cfg, token_budget=widest + 3)
-    host = _serve(attrs.evolve(cfg, planning=Planning.HOST), reqs, arrive)
-    res = _serve(attrs.evolve(cfg, planning=Planning.RESIDENT, decode_in_pass=True, overlap=True), reqs, arrive)
-    assert [res.results[r.request_id] for r in reqs] == [host.results[r.request_id] for r in reqs]
+    if cfg.token_budget is not None and cfg.token_budget <= cfg.widest_bucket:
+        cfg = attrs.evolve(cfg, token_budget=cfg.widest_bucket + 3)
+    _, host = _serve(attrs.evolve(cfg, planning=Planning.HOST), reqs, arrive)
+    res, results = _serve(attrs.evolve(cfg, planning=Planning.RESIDENT, prefill=IN_PASS, overlap=True), reqs, arrive)
+    assert [results[r.request_id] for r in reqs] == [host[r.request_id] for r in reqs]
     assert res.stats.pass_rows > 0 and res.stats.mismatches == 0, res.stats.first_mismatches

@@ -1,13 +1,13 @@
-"""Admission: a refused admit is rolled back whole (pages, slot, handle, and the pre-plan whose staged crossing names a
-page the unwind gave back), and bad requests are refused at submission while the others run on.
+"""Admission: a refused admit is rolled back whole (pages, slot, handle, and the early plan whose staged crossing names
+a page the unwind gave back), and bad requests are refused at submission while the others run on.
 
-The refused-admit scenario (the seed's bug): request A decodes alone; its next token opens a page, so the pre-plan
-of the next step took page p for A and staged the crossing "A's row, column j = p". Then W arrives; the next step
-admits W beside A, W's pages are taken, and the recurrent pool (one slot, held by A) refuses W. The unwind gives back
-W's pages and A's page p. The step is retried with A alone: same rows, same bucket, no commit in between, so a
-pre-plan cache would reuse the plan, while the retry gave A another page p' (the pool hands out p last). Without the
-drop the replay writes A's token into page p, which A no longer holds: the row check sees column j = p on the device
-and p' on the host, and the write location with it.
+The refused-admit scenario: request A decodes alone; its next token opens a page, so the early plan of the next step
+took page p for A and staged the crossing "A's row, column j = p". Then W arrives; the next step admits W beside A,
+W's pages are taken, and the recurrent pool (one slot, held by A) refuses W. The unwind gives back W's pages and A's
+page p. The step is retried with A alone: same rows, same bucket, no commit in between, so the early plan would be
+reused, while the retry gave A another page p' (the pool hands out p last). Without the drop the replay writes A's
+token into page p, which A no longer holds: the row check sees column j = p on the device and p' on the host, and the
+write location with it.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from models.engine import (
     build_adapter,
 )
 from models.engine.compare import check_pools, random_requests
-from models.engine.planning import HostArm, ResidentArm
+from models.engine.planning import EarlyPlan, HostArm
 
 QWEN = build_adapter("qwen3_5-tiny", seed=0)
 PS = 4
@@ -43,14 +43,14 @@ def refused_admit(planning: Planning, overlap: bool = False) -> tuple[Engine, in
     refused. Returns the engine, A's handle, the crossing column, the page given back, the page the retry took."""
     e = Engine(QWEN, attrs.evolve(CFG, planning=planning, overlap=overlap))
     e.submit(A)
-    while not (e.ahead.txn is not None and e.ahead.txn.crossings):
+    while not (e.early.txn is not None and e.early.txn.crossings):
         e.step()
     (h,) = e.table.live
-    (c,) = e.ahead.txn.crossings
+    (c,) = e.early.txn.crossings
     col, given_back = int(c.cols[0]), int(c.pages[0])
     assert e.streams.kv["kv"].pages[h, col] == given_back
-    if planning is Planning.RESIDENT:  # the pre-plan staged exactly that crossing
-        pp = e.ahead.early
+    if planning is Planning.RESIDENT:  # the early plan staged exactly that crossing
+        pp = e.early.early
         assert pp is not None and pp.program.crossings == 1 and given_back in pp.program.staged_val
     free = e.admission.page_pools["kv"].free
     e.submit(W)
@@ -66,9 +66,9 @@ def refused_admit(planning: Planning, overlap: bool = False) -> tuple[Engine, in
     return e, h, col, given_back, retried
 
 
-def test_a_refused_admit_drops_the_preplan_naming_its_pages():
+def test_a_refused_admit_drops_the_early_plan_naming_its_pages():
     e, h, col, given_back, retried = refused_admit(Planning.RESIDENT)
-    assert e.stats.preplan_drops == 1
+    assert e.stats.early_drops == 1
     assert e.stats.mismatches == 0, e.stats.first_mismatches
     store = e.executor.store_numpy()
     assert store[e.arm.state.slot(h), e.layout.span("kv").start + col] == retried
@@ -80,9 +80,9 @@ def test_a_refused_admit_drops_the_preplan_naming_its_pages():
 
 
 def test_without_the_drop_the_retried_step_writes_into_a_page_it_gave_back(monkeypatch):
-    monkeypatch.setattr(ResidentArm, "names", lambda self, early, pages: False)
+    monkeypatch.setattr(EarlyPlan, "names", lambda self, pages: False)
     e, h, col, given_back, retried = refused_admit(Planning.RESIDENT)
-    assert e.stats.preplan_drops == 0 and e.stats.preplan_hits > 0
+    assert e.stats.early_drops == 0 and e.stats.early_hits > 0
     bad = {m.what: m for m in e.stats.first_mismatches if m.handle == h}
     assert e.stats.mismatches > 0
     page = bad[f"kv.page[{col}]"]
@@ -106,7 +106,7 @@ def test_a_refused_admit_makes_the_host_arms_early_fill_stale(check, monkeypatch
 
     monkeypatch.setattr(Engine, "_launch", logged_launch)
     e, h, col, given_back, retried = refused_admit(Planning.HOST, overlap=True)
-    assert e.stats.preplan_hits > 0
+    assert e.stats.early_hits > 0
     assert written[-1] == (retried if check else given_back)  # the retried step's launch
     if check:
         host, *_ = refused_admit(Planning.HOST)
@@ -114,10 +114,11 @@ def test_a_refused_admit_makes_the_host_arms_early_fill_stale(check, monkeypatch
 
 
 def _finish(e: Engine):
+    results = []
     while e.has_work():
-        e.step()
+        results += e.step().finished
         check_pools(e)
-    return list(e.results.values())
+    return results
 
 
 # -- validation at submission ----------------------------------------------------------------------------------------
@@ -191,7 +192,7 @@ def test_a_duplicate_request_id_is_refused():
         e.submit(Request((3, 4), request_id="x"))
 
 
-# -- requests arriving between steps: pre-plans that refused admits give pages back from ----------------------------
+# -- requests arriving between steps: early plans that refused admits give pages back from -------------------------
 def _arrivals(seed: int):
     """A small random engine config (few recurrent slots, so admits get refused) and requests arriving over steps."""
     rng = np.random.default_rng(seed)
@@ -212,26 +213,29 @@ def _arrivals(seed: int):
     return cfg, reqs, np.sort(rng.integers(0, 40, len(reqs)))
 
 
-def _serve(cfg: EngineConfig, reqs, arrive) -> Engine:
+def _serve(cfg: EngineConfig, reqs, arrive) -> tuple[Engine, dict]:
+    """Serve ``reqs``, request i submitted before step ``arrive[i]``, pools checked after every step: the engine and
+    the results by id."""
     e = Engine(QWEN, cfg)
+    results = {}
     i = step = 0
     while i < len(reqs) or e.has_work():
         while i < len(reqs) and arrive[i] <= step:
             e.submit(reqs[i])
             i += 1
         if e.has_work():
-            e.step()
+            results.update((r.request_id, r) for r in e.step().finished)
             check_pools(e)
         step += 1
-    return e
+    return e, results
 
 
-@pytest.mark.parametrize("seed", [3, 6, 7, 23])  # each fails the row check without the pre-plan drop
+@pytest.mark.parametrize("seed", [3, 6, 7, 23])  # each fails the row check without the early plan drop
 def test_requests_arriving_between_steps(seed):
     cfg, reqs, arrive = _arrivals(seed)
-    res = _serve(attrs.evolve(cfg, planning=Planning.RESIDENT), reqs, arrive)
-    host = _serve(attrs.evolve(cfg, planning=Planning.HOST), reqs, arrive)
-    assert [res.results[r.request_id] for r in reqs] == [host.results[r.request_id] for r in reqs]
+    res, results = _serve(attrs.evolve(cfg, planning=Planning.RESIDENT), reqs, arrive)
+    _, host = _serve(attrs.evolve(cfg, planning=Planning.HOST), reqs, arrive)
+    assert [results[r.request_id] for r in reqs] == [host[r.request_id] for r in reqs]
     s = res.stats
-    assert s.refused_admits > 0 and s.preplan_drops > 0
+    assert s.refused_admits > 0 and s.early_drops > 0
     assert s.row_checks == s.decode_steps and s.mismatches == 0, s.first_mismatches

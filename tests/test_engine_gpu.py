@@ -1,6 +1,6 @@
 """The decode loop on the GPU (run on the H200: pytest -m gpu): real CUDA graphs, FlashInfer attention.
 
-Tests that compare two engines token for token run each pass in its step (``async_prefill=False``): a pass beside the
+Tests that compare two engines token for token run each pass in its step (``prefill=IN_STEP``): a pass beside the
 decode steps lands when the GPU has run it, so two engines would batch their rows differently, and in bf16 a GEMM over
 other row counts may break a near-tie the other way (``test_prefill_kernels_gpu.py`` compares the two modes). The
 5000-step row check runs the default, passes beside the decode steps."""
@@ -13,9 +13,11 @@ import pytest
 import torch
 
 from kernels.choices import KernelChoices
-from models.engine import EngineConfig, Planning, build_adapter
+from models.engine import EngineConfig, Planning, PrefillPlacement, build_adapter
 from models.engine.compare import random_requests, run_arms
 from models.layers.decode_attention import Backend
+
+IN_STEP = PrefillPlacement.IN_STEP  # two engines compared token for token batch alike
 
 pytestmark = pytest.mark.gpu
 R, H = Planning.RESIDENT, Planning.HOST
@@ -34,8 +36,8 @@ def test_resident_matches_host_on_32_prompts_at_0_8b_shape(backend, concurrency)
     every resident step row-checked."""
     adapter = build_adapter("qwen3_5-0.8b", seed=0, device="cuda", dtype=torch.bfloat16)
     reqs = random_requests(adapter, 32, prompt_len=(16, 96), gen_len=(8, 24), seed=5)
-    cfg = EngineConfig(device="cuda", dtype="bfloat16", attention=backend, max_running=concurrency, page_size=16,
-                       max_seq_len=256, row_check=True, async_prefill=False)
+    cfg = EngineConfig(device="cuda", dtype=torch.bfloat16, attention=backend, max_running=concurrency, page_size=16,
+                       max_seq_len=256, row_check=True, prefill=IN_STEP)
     runs = run_arms(adapter, cfg, reqs)
     assert runs[R].tokens == runs[H].tokens
     st = runs[R].engine.stats
@@ -50,7 +52,7 @@ def test_overlapped_resident_matches_host_with_stop_tokens():
     start, so no request of it could stop mid-run."""
     adapter = build_adapter("qwen3_5-tiny", seed=0, device="cuda", dtype=torch.float32)
     reqs = random_requests(adapter, 32, prompt_len=(4, 40), gen_len=(8, 40), seed=7)
-    cfg = EngineConfig(device="cuda", max_running=8, page_size=4, max_seq_len=96, async_prefill=False)
+    cfg = EngineConfig(device="cuda", max_running=8, page_size=4, max_seq_len=96, prefill=IN_STEP)
     free = run_arms(adapter, cfg, reqs, arms=(H,))[H].tokens
 
     def stop_for(t: tuple[int, ...]) -> int | None:
@@ -74,8 +76,8 @@ def test_overlapped_resident_matches_host_at_0_8b_shape(backend):
     without overlap."""
     adapter = build_adapter("qwen3_5-0.8b", seed=0, device="cuda", dtype=torch.bfloat16)
     reqs = random_requests(adapter, 32, prompt_len=(16, 96), gen_len=(8, 40), seed=7)
-    cfg = EngineConfig(device="cuda", dtype="bfloat16", attention=backend, max_running=8, page_size=16,
-                       max_seq_len=256, async_prefill=False)
+    cfg = EngineConfig(device="cuda", dtype=torch.bfloat16, attention=backend, max_running=8, page_size=16,
+                       max_seq_len=256, prefill=IN_STEP)
     sync = run_arms(adapter, cfg, reqs, arms=(R,))[R]
     over = run_arms(adapter, cfg, reqs, arms=(R,), per_arm={R: dict(overlap=True)})[R]
     assert over.tokens == sync.tokens
@@ -89,8 +91,8 @@ def test_plan_free_attention_and_fa2_agree_on_most_greedy_tokens(backend):
     first tokens come from prefill passes, which the decode attention has no part in: all equal."""
     adapter = build_adapter("qwen3_5-0.8b", seed=0, device="cuda", dtype=torch.bfloat16)
     reqs = random_requests(adapter, 16, prompt_len=(16, 64), gen_len=(16, 16), seed=6)
-    cfg = EngineConfig(device="cuda", dtype="bfloat16", max_running=8, page_size=16, max_seq_len=256,
-                       async_prefill=False)
+    cfg = EngineConfig(device="cuda", dtype=torch.bfloat16, max_running=8, page_size=16, max_seq_len=256,
+                       prefill=IN_STEP)
     a = run_arms(adapter, attrs.evolve(cfg, attention=backend), reqs, arms=(R,))[R].tokens
     b = run_arms(adapter, attrs.evolve(cfg, attention=Backend.FA2), reqs, arms=(R,))[R].tokens
     same = sum(x == y for x, y in zip(a, b, strict=True))
@@ -107,7 +109,7 @@ def test_tiny_model_on_gpu_graphs_matches_transformers():
     hf = transformers.Qwen3_5ForCausalLM(adapter.model.cfg.to_hf()).to("cuda").eval()
     hf.load_state_dict(adapter.model.state_dict(), strict=True)
     reqs = random_requests(adapter, 32, prompt_len=(4, 24), gen_len=(12, 12), seed=7)
-    cfg = EngineConfig(device="cuda", max_running=8, page_size=4, max_seq_len=64, row_check=True, async_prefill=False)
+    cfg = EngineConfig(device="cuda", max_running=8, page_size=4, max_seq_len=64, row_check=True, prefill=IN_STEP)
     runs = run_arms(adapter, cfg, reqs)
     assert runs[R].tokens == runs[H].tokens
     near_ties = 0
@@ -151,8 +153,8 @@ def test_pdl_changes_no_token_and_no_logit():
         pytest.skip("this GPU or Triton cannot launch with PDL")
     adapter = build_adapter("qwen3_5-0.8b", seed=0, device="cuda", dtype=torch.bfloat16)
     reqs = random_requests(adapter, 24, prompt_len=(16, 80), gen_len=(24, 40), seed=9)
-    cfg = EngineConfig(device="cuda", dtype="bfloat16", attention=Backend.TRITON, max_running=16, page_size=16,
-                       max_seq_len=256, async_prefill=False)
+    cfg = EngineConfig(device="cuda", dtype=torch.bfloat16, attention=Backend.TRITON, max_running=16, page_size=16,
+                       max_seq_len=256, prefill=IN_STEP)
     tokens = {on: run_arms(adapter, attrs.evolve(cfg, kernels=KernelChoices(pdl=on)), reqs, arms=(R,))[R].tokens
               for on in (False, True)}  # fmt: skip
     assert tokens[True] == tokens[False]

@@ -201,11 +201,12 @@ def test_the_engines_bucket_plans_come_from_the_adapters_decode_walk():
     from models.engine import Engine, EngineConfig, build_adapter
 
     e = Engine(build_adapter("whisper-test"), EngineConfig(page_size=4, max_seq_len=32, max_running=2))
-    assert e.refusal is None and e.resident
-    plan = e.plans[2]
+    g = e.graphs
+    assert g.refusal is None and e.resident
+    plan = g.plans[2]
     assert [(k, s.label, s.mode.value) for k, s in plan.streams] == [("cross", "decode", "read"),
                                                                      ("self", "decode", "append")]  # fmt: skip
-    assert plan.host_plan_free and set(e.graphs) == {(e.plans[b], g) for b in e.buckets for g in (False, True)}
+    assert plan.host_plan_free and set(g.decode_graphs) == {(g.plans[b], x) for b in e.buckets for x in (False, True)}
 
 
 def test_a_resource_that_refuses_resident_planning_keeps_the_engine_host_planned(caplog):
@@ -225,30 +226,56 @@ def test_a_resource_that_refuses_resident_planning_keeps_the_engine_host_planned
 
     windowed = Windowed("qwen3_5-tiny", QWEN.model)
     cfg = EngineConfig(page_size=4, max_seq_len=32, max_running=4)
-    with caplog.at_level(logging.WARNING, logger="models.engine.driver"):
+    with caplog.at_level(logging.WARNING, logger="models.engine.graphs"):
         e = Engine(windowed, attrs.evolve(cfg, planning=Planning.RESIDENT))
-    assert not e.resident and isinstance(e.arm, HostArm) and e.refusal.problem is CaptureProblem.REFUSED
+    refusal = e.graphs.refusal
+    assert not e.resident and isinstance(e.arm, HostArm) and refusal.problem is CaptureProblem.REFUSED
     assert [r.getMessage() for r in caplog.records].count(
-        f"qwen3_5-tiny: resident planning refused, the engine is host-planned: {e.refusal}") == 1
-    assert "SLIDING_WINDOW" in str(e.refusal)
+        f"qwen3_5-tiny: resident planning refused, the engine is host-planned: {refusal}") == 1
+    assert "SLIDING_WINDOW" in str(refusal)
     reqs = random_requests(QWEN, 6, (3, 10), (2, 6), seed=9)
     host = Engine(QWEN, attrs.evolve(cfg, planning=Planning.HOST)).run(reqs)
     assert [r.tokens for r in e.run(reqs)] == [r.tokens for r in host]
 
 
 def test_stats_sum_a_parts_record_by_field_name():
-    """EngineStats.add sums a record's number fields into the counters of the same names, and nothing else: a
-    field that is not a counter (a step's seq) or not a number (a landed step's tokens) is left out."""
+    """EngineStats.add sums every field of a part's record into the counter of the same name, and nothing else."""
     from models.engine.launcher import Landed
     from models.engine.planning import Prepared
     from models.engine.stats import EngineStats
 
     st = EngineStats()
-    st.add(Prepared(seq=7, plan_ns=100, attn_schedule_ns=5, preplan_hits=1, h2d_copies=2, h2d_bytes=64))
-    st.add(Prepared(seq=8, plan_ns=50, h2d_copies=1))
-    st.add(Landed(np.array([3, 4, 5]), wait_ns=9, gpu_ms=0.5))
-    assert (st.plan_ns, st.attn_schedule_ns, st.preplan_hits, st.h2d_copies, st.h2d_bytes) == (150, 5, 1, 3, 64)
-    assert (st.wait_ns, st.gpu_ms, st.tokens, st.steps) == (9, 0.5, 0, 0)
+    st.add(Prepared(plan_ns=100, attn_schedule_ns=5, early_hits=1, h2d_copies=2, h2d_bytes=64))
+    st.add(Prepared(plan_ns=50, h2d_copies=1))
+    st.add(Landed(discarded=2, wait_ns=9, gpu_ms=0.5))
+    assert (st.plan_ns, st.attn_schedule_ns, st.early_hits, st.h2d_copies, st.h2d_bytes) == (150, 5, 1, 3, 64)
+    assert (st.discarded, st.wait_ns, st.gpu_ms, st.tokens, st.steps) == (2, 9, 0.5, 0, 0)
+
+
+def test_every_field_of_every_counted_record_names_a_counter():
+    """A record field that named no counter would raise when added; this finds one before any engine adds it."""
+    import models.engine.driver  # noqa: F401  (every part that defines a record)
+    from models.engine.stats import Counts, EngineStats, counters
+
+    def subclasses(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    records = list(subclasses(Counts))
+    assert {"Prepared", "Checked", "Launched", "Landed", "PassCounts", "StepTime", "StepKind", "Tokens", "EarlySteps",
+            "Events"} <= {
+        r.__name__ for r in records}  # fmt: skip
+    named = counters()
+    bad = [f"{r.__name__}.{f.name}" for r in records for f in attrs.fields(r) if f.name not in named]
+    assert not bad, bad
+
+    @attrs.frozen
+    class Stray(Counts):  # (defined after the scan above)
+        strays: int = 1
+
+    with pytest.raises(AttributeError):  # and adding a field that names no counter is an error, never a silent skip
+        EngineStats().add(Stray())
 
 
 def test_kernel_choices_say_where_the_weight_stream_and_the_folds_run():

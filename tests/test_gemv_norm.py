@@ -259,9 +259,9 @@ def test_the_engines_kernel_choices_reach_the_decode_walk(monkeypatch):
         adapter = build_adapter("qwen3_5-tiny", seed=0, device=DEVICE)
         fused_decode = True  # the CPU model's decode on the fused Triton step (the interpreter)
         monkeypatch.setattr(fused, "norm_folds", lambda p, w, kc: kc.fold_norm and p.res.h.shape[0] == 1)
-        dtype = "float32"
+        dtype = torch.float32
     else:
-        adapter, dtype = build_adapter("qwen3_5-0.8b", seed=0, device=DEVICE, dtype=torch.bfloat16), "bfloat16"
+        adapter, dtype = build_adapter("qwen3_5-0.8b", seed=0, device=DEVICE, dtype=torch.bfloat16), torch.bfloat16
         fused_decode = None  # on CUDA: the fused step by default
     real, calls = fused.gemv_add_rms_norm, []
     monkeypatch.setattr(fused, "gemv_add_rms_norm", lambda *a, **k: calls.append(1) or real(*a, **k))

@@ -30,7 +30,7 @@ def _overlapped(arm: Planning, cfg, reqs, **kw):
 @pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
 def test_overlapped_arm_matches_host(case, arm):
     cfg = attrs.evolve(BASE, **CASES[case])
-    res, host = _overlapped(arm, cfg, PROMPTS, make_on_step=lambda arm, e: check_pools)
+    res, host = _overlapped(arm, cfg, PROMPTS, make_on_step=lambda arm, e: lambda out: check_pools(e))
     assert all(t is not None for t in res.tokens)
     assert res.tokens == host.tokens
     s, hs = res.engine.stats, host.engine.stats
@@ -41,7 +41,7 @@ def test_overlapped_arm_matches_host(case, arm):
     if arm is R:
         assert s.row_checks == s.decode_steps and s.mismatches == 0, s.first_mismatches
     else:  # the fill and plan made while the step before ran were used
-        assert s.preplan_hits > 0 and s.preplans > hs.preplans == 0
+        assert s.early_hits > 0 and s.early_steps > hs.early_steps == 0
     assert res.engine.launcher.inflight is None and res.engine.scheduler.admitted == 0
 
 
@@ -52,7 +52,7 @@ def test_rows_that_stopped_while_the_next_step_ran_are_dropped():
     free = run_arms(QWEN, cfg, PROMPTS[:12], arms=(R,))[R].tokens
     stopping = [attrs.evolve(r, sampling=attrs.evolve(r.sampling, stop_token_ids=(t[2],)))
                 for r, t in zip(PROMPTS[:12], free, strict=True) if len(t) > 3]  # fmt: skip
-    runs = run_arms(QWEN, cfg, stopping, per_arm=OVERLAP, make_on_step=lambda arm, e: check_pools)
+    runs = run_arms(QWEN, cfg, stopping, per_arm=OVERLAP, make_on_step=lambda arm, e: lambda out: check_pools(e))
     host_over = run_arms(QWEN, attrs.evolve(cfg, overlap=True), stopping, arms=(H,))[H]
     assert runs[R].tokens == runs[H].tokens == host_over.tokens
     for r, out in zip(stopping, runs[R].results, strict=True):
@@ -119,11 +119,11 @@ def test_requests_arriving_between_steps_with_stop_tokens(seed):
     rng = np.random.default_rng(seed)
     reqs = [attrs.evolve(r, sampling=attrs.evolve(r.sampling, stop_token_ids=(int(rng.integers(0, 8)),)))
             if rng.random() < 0.33 else r for r in reqs]  # fmt: skip
-    host = _serve(attrs.evolve(cfg, planning=H), reqs, arrive)
-    want = [host.results[r.request_id] for r in reqs]
+    _, host = _serve(attrs.evolve(cfg, planning=H), reqs, arrive)
+    want = [host[r.request_id] for r in reqs]
     for arm in (R, H):
-        over = _serve(attrs.evolve(cfg, planning=arm, overlap=True), reqs, arrive)
-        assert [over.results[r.request_id] for r in reqs] == want
+        over, results = _serve(attrs.evolve(cfg, planning=arm, overlap=True), reqs, arrive)
+        assert [results[r.request_id] for r in reqs] == want
         assert over.launcher.inflight is None
         s = over.stats
         assert arm is H or (s.row_checks == s.decode_steps and s.mismatches == 0), s.first_mismatches

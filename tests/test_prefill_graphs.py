@@ -13,7 +13,7 @@ import torch
 from test_engine import BASE, QWEN
 
 from kernels.choices import KernelChoices
-from models.engine import Engine, EngineConfig, build_adapter
+from models.engine import Engine, EngineConfig, PrefillPlacement, build_adapter
 from models.engine.compare import random_requests, run_arms
 from models.engine.prefill_graphs import PrefillGraphs
 from models.layers.flat import bucket_shape
@@ -239,8 +239,8 @@ def test_an_engine_on_cuda_prefill_graphs_gives_the_eager_engines_tokens():
     reqs = random_requests(adapter, 24, prompt_len=(64, 64), gen_len=(4, 12), seed=6)
     from models.layers.decode_attention import Backend
 
-    cfg = EngineConfig(device="cuda", dtype="bfloat16", attention=Backend.XQA, max_running=4, page_size=16,
-                       max_seq_len=128, async_prefill=False)  # both batch alike: passes in the step  # fmt: skip
+    cfg = EngineConfig(device="cuda", dtype=torch.bfloat16, attention=Backend.XQA, max_running=4, page_size=16,
+                       max_seq_len=128, prefill=PrefillPlacement.IN_STEP)  # both batch alike  # fmt: skip
     eager = run_arms(adapter, cfg, reqs)
     graphed = run_arms(adapter, attrs.evolve(cfg, prefill_graphs=4, prefill_graph_tokens=256), reqs)
     for arm in eager:

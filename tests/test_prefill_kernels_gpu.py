@@ -11,7 +11,7 @@ import torch
 from test_prefill_graphs import _pools, _randomize_cuda
 
 from kernels.choices import KernelChoices
-from models.engine import EngineConfig, build_adapter
+from models.engine import EngineConfig, PrefillPlacement, build_adapter
 from models.engine.compare import random_requests, run_arms
 from models.qwen3_5 import PrefillChunk
 
@@ -68,8 +68,9 @@ def test_an_engine_on_the_prefill_kernels_gives_the_torch_paths_tokens():
     from models.layers.decode_attention import Backend
 
     reqs = random_requests(adapter, 16, prompt_len=(20, 600), gen_len=(4, 12), seed=7)
-    cfg = EngineConfig(device="cuda", dtype="bfloat16", attention=Backend.XQA, max_running=8, page_size=16,
-                       max_seq_len=640, token_budget=512, async_prefill=False)  # both batch alike  # fmt: skip
+    cfg = EngineConfig(device="cuda", dtype=torch.bfloat16, attention=Backend.XQA, max_running=8, page_size=16,
+                       max_seq_len=640, token_budget=512,
+                       prefill=PrefillPlacement.IN_STEP)  # both batch alike  # fmt: skip
     kern = run_arms(adapter, cfg, reqs)
     ref = run_arms(adapter, attrs.evolve(cfg, kernels=KernelChoices(prefill_kernels=False)), reqs)
     for arm in kern:
@@ -88,9 +89,9 @@ def _against_passes_in_the_step(**change):
 
     adapter = _adapter()
     reqs = random_requests(adapter, 16, prompt_len=(20, 600), gen_len=(4, 24), seed=9)
-    cfg = EngineConfig(device="cuda", dtype="bfloat16", attention=Backend.XQA, max_running=8, page_size=16,
+    cfg = EngineConfig(device="cuda", dtype=torch.bfloat16, attention=Backend.XQA, max_running=8, page_size=16,
                        max_seq_len=640, token_budget=512, prefill_graphs=4, prefill_graph_tokens=2048,
-                       overlap=True, row_check=True, async_prefill=False)  # fmt: skip
+                       overlap=True, row_check=True, prefill=PrefillPlacement.IN_STEP)  # fmt: skip
     base = run_arms(adapter, cfg, reqs)
     other = run_arms(adapter, attrs.evolve(cfg, **change), reqs)
     out = {}
@@ -106,18 +107,18 @@ def test_decode_rows_in_the_pass_give_nearly_the_tokens_of_a_decode_graph_beside
     """Decode rows riding in the prefill pass run other kernels (fla's chunked rule and FlashInfer's prefill instead
     of the decode step's), so bf16 near-ties may break the other way: at least 15/16 first tokens and 12/16 whole
     requests equal; every row checked in the resident arms."""
-    for firsts, same, st in _against_passes_in_the_step(decode_in_pass=True).values():
+    for firsts, same, st in _against_passes_in_the_step(prefill=PrefillPlacement.IN_PASS).values():
         assert st.pass_rows > 0 and st.mismatches == 0
         assert firsts >= 15 and same >= 12
 
 
-@pytest.mark.parametrize("priority", [None, -1])
-def test_passes_beside_decode_steps_give_nearly_the_tokens_of_passes_in_the_step(priority):
-    """Passes on their own stream beside the decode steps (``async_prefill``; the decode steps on a stream of higher
-    priority with ``decode_priority``) group other chunks, and the decode steps other rows (their GEMMs see other row
+@pytest.mark.parametrize("placement", [PrefillPlacement.BESIDE, PrefillPlacement.BESIDE_PRIORITY])
+def test_passes_beside_decode_steps_give_nearly_the_tokens_of_passes_in_the_step(placement):
+    """Passes on their own stream beside the decode steps (``BESIDE``; the decode steps on a stream of higher
+    priority with ``BESIDE_PRIORITY``) group other chunks, and the decode steps other rows (their GEMMs see other row
     counts), so bf16 near-ties may break the other way: at least 15/16 first tokens and 12/16 whole requests equal;
     every row checked in the resident arm, and some decode steps ran while a pass was in flight."""
-    for firsts, same, st in _against_passes_in_the_step(async_prefill=True, decode_priority=priority).values():
+    for firsts, same, st in _against_passes_in_the_step(prefill=placement).values():
         print(f"decode steps beside a pass: {st.decode_beside_pass} of {st.decode_steps}")
         assert st.decode_beside_pass > 0 and st.mixed_steps == 0 and st.mismatches == 0
         assert firsts >= 15 and same >= 12

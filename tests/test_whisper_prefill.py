@@ -161,13 +161,13 @@ def test_a_replayed_whisper_bucket_pass_equals_the_eager_pass_on_cuda():
 def test_a_whisper_engine_on_cuda_prefill_graphs_gives_the_eager_engines_tokens():
     """whisper-tiny in bf16: prompts chunked by a token budget of 24, served from captured token-bucket passes (8 ...
     64 tokens) and eagerly; both arms' greedy tokens equal."""
-    from models.engine import EngineConfig
+    from models.engine import EngineConfig, PrefillPlacement
     from models.engine.compare import random_requests, run_arms
 
     adapter = _tiny_on_cuda()
     reqs = random_requests(adapter, 12, prompt_len=(4, 40), gen_len=(3, 10), seed=9)
-    cfg = EngineConfig(device="cuda", dtype="bfloat16", max_running=4, page_size=16, max_seq_len=128, token_budget=24,
-                       async_prefill=False)  # both batch alike: passes in the step
+    cfg = EngineConfig(device="cuda", dtype=torch.bfloat16, max_running=4, page_size=16, max_seq_len=128,
+                       token_budget=24, prefill=PrefillPlacement.IN_STEP)  # both batch alike: passes in the step
     eager = run_arms(adapter, cfg, reqs)
     graphed = run_arms(adapter, attrs.evolve(cfg, prefill_graphs=4, prefill_graph_tokens=64), reqs)
     for arm in eager:

@@ -1,23 +1,42 @@
 """Admission: the finite things a request holds and the host streams that say where they are. KV pages (a PagePool
 per pool, and how many each handle holds), request handles and recurrent-state slots; a step's admit as one
 transaction (its decode rows' crossing pages, then each admitted request's handle, pages and slot) rolled back whole
-when a pool refuses; and offload and reload of a request's pages under KV pressure.
+when a pool refuses; offload and reload of a request's pages under KV pressure; and the lengths a step or a pass
+adds. Admission is the only writer of the host streams.
 
-Whatever gives pages back calls ``on_give(pages)``: a pre-plan whose program names one of them is stale, else a
-retried step with the same rows would reuse it and write its token into a page the row no longer holds (the seed's
-refused-admit bug).
+Whatever gives pages back returns them: a plan made early whose program names one of them is void (else a retried
+step with the same rows would reuse it and write its token into a page the row no longer holds).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
+import attrs
 import numpy as np
 import torch
 
-from models.engine.pools import AdmitTxn, Crossing, PagePool, handle_pool, recurrent_pool
-from models.engine.scheduler import Batch, Pending, Scheduler, Status
+from models.engine.pools import AdmitRefusal, AdmitRefused, AdmitTxn, Crossing, PagePool, handle_pool, recurrent_pool
+from models.engine.scheduler import Chunk, Pending
 from resplan import HostStreams, RowLayout, SamplerCell, float_bits
+from resplan.layout import SINK_PAGE
+
+_NO_PAGES = np.zeros(0, np.int32)
+_NO_PAGES.flags.writeable = False
+
+Saved = dict[str, tuple[int, list[torch.Tensor]]]  # an offloaded request's pages: pool -> (count, per-layer copies)
+
+
+@attrs.frozen(eq=False)
+class Admitted:
+    """A step's admit: the handles of the requests it admitted, in order; or, when a pool refused (``refused``),
+    none, with how many requests ahead of the refused one it had admitted before it rolled everything back, and the
+    pages the rollback gave back."""
+
+    handles: tuple[int, ...]
+    refused: AdmitRefusal | None = None
+    ahead: int = 0
+    given: np.ndarray = _NO_PAGES  # [k] int32
 
 
 class Admission:
@@ -27,7 +46,6 @@ class Admission:
         page_counts: dict[str, int],
         capacity: int,
         rec_slots: int | None,  # None: the model keeps no recurrent state
-        scheduler: Scheduler,
         kv_caches: Callable[[str], tuple[torch.Tensor, ...]],  # a pool's caches, one a layer (offload copies)
         device: torch.device,
     ) -> None:
@@ -35,17 +53,23 @@ class Admission:
         self.page_size = layout.pools[0].page_size
         self.page_pools = {k: PagePool(k, n, self.page_size) for k, n in page_counts.items()}
         self.append_keys = tuple(p.key for p in layout.append_pools)
+        self.read_keys = tuple(p.key for p in layout.read_pools)
         self.streams = HostStreams.zeros(layout, capacity)
         self.n_pages = {k: np.zeros(capacity, np.int64) for k in self.page_pools}  # pages each handle holds
         self.handles = handle_pool(capacity)
         self.rec = recurrent_pool(rec_slots) if rec_slots is not None else None
-        self.scheduler = scheduler
+        self.saved: dict[int, Saved] = {}  # offloaded handles' page copies
         self.kv_caches = kv_caches
         self.device = device
-        self.on_give: Callable[[np.ndarray], None] | None = None
 
     def free(self) -> dict[str, int]:
         return {k: p.free for k, p in self.page_pools.items()}
+
+    def pages_needed(self, prompt_len: int, context: dict[str, int]) -> tuple[tuple[str, int], ...]:
+        """Pages a request takes at admission, by pool: its whole prompt in each APPEND pool, its context (tokens by
+        READ pool) in each READ pool."""
+        return tuple((k, int(p.pages_for(prompt_len if k in self.append_keys else context[k])))
+                     for k, p in self.page_pools.items())  # fmt: skip
 
     # -- a step's admit transaction ------------------------------------------------------------------------------
     def crossing_need(self, rows: np.ndarray) -> dict[str, int]:
@@ -75,16 +99,25 @@ class Admission:
             held[h] += 1
             txn.crossings.append(Crossing(k, h, c, pages))
 
-    def take_handle(self, txn: AdmitTxn) -> int:
-        """A handle for the next admitted request (AdmitRefused when none is free), recorded in the transaction."""
-        h = self.handles.take()
-        txn.admitted.append(h)
-        return h
+    def admit(self, rows: np.ndarray, admits: Sequence[tuple[Pending, int]], txn: AdmitTxn) -> Admitted:
+        """The step's admit as one transaction: the decode rows' crossing pages, then for each admitted request a
+        handle, its prompt's (and context's) pages and a recurrent slot. When a pool refuses, everything the
+        transaction took (``txn``'s crossings taken early included) is given back."""
+        ahead = 0
+        try:
+            self.take_crossings(rows, txn)
+            for pend, _ in admits:
+                h = self.handles.take()
+                txn.admitted.append(h)
+                self._take(h, pend)
+                ahead += 1
+        except AdmitRefused as e:
+            return Admitted((), e.reason, ahead, self._rollback(txn))
+        return Admitted(tuple(txn.admitted))
 
-    def admit(self, h: int, pend: Pending) -> None:
-        """Handle h's prompt (and context) pages and recurrent slot, each of which may refuse (AdmitRefused; the
-        transaction's rollback gives back what was taken). Its streams start empty, its sampler cells hold the
-        request's."""
+    def _take(self, h: int, pend: Pending) -> None:
+        """Handle h's prompt (and context) pages and recurrent slot, each of which may refuse (AdmitRefused). Its
+        streams start empty, its sampler cells hold the request's."""
         st = self.streams
         for k, n in pend.pages:
             pages = self.page_pools[k].take(n)
@@ -102,86 +135,91 @@ class Admission:
         st.sampler[h, SamplerCell.TOP_K] = sp.top_k
         st.sampler[h, SamplerCell.SEED] = sp.seed
 
-    def rollback(self, txn: AdmitTxn) -> list[int]:
-        """Give back everything a refused admit took, newest first; returns the handles it had taken, newest first
-        (the caller puts their requests back at the queue's head in that order)."""
-        undone = []
+    def _rollback(self, txn: AdmitTxn) -> np.ndarray:
+        """Give back everything a refused admit took, newest first; returns the pages given back."""
+        given = []
         for h in reversed(txn.admitted):
-            self.free_pages(h)
+            given.append(self._free_pages(h))
             if self.rec is not None and self.streams.recurrent_slot[h]:
                 self.rec.give(int(self.streams.recurrent_slot[h]))
                 self.streams.recurrent_slot[h] = 0
             self.handles.give(h)
-            undone.append(h)
         for c in reversed(txn.crossings):
             s, held = self.streams.kv[c.pool], self.n_pages[c.pool]
             still = (s.pages[c.handles, c.cols] == c.pages) & (held[c.handles] == c.cols + 1)  # not offloaded since
             h = c.handles[still]
-            s.pages[h, c.cols[still]] = 0
+            s.pages[h, c.cols[still]] = SINK_PAGE
             held[h] -= 1
-            self._give_pages(c.pool, c.pages[still])
-        return undone
+            self.page_pools[c.pool].give(c.pages[still])
+            given.append(c.pages[still])
+        return np.concatenate(given) if given else _NO_PAGES
 
-    def _give_pages(self, key: str, pages: np.ndarray) -> None:
-        self.page_pools[key].give(pages)
-        if self.on_give is not None and pages.size:
-            self.on_give(pages)
-
-    def free_pages(self, h: int) -> None:
-        """Every page of handle h goes back to its pool; its streams keep their lengths."""
+    def _free_pages(self, h: int) -> np.ndarray:
+        """Every page of handle h goes back to its pool; its streams keep their lengths. Returns the pages."""
+        given = []
         for k, held in self.n_pages.items():
             s = self.streams.kv[k]
-            self._give_pages(k, s.pages[h, : held[h]].copy())
-            s.pages[h] = 0
+            pages = s.pages[h, : held[h]].copy()
+            self.page_pools[k].give(pages)
+            given.append(pages)
+            s.pages[h] = SINK_PAGE
             held[h] = 0
             s.epoch[h] += 1
+        return np.concatenate(given)
 
-    def release(self, h: int) -> None:
-        """Handle h's request ended: its pages, recurrent slot and handle come back, its streams empty."""
-        self.free_pages(h)
+    # -- lengths -------------------------------------------------------------------------------------------------
+    def advance(self, rows: np.ndarray) -> None:
+        """The rows ran a decode token: their APPEND lengths +1, the rule the resident graph's commit follows."""
+        for k in self.append_keys:
+            self.streams.kv[k].lengths[rows] += 1
+
+    def prefilled(self, chunks: Sequence[Chunk], contexts: Sequence[dict[str, int]]) -> None:
+        """A pass was launched over ``chunks``: each chunk's APPEND lengths cover what it ran, and a request's first
+        chunk, which encoded its context, sets its READ lengths (``contexts[i]``: chunk i's tokens by READ pool)."""
+        st = self.streams
+        for chunk, ctx in zip(chunks, contexts, strict=True):
+            h = chunk.handle
+            if chunk.start == 0:
+                for k in self.read_keys:
+                    st.kv[k].lengths[h] = ctx[k]
+                    st.kv[k].epoch[h] += 1
+            for k in self.append_keys:
+                st.kv[k].lengths[h] = chunk.start + chunk.n
+                st.kv[k].epoch[h] += 1
+
+    # -- a request leaves --------------------------------------------------------------------------------------------
+    def release(self, h: int) -> np.ndarray:
+        """Handle h's request ended: its pages (or their host copies), recurrent slot and handle come back, its streams
+        empty. Returns the pages given back."""
+        given = self._free_pages(h)
+        self.saved.pop(h, None)
         for s in self.streams.kv.values():
             s.lengths[h] = 0
         if self.rec is not None:
             self.rec.give(int(self.streams.recurrent_slot[h]))
             self.streams.recurrent_slot[h] = 0
         self.handles.give(h)
+        return given
 
     # -- KV pressure ---------------------------------------------------------------------------------------------
-    def victim(self, batch: Batch) -> int | None:
-        """The request to offload so the decode rows' crossings find pages, or None when they fit: the least recently
-        run request outside the step, else the least recently run of its rows."""
-        if self.crossings_fit(batch.rows):
-            return None
-        sch = self.scheduler
-        in_step = np.concatenate([batch.rows, np.array([c.handle for c in batch.chunks], np.int64)])
-        victims = sch.victims(in_step)
-        if victims.size == 0:  # only this step's rows hold pages: the least recently run of them goes
-            r = batch.rows
-            victims = r[np.lexsort((sch.arrival[r], sch.last_run[r]))]
-        return int(victims[0])
-
-    def offload(self, h: int) -> dict[str, tuple[int, list[torch.Tensor]]]:
-        """Copy handle h's KV pages to the host and give them back; returns the copies, by pool."""
+    def offload(self, h: int) -> np.ndarray:
+        """Copy handle h's KV pages to the host and give them back; returns the pages given back."""
         saved = {}
         for k, held in self.n_pages.items():
             n = int(held[h])
             idx = torch.from_numpy(self.streams.kv[k].pages[h, :n].astype(np.int64)).to(self.device)
             saved[k] = (n, [c[idx].to("cpu", copy=True) for c in self.kv_caches(k)])
-        self.free_pages(h)
-        return saved
+        self.saved[h] = saved
+        return self._free_pages(h)
 
-    def reload_fits(self, saved: dict[str, tuple[int, list[torch.Tensor]]]) -> bool:
-        """Whether an offloaded request's pages fit beside a watermark: a page for each decoding request's next
-        crossing (none when nothing else is resident)."""
-        sch = self.scheduler
-        resident = np.count_nonzero((sch.status == Status.DECODING) | (sch.status == Status.PREFILLING))
-        watermark = np.count_nonzero(sch.status == Status.DECODING) if resident else 0
+    def reload_fits(self, h: int, watermark: int) -> bool:
+        """Whether offloaded handle h's pages fit with ``watermark`` pages left free in each APPEND pool."""
         return all(n + (watermark if k in self.append_keys else 0) <= self.page_pools[k].free
-                   for k, (n, _) in saved.items())  # fmt: skip
+                   for k, (n, _) in self.saved[h].items())  # fmt: skip
 
-    def reload(self, h: int, saved: dict[str, tuple[int, list[torch.Tensor]]]) -> None:
+    def reload(self, h: int) -> None:
         """Handle h's pages back from the host copies, on new pages."""
-        for k, (n, copies) in saved.items():
+        for k, (n, copies) in self.saved.pop(h).items():
             pages = self.page_pools[k].take(n)
             self.streams.kv[k].pages[h, :n] = pages
             self.streams.kv[k].epoch[h] += 1

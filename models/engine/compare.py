@@ -16,8 +16,9 @@ import numpy as np
 import torch
 
 from models.engine.adapters import Adapter
-from models.engine.driver import Engine, EngineConfig, Planning
-from models.engine.requests import InvalidRequest, Request, Result, SamplingParams
+from models.engine.config import EngineConfig, Planning
+from models.engine.driver import Engine
+from models.engine.requests import InvalidRequest, Request, Result, SamplingParams, StepOutput
 from resplan import StreamMode
 
 
@@ -72,12 +73,13 @@ def run_arms(
     config: EngineConfig,
     requests: Sequence[Request],
     arms: Sequence[Planning] = (Planning.RESIDENT, Planning.HOST),
-    on_step: Callable[[Engine], None] | None = None,
-    make_on_step: Callable[[Planning, Engine], Callable[[Engine], None] | None] | None = None,
+    on_step: Callable[[StepOutput], None] | None = None,
+    make_on_step: Callable[[Planning, Engine], Callable[[StepOutput], None] | None] | None = None,
     per_arm: dict[Planning, dict] | None = None,
 ) -> dict[Planning, ArmRun]:
     """Serve ``requests`` in one fresh engine per arm (``config`` with its planning set to the arm, and the arm's
-    ``per_arm`` fields, e.g. ``{Planning.RESIDENT: dict(overlap=True)}``)."""
+    ``per_arm`` fields, e.g. ``{Planning.RESIDENT: dict(overlap=True)}``); ``on_step`` (or what ``make_on_step(arm,
+    engine)`` returns) is called with every step's output."""
     out = {}
     for arm in arms:
         engine = Engine(adapter, attrs.evolve(config, planning=arm, **(per_arm or {}).get(arm, {})))

@@ -1,11 +1,13 @@
 """A decode step's device side, built once: each bucket's decode attention, its capture plan (``resplan.BucketPlan``,
-from the streams the adapter's decode walk declares), and its captured graphs keyed by ``(capture plan, greedy)``."""
+from the streams the adapter's decode walk declares), and its captured graphs keyed by ``(capture plan, greedy)``
+(``DecodeGraphs``); and the CUDA streams an engine's graphs and passes run on (``engine_streams``)."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
 
+import attrs
 import numpy as np
 import torch
 
@@ -15,7 +17,16 @@ from models.engine.launcher import Launcher
 from models.engine.sampler import Sampler
 from models.layers.decode_attention import Backend
 from models.layers.flashinfer_attention import Workspaces, make_decode_attention
-from resplan import BucketPlan, CaptureError, Executor, Graph, ResidentStream, RowLayout, capture_streams
+from resplan import (
+    BucketPlan,
+    CaptureError,
+    Executor,
+    Graph,
+    ResidentStream,
+    RowLayout,
+    capture_streams,
+    distinct_streams,
+)
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +42,6 @@ def make_attention(backend: Backend, adapter: Adapter, layout: RowLayout, bucket
     fa2 bucket the same one."""
     if backend is Backend.TORCH:
         return {b: None for b in buckets}
-    if device.type != "cuda" and backend is not Backend.TRITON:
-        raise ValueError(f"attention {backend.value} runs on CUDA only; use Backend.TORCH on {device}")
     if layout.read_pools or len(layout.append_pools) != 1:
         raise ValueError(f"{adapter.name}: GPU attention backends serve one appended pool, no read pools")
     hq, hk, d, scale = adapter.attention_dims()
@@ -111,3 +120,59 @@ def capture_graphs(plans: dict[int, BucketPlan], attn: dict[int, object | None],
             if resident:
                 res[key, greedy] = Graph(make_fn(b, greedy, True), device, pool, stream=stream)
     return host, (res if resident else host)
+
+
+@attrs.frozen(eq=False)
+class DecodeGraphs:
+    """Every bucket's attention, capture plan and captured graphs. ``resident``: the decode graphs gather and commit
+    the store's rows (resident planning asked for, and no resource refused it; else ``refusal`` says why not)."""
+
+    attn: dict[int, object | None]
+    plans: dict[int, BucketPlan]
+    refusal: CaptureError | None
+    resident: bool
+    host_graphs: dict[GraphKey, Graph]  # read host-filled buffers: mixed steps, and the host arm's decode steps
+    decode_graphs: dict[GraphKey, Graph]  # a decode step's (resident: the resident graphs; else host_graphs)
+
+    def decode(self, b: int, greedy: bool) -> Graph:
+        """Bucket b's decode step graph (``greedy``: every row greedy, argmax instead of the sampler)."""
+        return self.decode_graphs[self.plans[b], greedy]
+
+    def host(self, b: int, greedy: bool) -> Graph:
+        """Bucket b's graph over buffers the host filled (a mixed step's decode rows)."""
+        return self.host_graphs[self.plans[b], greedy]
+
+
+def build_graphs(adapter: Adapter, model_state, layout: RowLayout, buckets: tuple[int, ...], backend: Backend,
+                 resident: bool, executor: Executor, launcher: Launcher, sampler: Sampler, kc: KernelChoices,
+                 device_ids: bool, dtype: torch.dtype, page_size: int, workspaces: Workspaces,
+                 stream: torch.cuda.Stream | None) -> DecodeGraphs:  # fmt: skip
+    """The attention, capture plans and graphs of every bucket (``resident``: resident planning asked for;
+    ``device_ids``: the host-planned graphs take their input ids from the device, as under overlap)."""
+    device = executor.device
+    attn = make_attention(backend, adapter, layout, buckets, page_size, device, dtype, kc, workspaces)
+    refusal, plans = capture_plans(adapter, layout, buckets, attn, resident)
+    resident = resident and refusal is None
+
+    def make_fn(b: int, greedy: bool, res: bool) -> Callable[[], None]:
+        return step_fn(adapter, model_state, executor, launcher, sampler, attn[b], kc, b, greedy, res,
+                       device_ids=res or device_ids)  # fmt: skip
+
+    W = layout.span(layout.append_pools[0].key).width
+    host, decode = capture_graphs(plans, attn, W, device, make_fn, resident, stream)
+    return DecodeGraphs(attn, plans, refusal, resident, host, decode)
+
+
+def engine_streams(device: torch.device) -> tuple[torch.cuda.Stream | None, ...]:
+    """An engine's CUDA streams, pairwise distinct (torch's pool hands out 32 in turn; graphs or GEMMs that may run
+    at once must not share a cuBLAS workspace, resplan.Graph): the decode graphs' and the passes' capture streams,
+    and the stream passes beside the decode steps run on. All None on a CPU."""
+    return distinct_streams(device, 3) if device.type == "cuda" else (None, None, None)
+
+
+def priority_stream(device: torch.device, priority: int) -> torch.cuda.Stream:
+    """A stream of ``priority`` that an engine's steps run on, after everything queued so far on the caller's (its
+    build)."""
+    stream = torch.cuda.Stream(device, priority=priority)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    return stream

@@ -15,6 +15,7 @@ import attrs
 import numpy as np
 import torch
 
+from models.engine.stats import Counts
 from resplan import Graph
 from resplan.pinned import PinnedRing, host_zeros
 
@@ -31,8 +32,8 @@ class InFlight:
 
 
 @attrs.frozen(slots=True)
-class Launched:
-    """What a launch did (counted in the stats). A host-planned step's launch counts only its rows."""
+class Launched(Counts):
+    """What a launch did. A host-planned step's launch counts only its rows."""
 
     rows_decoded: int
     padded_rows: int
@@ -43,11 +44,11 @@ class Launched:
 
 
 @attrs.frozen(slots=True)
-class Landed:
-    """What landing a step did: its sampled tokens ([n] int64, the launch's row order) and, for a decode step, the
-    wait and its graph's GPU time (with timing on)."""
+class Landed(Counts):
+    """What landing a step did: the rows it dropped, and for a decode step the wait for its tokens and its graph's
+    GPU time (with timing on)."""
 
-    sampled: np.ndarray
+    discarded: int = 0
     wait_ns: int = 0
     gpu_ms: float = 0.0
 
@@ -93,6 +94,16 @@ class Launcher:
         self._last_rows = np.zeros(0, np.int64)  # the rows of the step that wrote tokens_all
         self._arange = np.arange(B, dtype=np.int64)
         self.inflight: InFlight | None = None  # the step launched and not landed (overlap)
+
+    def hold(self, f: InFlight) -> InFlight | None:
+        """Keep ``f`` in flight (overlap); returns the step that was in flight before it, to be landed now."""
+        prev, self.inflight = self.inflight, f
+        return prev
+
+    def take_inflight(self) -> InFlight | None:
+        """The step in flight, if any, which the caller lands now."""
+        f, self.inflight = self.inflight, None
+        return f
 
     def forget(self, h: int | np.ndarray) -> None:
         """Handle(s) h serve a new request, or none, or took their last token outside a graph: their next id is the
@@ -154,13 +165,20 @@ class Launcher:
         self.idsrc[b].copy_(io.idsrc[b], non_blocking=True)
         return 1
 
-    def land(self, f: InFlight) -> Landed:
-        """Wait for a launched step's tokens."""
+    def land(self, f: InFlight, serial: np.ndarray) -> tuple[np.ndarray, np.ndarray, Landed]:
+        """Wait for a launched step's tokens: its rows and their tokens ([k] int64 each, the launch's row order),
+        without the rows whose admission serial (``serial``, [H] by handle) changed since the launch (their request
+        finished meanwhile), and what landing did."""
         t0 = time.perf_counter_ns()
         self._ring.wait(f.parity)
         tokens = self._ring.entries[f.parity].tokens_np[: f.rows.size].copy()
-        if not f.decode:
-            return Landed(tokens)
         wait_ns = time.perf_counter_ns() - t0
+        rows, keep = f.rows, serial[f.rows] == f.serial
+        dropped = 0
+        if not keep.all():
+            dropped = int(np.count_nonzero(~keep))
+            rows, tokens = rows[keep], tokens[keep]
+        if not f.decode:
+            return rows, tokens, Landed(dropped)
         timer = self._timers[f.parity] if self.timing else None
-        return Landed(tokens, wait_ns, timer[0].elapsed_time(timer[1]) if timer is not None else 0.0)
+        return rows, tokens, Landed(dropped, wait_ns, timer[0].elapsed_time(timer[1]) if timer is not None else 0.0)

@@ -1,24 +1,31 @@
-"""The two planning arms of a decode step, behind one protocol (``DecodeArm``).
+"""The two planning arms of a decode step, with one interface: ``prepare`` a step (given what was prepared early, or
+None), ``prepare_early`` the next one, ``ran``, ``prefilled``, ``release``.
 
 ``ResidentArm``: rows live in the device store; a step is planned by ``resplan.plan``, its program flushed, and its
 graph gathers the rows and commits their lengths. ``HostArm``: the baseline; a step's buffers are rebuilt from the
 host streams (``HostFill``, one H2D) every step. Both build a host schedule for an attention that is not host-plan-free
-(fa2), and both can prepare the next step early, while the device runs this one: the resident arm's ``PrePlan``, the
+(fa2), and both can prepare the next step early, while the device runs this one: the resident arm's ``EarlyPlan``, the
 host arm's ``EarlyFill`` under overlap (what engines with asynchronous scheduling run). What an arm prepared early is a
 value the engine passes back to ``prepare``; the arm uses it only while it is still what the step would make.
+
+``EarlyStep`` is the next step prepared early, as the driver holds it: its decode rows' crossing pages (an admit
+transaction the step's admit continues) and the arm's early preparation; pages given back meanwhile that the
+preparation names void it.
 """
 
 from __future__ import annotations
 
-import enum
 import itertools
 import time
-from typing import Protocol
 
 import attrs
 import numpy as np
 
+from models.engine.admission import Admission
 from models.engine.host_arm import HostFill
+from models.engine.pools import AdmitTxn
+from models.engine.scheduler import Batch
+from models.engine.stats import Counts
 from resplan import (
     BucketPlan,
     Executor,
@@ -31,26 +38,19 @@ from resplan import (
     build_planner,
     commit,
     mark_stale,
-    offload,
     plan,
     release,
     row_check,
 )
 
 
-class Planning(enum.Enum):
-    RESIDENT = "resident"  # decode steps planned through resplan: rows live in the device store
-    HOST = "host"  # every decode step's buffers rebuilt from the streams on the host
-
-
 @attrs.frozen(slots=True)
-class Prepared:
-    """What preparing a decode step did (counted in the stats); ``seq`` is the step's."""
+class Prepared(Counts):
+    """What preparing a decode step did."""
 
-    seq: int
-    plan_ns: int  # plan + flush (resident) or fill + copy (host), wherever it ran
+    plan_ns: int = 0  # plan + flush (resident) or fill + copy (host), wherever it ran
     attn_schedule_ns: int = 0
-    preplan_hits: int = 0
+    early_hits: int = 0
     rows_whole: int = 0
     new_rows: int = 0
     crossings: int = 0
@@ -61,18 +61,17 @@ class Prepared:
 
 
 @attrs.frozen(slots=True)
-class Checked:
+class Checked(Counts):
     """A row check of the rows a resident step read (``EngineConfig.row_check``)."""
 
-    row_checks: int
-    mismatches: int
-    first: list[Mismatch]  # the first few
+    row_checks: int = 0
+    mismatches: int = 0
 
 
 @attrs.frozen(eq=False)
-class PrePlan:
+class EarlyPlan:
     """The next resident decode step, planned early. Valid while rows, bucket and planner state are what it was made
-    for."""
+    for, and while no page its program names was given back."""
 
     key: bytes  # rows.tobytes()
     bucket: int
@@ -81,6 +80,12 @@ class PrePlan:
     program: FlushProgram
     seq: int
     plan_ns: int
+
+    def names(self, pages: np.ndarray) -> bool:
+        """Whether the program names one of ``pages`` (its cells are crossing pages and whole-row runs; a narrow cell
+        that happens to equal a page id only costs a re-plan)."""
+        return bool(pages.size) and bool(np.isin(pages, np.concatenate([self.program.staged_val,
+                                                                         self.program.run_cells])).any())
 
 
 @attrs.frozen(eq=False)
@@ -95,11 +100,50 @@ class EarlyFill:
     seq: int
     filled: Prepared
 
+    def names(self, pages: np.ndarray) -> bool:
+        return False  # an early fill checks its rows' streams where it is used (HostArm.prepare)
 
-Early = PrePlan | EarlyFill
+
+Early = EarlyPlan | EarlyFill
 
 
-class HostTables:
+@attrs.define(eq=False)
+class EarlyStep:
+    """The next step as prepared early: its decode rows' crossing pages (``txn``, which the step's admit continues)
+    and the arm's preparation (``early``). Each is taken once."""
+
+    txn: AdmitTxn | None = None
+    early: Early | None = None
+
+    @classmethod
+    def prepare(cls, batch: Batch, admission: Admission, arm: ResidentArm | HostArm, plan: bool) -> EarlyStep:
+        """Prepare ``batch`` (the next step as composed now): take its decode rows' crossing pages and (``plan``) let
+        the arm prepare it early. Nothing when it has no decode rows or their crossings do not fit (the step itself
+        then offloads)."""
+        rows = batch.rows
+        if rows.size == 0 or not admission.crossings_fit(rows):
+            return cls()
+        txn = AdmitTxn()
+        admission.take_crossings(rows, txn)
+        return cls(txn, arm.prepare_early(rows, batch.bucket) if plan else None)
+
+    def take_txn(self) -> AdmitTxn:
+        txn, self.txn = self.txn or AdmitTxn(), None
+        return txn
+
+    def take_early(self) -> Early | None:
+        early, self.early = self.early, None
+        return early
+
+    def given_back(self, pages: np.ndarray) -> bool:
+        """Pages went back to a pool: the early preparation is void if it names one. Returns whether it was dropped."""
+        if self.early is None or not self.early.names(pages):
+            return False
+        self.early = None
+        return True
+
+
+class HostFills:
     """Each bucket's host fill, and its attention's host schedule where the bucket is not host-plan-free (fa2 builds
     it on the host from the block table and lengths the fill built)."""
 
@@ -110,14 +154,14 @@ class HostTables:
         self.attn = attn
         self.key = layout.append_pools[0].key if layout.append_pools else None  # the attention's pool
 
-    def fill(self, streams: HostStreams, rows: np.ndarray, b: int, seq: int) -> Prepared:
+    def fill(self, streams: HostStreams, rows: np.ndarray, b: int) -> Prepared:
         """Fill bucket b's buffers for ``rows`` (one H2D) and schedule its attention."""
         t0 = time.perf_counter_ns()
         self.fills[b].fill(streams, rows)
         t1 = time.perf_counter_ns()
         self._schedule(b)
         t2 = time.perf_counter_ns()
-        return Prepared(seq, t1 - t0, t2 - t1, h2d_copies=1, h2d_bytes=self.fills[b].nbytes)
+        return Prepared(t1 - t0, t2 - t1, h2d_copies=1, h2d_bytes=self.fills[b].nbytes)
 
     def schedule(self, streams: HostStreams, rows: np.ndarray, b: int) -> int:
         """A resident step keeps its tables on the device; an attention that is not host-plan-free still wants host
@@ -135,47 +179,26 @@ class HostTables:
             self.attn[b].schedule(bt, sl)
 
 
-class DecodeArm(Protocol):
-    """How decode steps are planned. The engine calls, per decode step: ``prepare`` (with what ``prepare_early``
-    returned, or None), the launch, then ``ran``; and ``prefilled`` after a host-planned step, ``offload`` and
-    ``release`` when a request leaves the device."""
-
-    device_ids: bool  # its decode graphs take their input ids from the device
-
-    def prepare(self, rows: np.ndarray, b: int, early: Early | None) -> Prepared: ...
-
-    def prepare_early(self, rows: np.ndarray, b: int) -> Early | None: ...
-
-    def ran(self, rows: np.ndarray, b: int, seq: int) -> Checked | None: ...
-
-    def prefilled(self, touched: np.ndarray, seq: int) -> None: ...
-
-    def offload(self, h: int) -> None: ...
-
-    def release(self, h: int) -> None: ...
-
-    def names(self, early: Early, pages: np.ndarray) -> bool: ...
-
-
 class ResidentArm:
     """Decode rows kept in the device store, planned by resplan's pure planner; owns the planner state."""
 
-    device_ids = True
+    device_ids = True  # its decode graphs take their input ids from the device
 
     def __init__(self, layout: RowLayout, plans: dict[int, BucketPlan], capacity: int, executor: Executor,
-                 tables: HostTables, streams: HostStreams, seqs: itertools.count,
+                 fills: HostFills, streams: HostStreams, seqs: itertools.count,
                  check_rows: bool) -> None:  # fmt: skip
         self.state: PlannerState = build_planner(layout, list(plans.values()), capacity)
         self.executor = executor
-        self.tables = tables
+        self.fills = fills
         self.streams = streams
         self.seqs = seqs
         self.check_rows = check_rows
 
-    def prepare(self, rows: np.ndarray, b: int, early: Early | None) -> Prepared:
-        """Plan the step (or take the pre-plan made for these rows from this state) and flush its program."""
+    def prepare(self, rows: np.ndarray, b: int, early: Early | None) -> tuple[int, Prepared]:
+        """Plan the step (or take the plan made early for these rows from this state) and flush its program.
+        Returns the step's seq and what it did."""
         t0 = time.perf_counter_ns()
-        hit = (isinstance(early, PrePlan) and early.bucket == b and early.base is self.state
+        hit = (isinstance(early, EarlyPlan) and early.bucket == b and early.base is self.state
                and early.key == rows.tobytes())  # fmt: skip
         if hit:
             state, program, seq = early.state, early.program, early.seq
@@ -186,49 +209,43 @@ class ResidentArm:
         self.state = state
         self.executor.flush(program)
         plan_ns = time.perf_counter_ns() - t0
-        attn_ns = self.tables.schedule(self.streams, rows, b)
-        return Prepared(seq, plan_ns, attn_ns, int(hit), program.rows_whole, program.new_rows, program.crossings,
-                        program.displaced.size, program.h2d_copies, program.h2d_bytes, int(program.empty))  # fmt: skip
+        attn_ns = self.fills.schedule(self.streams, rows, b)
+        return seq, Prepared(plan_ns, attn_ns, int(hit), program.rows_whole, program.new_rows, program.crossings,
+                             program.displaced.size, program.h2d_copies, program.h2d_bytes,
+                             int(program.empty))  # fmt: skip
 
-    def prepare_early(self, rows: np.ndarray, b: int) -> PrePlan:
+    def prepare_early(self, rows: np.ndarray, b: int) -> EarlyPlan:
         seq = next(self.seqs)
         t0 = time.perf_counter_ns()
         state, program = plan(self.state, Step(rows, b, seq), self.streams)
-        return PrePlan(rows.tobytes(), b, self.state, state, program, seq, time.perf_counter_ns() - t0)
+        return EarlyPlan(rows.tobytes(), b, self.state, state, program, seq, time.perf_counter_ns() - t0)
 
-    def ran(self, rows: np.ndarray, b: int, seq: int) -> Checked | None:
-        """The step was launched: commit its seq, and check the rows it read when asked to."""
+    def ran(self, rows: np.ndarray, b: int, seq: int) -> tuple[Checked, list[Mismatch]] | None:
+        """The step was launched: commit its seq, and check the rows it read when asked to (the check and its
+        first mismatches)."""
         self.state = commit(self.state, seq)
         if not self.check_rows:
             return None
         bad = row_check(self.executor.store_numpy(), self.state, rows, self.streams, self.executor.buffers[b])
-        return Checked(1, len(bad), bad[:10])
+        return Checked(1, len(bad)), bad[:10]
 
     def prefilled(self, touched: np.ndarray, seq: int) -> None:
-        """A host-planned step wrote ``touched``'s rows outside the store: they are stale."""
+        """A step outside the store (a prefill pass, a mixed step's host fill) wrote ``touched``'s rows: they are
+        stale."""
         self.state = commit(mark_stale(self.state, touched), seq)
 
-    def offload(self, h: int) -> None:
-        self.state = offload(self.state, h)
-
     def release(self, h: int) -> None:
+        """Handle h's request left the device (finished, aborted or offloaded): its slot cools, then is free."""
         self.state = release(self.state, h)
-
-    def names(self, early: Early, pages: np.ndarray) -> bool:
-        """Pages went back to a pool: a pre-plan whose program names one of them is stale. (Its cells are crossing
-        pages and whole-row runs; a narrow cell that happens to equal a page id only costs a re-plan.)"""
-        if not isinstance(early, PrePlan) or pages.size == 0:
-            return False
-        return bool(np.isin(pages, np.concatenate([early.program.staged_val, early.program.run_cells])).any())
 
 
 class HostArm:
     """Every decode step's buffers rebuilt from the host streams. Under overlap its graphs take their input ids from
     the device and it fills the next step early (``EarlyFill``)."""
 
-    def __init__(self, tables: HostTables, streams: HostStreams, n_pages: dict[str, np.ndarray],
+    def __init__(self, fills: HostFills, streams: HostStreams, n_pages: dict[str, np.ndarray],
                  append_keys: tuple[str, ...], seqs: itertools.count, overlap: bool) -> None:  # fmt: skip
-        self.tables = tables
+        self.fills = fills
         self.streams = streams
         self.n_pages = n_pages  # pages each handle holds, by pool (admission's)
         self.append_keys = append_keys
@@ -244,18 +261,18 @@ class HostArm:
             parts += [s.lengths[rows], held, s.pages[rows, np.maximum(held - 1, 0)]]
         return np.concatenate(parts)
 
-    def prepare(self, rows: np.ndarray, b: int, early: Early | None) -> Prepared:
+    def prepare(self, rows: np.ndarray, b: int, early: Early | None) -> tuple[int, Prepared]:
         """Fill the step's buffers, or take the early fill made for these rows while they still read the same."""
         if (isinstance(early, EarlyFill) and early.bucket == b and early.key == rows.tobytes()
                 and np.array_equal(early.seen, self.seen(rows))):  # fmt: skip
-            return attrs.evolve(early.filled, preplan_hits=1)  # filled, copied and scheduled while the step before ran
-        return self.tables.fill(self.streams, rows, b, next(self.seqs))
+            return early.seq, attrs.evolve(early.filled, early_hits=1)  # filled while the step before ran
+        return next(self.seqs), self.fills.fill(self.streams, rows, b)
 
     def prepare_early(self, rows: np.ndarray, b: int) -> EarlyFill | None:
         if not self.device_ids:  # the buffers a launch reads its ids from are the host's: nothing runs meanwhile
             return None
         seq = next(self.seqs)
-        return EarlyFill(rows.tobytes(), b, self.seen(rows), seq, self.tables.fill(self.streams, rows, b, seq))
+        return EarlyFill(rows.tobytes(), b, self.seen(rows), seq, self.fills.fill(self.streams, rows, b))
 
     def ran(self, rows: np.ndarray, b: int, seq: int) -> None:
         return None
@@ -263,11 +280,16 @@ class HostArm:
     def prefilled(self, touched: np.ndarray, seq: int) -> None:
         return None
 
-    def offload(self, h: int) -> None:
-        return None
-
     def release(self, h: int) -> None:
         return None
 
-    def names(self, early: Early, pages: np.ndarray) -> bool:
-        return False  # an early fill checks its rows' streams where it is used
+
+def decode_arm(resident: bool, plans: dict[int, BucketPlan], executor: Executor, fills: HostFills,
+               admission: Admission, seqs: itertools.count, check_rows: bool,
+               overlap: bool) -> ResidentArm | HostArm:  # fmt: skip
+    """The engine's decode arm: resident (its rows in ``executor``'s store, planned by resplan), or host-planned; each
+    reads admission's streams and page counts, and takes its step serials from ``seqs``."""
+    layout, streams = admission.layout, admission.streams
+    if resident:
+        return ResidentArm(layout, plans, streams.capacity, executor, fills, streams, seqs, check_rows)
+    return HostArm(fills, streams, admission.n_pages, layout.append_keys, seqs, overlap)

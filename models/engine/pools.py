@@ -146,11 +146,7 @@ class Crossing:
 @attrs.define(eq=False)
 class AdmitTxn:
     """What one step's admit took, in order: crossing pages of its decode rows (some taken early, with the
-    pre-plan), then each admitted request's handle, pages and slot. A refusal gives all of it back."""
+    early plan), then each admitted request's handle, pages and slot. A refusal gives all of it back."""
 
     crossings: list[Crossing] = attrs.Factory(list)
     admitted: list[int] = attrs.Factory(list)  # handles admitted this step (their pages/slots are on the streams)
-
-    @property
-    def empty(self) -> bool:
-        return not self.crossings and not self.admitted

@@ -1,13 +1,16 @@
 """A step's prefill pass: every chunk of the step in one adapter call (eager, or replayed from a captured prefill
-graph), the first token of each chunk that ends its prompt, and the host streams' lengths after it. With the decode
-rows in the pass (``EngineConfig.decode_in_pass``), each decode row rides in it as a one-token sequence at its
-stream's end and is sampled as a decode step samples it.
+graph) and the first token of each chunk that ends its prompt. With the decode rows in the pass
+(``PrefillPlacement.IN_PASS``), each decode row rides in it as a one-token sequence at its stream's end and is sampled
+as a decode step samples it. The pass reads the host streams; the lengths it adds are admission's to write
+(``Admission.prefilled``, from the chunks and the contexts the pass encoded).
 
-``launch`` enqueues a pass and returns it in flight (``PassInFlight``): with a CUDA ``stream`` (``EngineConfig.
-async_prefill``) its work goes there, after everything queued on the caller's stream so far (pages and slots given
-back by requests whose last decode step is still running), and its first tokens come back into pinned memory behind
-an event; ``land`` waits for that event (``ready`` says whether it would wait) and makes the caller's stream wait for
-it too. ``run`` is ``land(launch(...))``."""
+``launch`` enqueues a pass and returns it in flight (``PassInFlight``): with a CUDA ``stream`` its work goes there,
+after everything queued on the caller's stream so far (pages and slots given back by requests whose last decode step
+is still running), and its first tokens come back into pinned memory behind an event; ``land`` waits for that event
+(``ready`` says whether it would wait) and makes the caller's stream wait for it too. ``run`` is
+``land(launch(...))``: a pass inside its step. Beside the decode steps (``PrefillPlacement.BESIDE``) the part holds
+the one pass in flight itself: ``launch_beside`` launches it on the passes' stream, ``land_beside`` lands it once it
+has finished (or, asked to wait, in any case)."""
 
 from __future__ import annotations
 
@@ -18,11 +21,13 @@ import attrs
 import numpy as np
 import torch
 
+from kernels.choices import DEFAULT, KernelChoices
 from models.engine.adapters import Adapter, PrefillInput
 from models.engine.prefill_graphs import PrefillGraphs
 from models.engine.requests import Request
 from models.engine.sampler import Sampler
 from models.engine.scheduler import Chunk
+from models.engine.stats import Counts
 from models.layers.flat import device_array
 from resplan import HostStreams, RowLayout
 from resplan.layout import SamplerCell
@@ -30,32 +35,41 @@ from resplan.pinned import host_zeros
 
 
 @attrs.frozen(slots=True)
-class Prefilled:
-    """What a prefill pass did: the handles whose prompts it ended and their first tokens ([m] int64 each), and its
-    counters."""
+class PassCounts(Counts):
+    """What a prefill pass cost."""
 
+    prefill_passes: int = 0
+    prefill_chunks: int = 0
+    prefill_tokens: int = 0
+    prefill_ns: int = 0  # wall time from its launch (inputs, the pass, first-token sampling) until its readback landed
+    prefill_host_ns: int = 0  # of which the host spent enqueueing them, until it waits for the first tokens
+    prefill_gpu_ms: float = 0.0  # the pass and first-token sampling on the GPU (CUDA events; with timing on), else 0
+
+
+@attrs.frozen(eq=False)
+class Prefilled:
+    """A landed pass: its chunks, the handles whose prompts it ended and their first tokens ([m] int64 each), the
+    tokens of the decode rows that rode in it, and what it cost."""
+
+    chunks: tuple[Chunk, ...]
     ended: np.ndarray
     first_tokens: np.ndarray
     decoded: np.ndarray  # [r] int64: the tokens of the decode rows that rode in the pass, in their order
-    prefill_passes: int
-    prefill_chunks: int
-    prefill_tokens: int
-    prefill_ns: int  # wall time from its launch (inputs, the pass, first-token sampling) until its readback landed
-    prefill_host_ns: int  # of which the host spent enqueueing them, until it waits for the first tokens
-    prefill_gpu_ms: float  # the pass and first-token sampling on the GPU (CUDA events; with timing on), else 0
+    counts: PassCounts
 
 
 @attrs.frozen(eq=False)
 class PassInFlight:
-    """A launched pass whose first tokens the host has not read yet: the ended prompts' handles ([m] int64), how many
+    """A launched pass whose first tokens the host has not read yet: its chunks and the contexts its first chunks
+    encoded (tokens by READ pool, for ``Admission.prefilled``), the ended prompts' handles ([m] int64), how many
     drawn tokens land in the pinned readback (m, then the decode rows'), the event recorded after it on its stream
-    (None on a CPU: the pass ran at launch), and its counters so far."""
+    (None on a CPU: the pass ran at launch), and its timings so far."""
 
+    chunks: tuple[Chunk, ...]
+    contexts: tuple[dict[str, int], ...]
     ended: np.ndarray
     n_drawn: int
     done: torch.cuda.Event | None
-    chunks: int
-    tokens: int
     t0: int  # perf_counter_ns at launch
     host_ns: int  # the host's time enqueueing it
 
@@ -75,15 +89,18 @@ def token_buckets(graphs: int, graph_tokens: int) -> tuple[int, ...]:
 
 
 class Prefill:
-    """Runs a step's prefill chunks (``run``) as one flat pass (models.layers.flat). With ``graphs`` > 0 a pass of at
-    most ``graph_tokens`` tokens is padded to the smallest of ``token_buckets(graphs, graph_tokens)`` that holds it and
-    replayed from that bucket's captured graph (PrefillGraphs); a longer pass runs eagerly at its exact shape."""
+    """Runs a step's prefill chunks as one flat pass (models.layers.flat). With ``graphs`` > 0 a pass of at most
+    ``graph_tokens`` tokens is padded to the smallest of ``token_buckets(graphs, graph_tokens)`` that holds it and
+    replayed from that bucket's captured graph (PrefillGraphs); a longer pass runs eagerly at its exact shape.
+    ``pass_stream``: the stream passes beside the decode steps run on (None: passes run in their step)."""
 
     def __init__(self, adapter: Adapter, model_state, sampler: Sampler, layout: RowLayout, streams: HostStreams,
                  n_pages: dict[str, np.ndarray], page_size: int, graphs: int, graph_tokens: int, max_chunks: int,
-                 device: torch.device, timing: bool,
-                 capture_stream: torch.cuda.Stream | None = None) -> None:  # fmt: skip
+                 device: torch.device, timing: bool, kernels: KernelChoices = DEFAULT,
+                 capture_stream: torch.cuda.Stream | None = None,
+                 pass_stream: torch.cuda.Stream | None = None) -> None:  # fmt: skip
         self.adapter = adapter
+        self.kernels = kernels  # the pass's kernel forms (prefill kernels, row-wise fusion)
         self.model_state = model_state
         self.sampler = sampler
         self.streams = streams
@@ -104,6 +121,8 @@ class Prefill:
         # the drawn tokens' readback: a pass draws at most one token a chunk and one a decode row riding in it
         self._drawn = host_zeros(2 * max_chunks, torch.int64, cuda)  # [2 * max_chunks]
         self._drawn_np = self._drawn.numpy()
+        self.pass_stream = pass_stream
+        self.in_flight: PassInFlight | None = None  # beside the decode steps: the pass launched and not landed
 
     def _capture_buckets(self, page_size: int) -> None:
         """Every token bucket's graph captured at build, as the decode graphs are: one dummy chunk of the bucket's
@@ -114,22 +133,21 @@ class Prefill:
                                  pages={k: np.zeros(-(-tokens // page_size), np.int64) for k in self.n_pages},
                                  start=0, rec_slot=1, read_lens={}, pos_offset=0)  # fmt: skip
             shape = self.adapter.prefill_shape(self.model_state, tokens, self.max_chunks)
-            self.graphs.capture(self.adapter.prefill_inputs(self.model_state, [dummy], shape))
+            self.graphs.capture(self.adapter.prefill_inputs(self.model_state, [dummy], shape, kc=self.kernels))
 
     def run(self, chunks: tuple[Chunk, ...], requests: list[Request], rows: np.ndarray = _NONE,
-            row_ids: np.ndarray = _NONE) -> Prefilled:  # fmt: skip
-        """Run ``chunks`` (``requests[i]`` is chunk i's request) and sample the first token of each that ends its
-        prompt; the chunks' APPEND lengths then cover what they ran (a request's first chunk also encodes its context
-        into its READ pools, and sets their lengths). ``rows``: decode rows riding in the pass, row i one token
-        ``row_ids[i]`` at its stream's end, sampled at that position (``Prefilled.decoded``); the engine advances
-        their lengths, as after a decode step."""
-        return self.land(self.launch(chunks, requests, rows, row_ids))
+            row_ids: np.ndarray = _NONE) -> tuple[PassInFlight, Prefilled]:  # fmt: skip
+        """Run ``chunks`` (``requests[i]`` is chunk i's request) in the step, and sample the first token of each that
+        ends its prompt (a request's first chunk also encodes its context into its READ pools). ``rows``: decode
+        rows riding in the pass, row i one token ``row_ids[i]`` at its stream's end, sampled at that position
+        (``Prefilled.decoded``). Returns the pass as launched (its chunks and contexts, for admission) and landed."""
+        p = self.launch(chunks, requests, rows, row_ids)
+        return p, self.land(p)
 
     def launch(self, chunks: tuple[Chunk, ...], requests: list[Request], rows: np.ndarray = _NONE,
                row_ids: np.ndarray = _NONE, stream: torch.cuda.Stream | None = None) -> PassInFlight:  # fmt: skip
         """Enqueue ``run``'s pass (on ``stream`` when given, after the caller's stream's work so far) and return it
-        in flight; the host streams' lengths already cover it. One pass in flight at a time: its readback buffer and
-        timer are this object's."""
+        in flight. One pass in flight at a time: its readback buffer and timer are this object's."""
         t0 = time.perf_counter_ns()
         if stream is None:
             return self._launch(chunks, requests, rows, row_ids, t0)
@@ -148,14 +166,31 @@ class Prefill:
             gpu_ms = self._timer[0].elapsed_time(self._timer[1])
         drawn = self._drawn_np[: p.n_drawn].copy()
         m = p.ended.size
-        return Prefilled(p.ended, drawn[:m], drawn[m:], 1, p.chunks, p.tokens, time.perf_counter_ns() - p.t0,
-                         p.host_ns, gpu_ms)  # fmt: skip
+        counts = PassCounts(1, len(p.chunks), sum(c.n for c in p.chunks), time.perf_counter_ns() - p.t0, p.host_ns,
+                            gpu_ms)  # fmt: skip
+        return Prefilled(p.chunks, p.ended, drawn[:m], drawn[m:], counts)
+
+    def launch_beside(self, chunks: tuple[Chunk, ...], requests: list[Request]) -> PassInFlight:
+        """Launch the chunks' pass on the passes' stream and hold it in flight (its requests stay PREFILLING until
+        it lands); returns it, for admission."""
+        assert self.in_flight is None, "one pass in flight at a time: land it first"
+        self.in_flight = self.launch(chunks, requests, stream=self.pass_stream)
+        return self.in_flight
+
+    def land_beside(self, wait: bool) -> Prefilled | None:
+        """The pass in flight, landed, if it has finished (``wait``: in any case); None when there is none, or it
+        still runs."""
+        p = self.in_flight
+        if p is None or not (wait or p.ready()):
+            return None
+        self.in_flight = None
+        return self.land(p)
 
     def _launch(self, chunks, requests, rows, row_ids, t0: int) -> PassInFlight:
         timer = self._timer
         if timer is not None:
             timer[0].record()
-        ended, drawn, host_ns = self._pass(chunks, requests, rows, row_ids)
+        ended, contexts, drawn, host_ns = self._pass(chunks, requests, rows, row_ids)
         if timer is not None:
             timer[1].record()
         n = 0 if drawn is None else drawn.numel()
@@ -165,59 +200,57 @@ class Prefill:
         if self.device.type == "cuda":
             done = torch.cuda.Event()
             done.record()
-        return PassInFlight(ended, n, done, len(chunks), sum(c.n for c in chunks), t0, host_ns)
+        return PassInFlight(tuple(chunks), contexts, ended, n, done, t0, host_ns)
 
-    def _input(self, h: int, ids: np.ndarray, start: int) -> PrefillInput:
-        """Handle h's tokens ``ids`` at stream positions start .. start + len(ids) - 1, on the pages it holds."""
+    def _input(self, h: int, ids: np.ndarray, start: int, read_lens: dict[str, int] | None = None) -> PrefillInput:
+        """Handle h's tokens ``ids`` at stream positions start .. start + len(ids) - 1, on the pages it holds.
+        ``read_lens``: its READ pools' lengths (default: the streams'; a first chunk's context is not on them yet)."""
         st = self.streams
         return PrefillInput(
             ids=ids,
             pages={k: st.kv[k].pages[h, : held[h]] for k, held in self.n_pages.items()},  # host rows, not copied
             start=start,
             rec_slot=int(st.recurrent_slot[h]) if st.recurrent_slot is not None else 0,
-            read_lens={k: int(st.kv[k].lengths[h]) for k in self.read_keys},
+            read_lens=read_lens if read_lens is not None else {k: int(st.kv[k].lengths[h]) for k in self.read_keys},
             pos_offset=int(st.pos_offset[h]),
         )  # fmt: skip
 
     def _pass(self, chunks: tuple[Chunk, ...], requests: list[Request], rows: np.ndarray,
-              row_ids: np.ndarray) -> tuple[np.ndarray, torch.Tensor | None, int]:  # fmt: skip
-        """The pass, enqueued; returns the ended prompts' handles, the tokens drawn on the device ([m + r] int64: the
-        ended prompts' first tokens, then the decode rows'; None when nothing was drawn), and the host time it
-        took."""
+              row_ids: np.ndarray) -> tuple[np.ndarray, tuple[dict, ...], torch.Tensor | None, int]:  # fmt: skip
+        """The pass, enqueued; returns the ended prompts' handles, each chunk's context (tokens by READ pool, encoded
+        by a first chunk; empty otherwise), the tokens drawn on the device ([m + r] int64: the ended prompts' first
+        tokens, then the decode rows'; None when nothing was drawn), and the host time it took."""
         t0 = time.perf_counter_ns()
         st = self.streams
         if not chunks and not rows.size:
-            return _NONE, None, 0
-        inputs = []
+            return _NONE, (), None, 0
+        inputs, contexts = [], []
         for chunk, req in zip(chunks, requests, strict=True):
             h, start, n = chunk.handle, chunk.start, chunk.n
+            context = {}
             if start == 0 and self.read_keys:
                 pages = {k: st.kv[k].pages[h, : held[h]] for k, held in self.n_pages.items()}
                 self.adapter.encode(self.model_state, req, {
                     k: torch.from_numpy(v.astype(np.int64)).to(self.device) for k, v in pages.items()})  # fmt: skip
-                for k, n_ctx in self.adapter.read_tokens(req).items():
-                    st.kv[k].lengths[h] = n_ctx
-                    st.kv[k].epoch[h] += 1
-            inputs.append(self._input(h, np.asarray(req.prompt[start : start + n], np.int64), start))
+                context = self.adapter.read_tokens(req)
+            contexts.append(context)
+            ids = np.asarray(req.prompt[start : start + n], np.int64)
+            inputs.append(self._input(h, ids, start, context if start == 0 and self.read_keys else None))
         lengths = st.kv[self.positions_key].lengths
         for h, tok in zip(rows.tolist(), row_ids.tolist(), strict=True):  # one token each: at most max_running
             inputs.append(self._input(h, np.array([tok], np.int64), int(lengths[h])))
         tokens = sum(len(x.ids) for x in inputs)
         if self.graphs is None:
-            logits = self.adapter.prefill_last(self.model_state, inputs)  # [R, V]
+            logits = self.adapter.prefill_last(self.model_state, inputs, kc=self.kernels)  # [R, V]
         else:
             bucket = next((b for b in self.buckets if b >= tokens), None)
             shape = None if bucket is None else self.adapter.prefill_shape(self.model_state, bucket, self.max_chunks)
-            logits = self.graphs.run(self.adapter.prefill_inputs(self.model_state, inputs, shape))
-        for chunk in chunks:
-            for k in self.append_keys:
-                st.kv[k].lengths[chunk.handle] = chunk.start + chunk.n
-                st.kv[k].epoch[chunk.handle] += 1
+            logits = self.graphs.run(self.adapter.prefill_inputs(self.model_state, inputs, shape, kc=self.kernels))
         ends = [i for i, c in enumerate(chunks) if c.last]
         hs = np.array([chunks[i].handle for i in ends], np.int64)
         drawn_at = ends + list(range(len(chunks), len(inputs)))  # the ended chunks, then the decode rows
         if not drawn_at:
-            return hs, None, time.perf_counter_ns() - t0
+            return hs, tuple(contexts), None, time.perf_counter_ns() - t0
         cells_h = st.sampler[np.concatenate([hs, rows])]  # [m + r, 4]
         picked = logits[device_array(np.array(drawn_at, np.int64), self.device)]  # [m + r, V]
         if not cells_h[:, SamplerCell.TEMPERATURE].any():  # every drawn row greedy: argmax, as a greedy decode graph
@@ -226,4 +259,4 @@ class Prefill:
             pos = [inputs[i].pos_offset + inputs[i].start + len(inputs[i].ids) - 1 for i in drawn_at]
             drawn = self.sampler(picked, device_array(cells_h, self.device),
                                  device_array(np.array(pos, np.int64), self.device))  # fmt: skip
-        return hs, drawn, time.perf_counter_ns() - t0
+        return hs, tuple(contexts), drawn, time.perf_counter_ns() - t0

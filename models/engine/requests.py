@@ -60,6 +60,26 @@ class Result:
     itl_s: float = attrs.field(default=float("nan"), eq=False)  # mean gap between consecutive tokens
 
 
+@attrs.frozen(eq=False)
+class StepOutput:
+    """What one ``Engine.step`` gave its clients, as values: every token emitted since the last step returned, with
+    its request's id (in emission order; under overlap a request may get two in one step), and the requests that
+    finished meanwhile, their results handed over (the engine keeps nothing of them). ``ran``: the step ran
+    anything."""
+
+    request_ids: np.ndarray  # [n] object (str): the request of each token
+    tokens: np.ndarray  # [n] int64
+    finished: tuple[Result, ...]
+    ran: bool = True
+
+    def new_tokens(self) -> dict[str, list[int]]:
+        """The tokens by request, each request's in order (a client's view; a Python loop over the tokens)."""
+        out: dict[str, list[int]] = {}
+        for rid, t in zip(self.request_ids.tolist(), self.tokens.tolist(), strict=True):
+            out.setdefault(rid, []).append(t)
+        return out
+
+
 class InvalidRequest(ValueError):
     """A request refused at submission; ``field`` names what is wrong."""
 

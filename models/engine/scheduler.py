@@ -8,10 +8,10 @@ choosing a steady step's rows is a few vectorised ops, never a Python loop over 
 
 Decode order: ARRIVAL fills the bucket with the oldest decoding requests, which run to completion; TURNS runs the least
 recently run first, so rows take turns and (with fewer slots than requests) displace each other. A step with any
-prefill work is host-planned (prefill chunks, plus the decode rows as a mixed step); a step of decode rows only is a
+prefill work runs a pass (prefill chunks, plus the decode rows as a mixed step); a step of decode rows only is a
 decode step in a bucket. (An engine that runs its prefill passes on a stream of their own composes no prefill work
 while one is in flight, and runs a step's decode rows as a decode step beside the pass it launches.) ``compose`` only
-looks: it changes nothing, so a pre-plan can call it early.
+looks: it changes nothing, so the next step can be prepared early.
 """
 
 from __future__ import annotations
@@ -81,9 +81,13 @@ class Batch:
     admits: tuple[tuple[Pending, int], ...]  # waiting requests admitted this step, with their first chunk's tokens
 
     @property
-    def host_planned(self) -> bool:
-        """Prefill work makes the step host-planned (mixed when it also has decode rows)."""
+    def has_prefill(self) -> bool:
+        """The step has prefill work (a mixed step when it also has decode rows)."""
         return bool(self.chunks or self.admits)
+
+    def decode_only(self) -> Batch:
+        """The step's decode rows alone (its prefill work runs beside them)."""
+        return Batch(self.rows, self.bucket, (), ())
 
     @property
     def empty(self) -> bool:
@@ -140,9 +144,22 @@ class Scheduler:
                 dec = dec[np.lexsort((self.arrival[dec], self.last_run[dec]))[: self.max_bucket]]
         return dec[np.argsort(self.arrival[dec], kind="stable")].astype(np.int64, copy=False)
 
-    def retiring(self) -> bool:
-        """Whether a request is RETIRING (it finishes, giving its handle and pages back, when its last step lands)."""
-        return bool((self.status == _RETIRING).any())
+    def has_work(self) -> bool:
+        """Requests wait or are admitted."""
+        return bool(self.waiting) or self.admitted > 0
+
+    def waits_on_retiring(self) -> bool:
+        """A request waits while another is RETIRING (which gives its handle and pages back when its last step
+        lands: landing it first admits the waiting one a step earlier)."""
+        return bool(self.waiting) and bool((self.status == _RETIRING).any())
+
+    def describe(self) -> str:
+        """How many requests wait, are admitted and offloaded (for an error message)."""
+        return f"{len(self.waiting)} waiting, {self.admitted} admitted ({len(self.offloaded)} offloaded)"
+
+    def next_reload(self) -> int | None:
+        """The offloaded request to reload first (the oldest offload), or None."""
+        return self.offloaded[0] if self.offloaded else None
 
     def bucket(self, n: int) -> int:
         return int(self._bucket_of[n - 1]) if n else 0
@@ -184,11 +201,21 @@ class Scheduler:
                     left[k] -= need
         return Batch(rows, self.bucket(rows.size), tuple(chunks), tuple(admits))
 
-    def victims(self, exclude: np.ndarray) -> np.ndarray:
-        """Requests whose pages could be offloaded, least recently run first, none of ``exclude``."""
+    def victim(self, batch: Batch) -> int:
+        """The request to offload so that ``batch``'s decode rows' crossings find pages: the least recently run request
+        holding pages outside the step, else the least recently run of its rows."""
+        in_step = np.concatenate([batch.rows, np.array([c.handle for c in batch.chunks], np.int64)])
         cand = np.flatnonzero((self.status == Status.DECODING) | (self.status == Status.PREFILLING))
-        cand = cand[~np.isin(cand, exclude)]
-        return cand[np.lexsort((self.arrival[cand], self.last_run[cand]))]
+        cand = cand[~np.isin(cand, in_step)]
+        if cand.size == 0:  # only this step's rows hold pages: the least recently run of them goes
+            cand = batch.rows
+        return int(cand[np.lexsort((self.arrival[cand], self.last_run[cand]))][0])
+
+    def reload_watermark(self) -> int:
+        """Pages a reload leaves free in each APPEND pool: one for each decoding request's next crossing (none when
+        nothing else holds pages)."""
+        holding = np.count_nonzero((self.status == _DECODING) | (self.status == Status.PREFILLING))
+        return int(np.count_nonzero(self.status == _DECODING)) if holding else 0
 
     # -- transitions (the engine calls these as it carries a step out) -----------------------------------------------
     def admit(self, h: int, pend: Pending) -> None:
@@ -204,24 +231,33 @@ class Scheduler:
         if self.admit_quota is not None:
             self.admit_quota -= 1
 
-    def unadmit(self, h: int, pend: Pending) -> None:
-        """Undo ``admit`` (a refused admit is rolled back): the request is the head of the queue again."""
-        self._rows = None
-        self.status[h] = Status.FREE
-        self.prefilling.remove(h)
-        self.waiting.appendleft(pend)
-        self.admitted -= 1
-        if self.admit_quota is not None:
-            self.admit_quota += 1
+    def enqueue(self, pend: Pending) -> None:
+        """A validated request waits for admission, behind every request that came before it."""
+        self.waiting.append(pend)
 
-    def prefilled_chunk(self, chunk: Chunk, seq: int) -> None:
+    def drop_waiting(self, rid: str) -> Pending | None:
+        """Take the waiting request ``rid`` out of the queue (it is aborted); None when it is not waiting."""
+        for pend in self.waiting:
+            if pend.rid == rid:
+                self.waiting.remove(pend)
+                return pend
+        return None
+
+    def refused(self, admitted: int) -> None:
+        """A pool refused a step's admit: the retry admits only the ``admitted`` requests ahead of the refused one,
+        and no more until a request finishes."""
+        self.admit_quota = admitted
+
+    def prefilled_chunks(self, chunks: tuple[Chunk, ...], seq: int) -> None:
+        """A pass (at step ``seq``) ran ``chunks``: a chunk that ends its prompt makes its request DECODING."""
         self._rows = None
-        h = chunk.handle
-        self.prefilled[h] = chunk.start + chunk.n
-        self.last_run[h] = seq
-        if chunk.last:
-            self.prefilling.remove(h)
-            self.status[h] = Status.DECODING
+        for chunk in chunks:
+            h = chunk.handle
+            self.prefilled[h] = chunk.start + chunk.n
+            self.last_run[h] = seq
+            if chunk.last:
+                self.prefilling.remove(h)
+                self.status[h] = Status.DECODING
 
     def ran(self, rows: np.ndarray, seq: int) -> None:
         self.last_run[rows] = seq

@@ -1,4 +1,6 @@
-"""The engine's counters, summed in one place (``EngineStats.add``) from the records its parts return."""
+"""The engine's counters, summed in one place: each part returns a ``Counts`` record of what it did, and
+``EngineStats.add`` adds every field of it into the counter of the same name (a field that names no counter is an
+error when it is added, and ``tests/test_engine_parts.py`` checks every record class for it)."""
 
 from __future__ import annotations
 
@@ -9,16 +11,71 @@ import attrs
 from resplan import Mismatch
 
 
-@attrs.define
+class Counts:
+    """Base of the records parts return for counting: every attrs field is a number summed into ``EngineStats``."""
+
+    __slots__ = ()
+
+
+@attrs.frozen(slots=True)
+class StepTime(Counts):
+    """A step ran: its wall time, counted as a decode step's or a mixed step's."""
+
+    steps: int = 0
+    decode_ns: int = 0
+    mixed_ns: int = 0
+
+
+@attrs.frozen(slots=True)
+class StepKind(Counts):
+    """What kind of step ran: a decode step (its rows, whether a pass was in flight beside it, whether it overlapped
+    the step before), a mixed step or a prefill step."""
+
+    decode_steps: int = 0
+    decode_rows: int = 0
+    decode_beside_pass: int = 0
+    overlapped: int = 0
+    mixed_steps: int = 0
+    prefill_steps: int = 0
+
+
+@attrs.frozen(slots=True)
+class Tokens(Counts):
+    """Tokens emitted."""
+
+    tokens: int = 0
+
+
+@attrs.frozen(slots=True)
+class EarlySteps(Counts):
+    """Next steps prepared early."""
+
+    early_steps: int = 0
+
+
+@attrs.frozen(slots=True)
+class Events(Counts):
+    """What happened to requests, less often than every step."""
+
+    finished: int = 0
+    pass_rows: int = 0
+    rows_decoded: int = 0
+    refused_admits: int = 0
+    offloads: int = 0
+    reloads: int = 0
+    early_drops: int = 0
+
+
+@attrs.define(slots=True)
 class EngineStats:
     """Counters over an engine's life. "decode steps" are steps of decode rows only (resident in the resident arm)."""
 
     steps: int = 0
     decode_steps: int = 0
     mixed_steps: int = 0  # host-planned: prefill chunks and decode rows
-    pass_rows: int = 0  # decode rows that rode in a prefill pass (decode_in_pass), of rows_decoded
-    prefill_steps: int = 0  # prefill chunks only (host-planned, or async_prefill: a pass launched with no decode rows)
-    decode_beside_pass: int = 0  # async_prefill: decode steps launched while a prefill pass was in flight
+    pass_rows: int = 0  # decode rows that rode in a prefill pass (PrefillPlacement.IN_PASS), of rows_decoded
+    prefill_steps: int = 0  # prefill chunks only (host-planned, or a pass launched beside no decode rows)
+    decode_beside_pass: int = 0  # decode steps launched while a prefill pass was in flight beside them
     prefill_chunks: int = 0
     rows_decoded: int = 0  # real decode rows run (every kind of step)
     padded_rows: int = 0
@@ -48,9 +105,9 @@ class EngineStats:
     decode_rows: int = 0  # decode steps: real rows (tokens) they produced
     gpu_ms: float = 0.0  # decode steps: graph time on the GPU (CUDA events; with timing on)
     itl: list = attrs.Factory(list)  # with timing on: per step, [n] gaps since each row's last token (s)
-    preplans: int = 0  # next decode steps prepared early (a resident plan, or the host arm's early fill)
-    preplan_hits: int = 0
-    preplan_drops: int = 0  # dropped because pages its program named were given back
+    early_steps: int = 0  # next decode steps prepared early (a resident plan, or the host arm's fill)
+    early_hits: int = 0  # decode steps that ran what was prepared for them early
+    early_drops: int = 0  # early plans dropped because pages their program named were given back
     refused_admits: int = 0
     offloads: int = 0
     reloads: int = 0
@@ -58,19 +115,31 @@ class EngineStats:
     mismatches: int = 0
     first_mismatches: list[Mismatch] = attrs.Factory(list)
 
-    def per_decode_step(self, value: int) -> float:
-        return value / self.decode_steps if self.decode_steps else 0.0
+    def add(self, counts: Counts) -> None:
+        """Add every field of ``counts`` into the counter of the same name."""
+        _adder(type(counts))(self, counts)
 
-    def add(self, record) -> None:
-        """Sum an attrs record a part returned into the counters of the same names (its other fields are not
-        counters)."""
-        for name in _counted(type(record)):
-            setattr(self, name, getattr(self, name) + getattr(record, name))
+    def sample_itl(self, gaps) -> None:
+        """One step's inter-token gaps ([k] seconds; with timing on)."""
+        self.itl.append(gaps)
+
+    def add_check(self, checked: tuple[Counts, list[Mismatch]] | None) -> None:
+        """A row check (its counts and first mismatches; the first ten over the engine's life are kept), if any."""
+        if checked is not None:
+            self.add(checked[0])
+            self.first_mismatches.extend(checked[1][: max(0, 10 - len(self.first_mismatches))])
 
 
 @functools.cache
-def _counted(cls: type) -> tuple[str, ...]:
-    """The number fields of record class ``cls`` that name an EngineStats counter."""
-    numbers = ("int", "float", int, float)
-    counters = {f.name for f in attrs.fields(EngineStats) if f.type in numbers}
-    return tuple(f.name for f in attrs.fields(cls) if f.name in counters and f.type in numbers)
+def _adder(cls: type):
+    """``add`` for records of ``cls``, generated once: one ``+=`` a field (a name that is no counter raises)."""
+    names = [f.name for f in attrs.fields(cls)]
+    src = "def add(stats, c):\n" + "".join(f"    stats.{n} += c.{n}\n" for n in names) + "    return None\n"
+    scope: dict = {}
+    exec(compile(src, f"<EngineStats.add of {cls.__name__}>", "exec"), scope)
+    return scope["add"]
+
+
+def counters() -> frozenset[str]:
+    """The names of ``EngineStats``' number counters (what a ``Counts`` field may be called)."""
+    return frozenset(f.name for f in attrs.fields(EngineStats) if f.type in ("int", "float", int, float))

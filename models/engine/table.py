@@ -1,28 +1,24 @@
 """The request table: every request the engine knows, by handle while it is admitted and by id until its result is
 handed over. Per-handle state is numpy arrays a step reads with vectorised ops (tokens so far and their times, limits,
-stop tokens, the serial of each admission); a finished request's result waits in ``results`` until ``pop_result`` (or
-goes straight to ``on_finish``), and its id is forgotten then, so nothing per finished request stays behind."""
+stop tokens, the serial of each admission, the tokens launched); what a step emits and which requests finish go to
+the table's outbox, which ``take_output`` hands over as a ``StepOutput`` (and a finished request's id is forgotten
+then, so nothing per finished request stays behind)."""
 
 from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable
 
 import attrs
 import numpy as np
-import torch
 
-from models.engine.requests import FinishReason, InvalidRequest, Request, Result
+from models.engine.requests import FinishReason, InvalidRequest, Request, Result, StepOutput
 from models.engine.scheduler import Pending
 
-
-@attrs.define(eq=False)
-class Live:
-    """An admitted request."""
-
-    pend: Pending
-    saved: dict[str, tuple[int, list[torch.Tensor]]] | None = None  # offloaded: pool -> (pages, per-layer copies)
+_NO_TOKENS = np.zeros(0, np.int64)
+_NO_TOKENS.flags.writeable = False
+_NO_IDS = np.zeros(0, object)
+_NO_IDS.flags.writeable = False
 
 
 @attrs.frozen(eq=False)
@@ -51,12 +47,14 @@ class RequestTable:
         self.stop = np.full((H, 1), -1, np.int64)  # stop tokens by handle, -1 padded
         self.serial = np.zeros(H, np.int64)  # bumped by every admit and finish of a handle
         self.issued = np.zeros(H, np.int64)  # tokens launched (generated or in flight)
-        self.live: dict[int, Live] = {}
-        self.results: dict[str, Result] = {}
+        self.rid_of = np.full(H, None, object)  # [H] the id of the request each handle serves
+        self.live: dict[int, Pending] = {}  # admitted requests by handle
         self.rids: set[str] = set()  # ids submitted whose results have not been handed over
         self.t_submit: dict[str, float] = {}
-        self.on_finish: Callable[[Result], None] | None = None
         self._auto_ids = itertools.count()
+        self._out_ids: list[np.ndarray] = []  # the outbox: each emit's request ids and tokens, and finished results
+        self._out_tokens: list[np.ndarray] = []
+        self._finished: list[Result] = []
         self.emitted = 0  # tokens emitted in all
         self.digest = 0  # sum of each emitted token id times its index in its request + 1, mod 2^61 (ranks compare)
 
@@ -74,6 +72,12 @@ class RequestTable:
         self.t_submit[rid] = time.perf_counter() if arrived is None else arrived
         return rid
 
+    def abort_waiting(self, pend: Pending) -> Result:
+        """A request aborted before it was admitted: its result (no tokens), its id forgotten."""
+        self.t_submit.pop(pend.rid, None)
+        self.rids.discard(pend.rid)
+        return Result(pend.rid, len(pend.request.prompt), (), FinishReason.ABORT)
+
     # -- admitted requests ---------------------------------------------------------------------------------------
     def admit(self, h: int, pend: Pending, eos: tuple[int, ...]) -> None:
         """Handle h now serves ``pend``: its limits, sampling mode and stop tokens (its own, and ``eos`` unless it
@@ -81,7 +85,8 @@ class RequestTable:
         sp = pend.request.sampling
         self.serial[h] += 1
         self.issued[h] = 0
-        self.live[h] = Live(pend)
+        self.live[h] = pend
+        self.rid_of[h] = pend.rid
         self.sampling[h] = sp.temperature > 0
         self.gen[h] = 0
         self.max_tokens[h] = sp.max_tokens
@@ -93,12 +98,25 @@ class RequestTable:
         self.stop[h] = -1
         self.stop[h, : len(stops)] = stops
 
-    def unadmit(self, h: int) -> Pending:
-        """Undo ``admit`` (a refused admit is rolled back): the pending request it served."""
-        return self.live.pop(h).pend
+    def launched(self, rows: np.ndarray) -> None:
+        """A step was launched with ``rows``: each has one more token issued."""
+        self.issued[rows] += 1
+
+    def started(self, ended: np.ndarray) -> None:
+        """A pass ended these handles' prompts: each has issued its first token."""
+        self.issued[ended] = 1
+
+    def greedy(self, rows: np.ndarray) -> bool:
+        """Every row's request is greedy (its step replays the argmax graph, not the sampler's)."""
+        return not self.sampling[rows].any()
+
+    def last_in_flight(self, rows: np.ndarray) -> np.ndarray:
+        """[n] bool: the row's last token is among those issued (no later step may run it)."""
+        return self.out_of_room(rows, self.issued[rows])
 
     def emit(self, rows: np.ndarray, tokens: np.ndarray, timing: bool) -> Emitted:
-        """Record each row's token ([n] handles, [n] tokens) and say which rows are done."""
+        """Record each row's token ([n] handles, [n] tokens) in its request and in the outbox, and say which rows
+        are done."""
         g = self.gen[rows]
         now = time.perf_counter()
         first = g == 0
@@ -112,6 +130,8 @@ class RequestTable:
         self.digest = (self.digest + int((tokens.astype(np.int64) * g).sum())) % (1 << 61)
         self.gen[rows] = g
         self.last_token[rows] = tokens
+        self._out_ids.append(self.rid_of[rows])
+        self._out_tokens.append(tokens)
         stopped = (self.stop[rows] == tokens[:, None]).any(1)
         return Emitted(rows.size, itl, stopped | self.out_of_room(rows, g), stopped)
 
@@ -119,47 +139,43 @@ class RequestTable:
         """[n] bool: with ``tokens`` generated, the row has no token left (max_tokens) or no context left."""
         return (tokens >= self.max_tokens[rows]) | (self.prompt_len[rows] + tokens >= self.max_seq_len)
 
-    def finish(self, h: int, reason: FinishReason) -> tuple[Result, Live]:
-        """Handle h's request ends: its result, and what it held (the other parts give it back). A step in flight
-        that ran it drops its token (the serial changed)."""
-        live = self.live.pop(h)
-        rid = live.pend.rid
+    def finish(self, h: int, reason: FinishReason) -> Result:
+        """Handle h's request ends: its result, and its id forgotten. A step in flight that ran it drops its token
+        (the serial changed)."""
+        pend = self.live.pop(h)
+        rid = pend.rid
         n = int(self.gen[h])
         ttft = self.t_first[h] - self.t_submit.pop(rid, float("nan"))
         itl = (self.t_last[h] - self.t_first[h]) / (n - 1) if n > 1 else float("nan")
         self.serial[h] += 1
-        return Result(rid, int(self.prompt_len[h]), tuple(self.out[h, :n].tolist()), reason, ttft, itl), live
+        self.rid_of[h] = None
+        self.rids.discard(rid)
+        return Result(rid, int(self.prompt_len[h]), tuple(self.out[h, :n].tolist()), reason, ttft, itl)
+
+    def hand_over(self, result: Result) -> None:
+        """A finished request's result goes to the outbox."""
+        self._finished.append(result)
 
     def handle_of(self, request_id: str) -> int | None:
-        return next((h for h, live in self.live.items() if live.pend.rid == request_id), None)
+        return next((h for h, pend in self.live.items() if pend.rid == request_id), None)
 
-    # -- results -------------------------------------------------------------------------------------------------
-    def hand_over(self, result: Result) -> None:
-        """A finished request's result goes to ``on_finish`` (and its id is forgotten), or waits in ``results``."""
-        if self.on_finish is not None:
-            self.rids.discard(result.request_id)
-            self.on_finish(result)
+    def requests(self, handles) -> list[Request]:
+        """The requests the handles serve, in order."""
+        return [self.live[h].request for h in handles]
+
+    # -- the outbox ------------------------------------------------------------------------------------------------
+    def has_output(self) -> bool:
+        """Tokens or results wait in the outbox (an abort's, between steps)."""
+        return bool(self._out_ids or self._finished)
+
+    def take_output(self, ran: bool) -> StepOutput:
+        """What was emitted and finished since the last call, handed over."""
+        if not self._out_ids:
+            ids, tokens = _NO_IDS, _NO_TOKENS
+        elif len(self._out_ids) == 1:
+            ids, tokens = self._out_ids[0], self._out_tokens[0]
         else:
-            self.results[result.request_id] = result
-
-    def pop_result(self, request_id: str) -> Result:
-        """Hand a finished request's result over and forget its id (it may be submitted again). KeyError when it
-        has no result waiting: unknown, not finished yet, or already handed over."""
-        try:
-            result = self.results.pop(request_id)
-        except KeyError:
-            state = "has not finished" if request_id in self.rids else "is not known to this engine"
-            raise KeyError(f"request {request_id!r} {state}: no result to hand over") from None
-        self.rids.discard(request_id)
-        return result
-
-    def output(self, request_id: str) -> tuple[int, ...]:
-        """The tokens a request has so far (for streaming): none while it waits, its result's once it finished."""
-        if request_id in self.results:
-            return self.results[request_id].tokens
-        h = self.handle_of(request_id)
-        if h is not None:
-            return tuple(self.out[h, : self.gen[h]].tolist())
-        if request_id in self.rids:
-            return ()
-        raise KeyError(f"request {request_id!r} is not known to this engine (never submitted, or handed over)")
+            ids, tokens = np.concatenate(self._out_ids), np.concatenate(self._out_tokens)
+        out = StepOutput(ids, tokens, tuple(self._finished), ran)
+        self._out_ids, self._out_tokens, self._finished = [], [], []
+        return out

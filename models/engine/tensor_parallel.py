@@ -18,8 +18,9 @@ import torch
 import torch.distributed as dist
 
 from models.engine.adapters import Adapter, QwenAdapter, build_adapter
-from models.engine.driver import Engine, EngineConfig
-from models.engine.requests import Request
+from models.engine.config import EngineConfig
+from models.engine.driver import Engine
+from models.engine.requests import Request, Result, StepOutput
 from models.qwen3_5.tp import TensorParallel, shard_model
 
 
@@ -68,13 +69,11 @@ class RankEngine:
     steps as often as rank 0 does and returns at its ``close``. ``run`` does both sides for a list of requests."""
 
     def __init__(self, adapter: Adapter, config: EngineConfig, tp: TensorParallel, check: bool = False) -> None:
-        if config.async_prefill:
-            raise ValueError("async_prefill lands a pass when this rank's GPU has run it, so the ranks would compose "
-                             "different steps; a tensor-parallel engine needs async_prefill=False")  # fmt: skip
-        if config.decode_priority is not None:
-            raise ValueError("decode_priority ranks decode steps above passes beside them, which a tensor-parallel "
-                             "engine does not run (its passes run in the step); leave it None")  # fmt: skip
-        self.engine = Engine(adapter, attrs.evolve(config, async_prefill=False))  # (None would turn it on on CUDA)
+        if config.prefill.beside:
+            raise ValueError(f"prefill {config.prefill.name} lands a pass when this rank's GPU has run it, so the "
+                             "ranks would compose different steps; a tensor-parallel engine runs its passes in the "
+                             "step: EngineConfig(prefill=PrefillPlacement.IN_STEP)")  # fmt: skip
+        self.engine = Engine(adapter, config)
         self.tp = tp
         self.check = check
         self._outbox: list[tuple[str, object]] = []  # rank 0: ("submit", request) / ("abort", id) since the last step
@@ -84,14 +83,6 @@ class RankEngine:
     @property
     def stats(self):
         return self.engine.stats
-
-    @property
-    def on_finish(self):
-        return self.engine.on_finish
-
-    @on_finish.setter
-    def on_finish(self, fn) -> None:
-        self.engine.on_finish = fn
 
     def has_work(self) -> bool:
         return self.engine.has_work()
@@ -111,14 +102,14 @@ class RankEngine:
         self._outbox.append(("abort", request_id))
         return ended
 
-    def step(self) -> bool:
-        """One step on every rank: the events since the last one go out first. Returns whether work remains."""
+    def step(self) -> StepOutput:
+        """One step on every rank (the events since the last one go out first); rank 0's output."""
         self._rank0("step")
         self._send("step")
-        self.engine.step()
+        out = self.engine.step()
         if self.check:
             self._check()
-        return self.engine.has_work()
+        return out
 
     def close(self) -> None:
         """Release the followers (with any events still queued: aborts after the last step)."""
@@ -126,10 +117,11 @@ class RankEngine:
         self._send("stop")
 
     # -- the other ranks -------------------------------------------------------------------------------------------
-    def follow(self) -> None:
-        """Step as rank 0 steps, taking its submissions and aborts, until it closes."""
+    def follow(self) -> list[Result]:
+        """Step as rank 0 steps, taking its submissions and aborts, until it closes; this rank's finished results."""
         if self.tp.rank == 0:
             raise RuntimeError("follow on rank 0: rank 0 leads (step, then close)")
+        finished: list[Result] = []
         while True:
             msg = [None]
             dist.broadcast_object_list(msg, src=0, group=self.tp.group)
@@ -140,24 +132,27 @@ class RankEngine:
                 else:
                     self.engine.abort(what)
             if command == "stop":
-                return
-            self.engine.step()
+                return finished
+            finished += self.engine.step().finished
             if self.check:
                 self._check()
 
-    def run(self, requests: list[Request] | None) -> list:
-        """Every rank: serve ``requests`` (given on rank 0; None elsewhere) to the end; each rank's results."""
+    def run(self, requests: list[Request] | None) -> list[Result]:
+        """Every rank: serve ``requests`` (given on rank 0; None elsewhere) to the end; each rank's results, in the
+        order rank 0 was given the requests."""
         if self.tp.rank == 0:
             ids = [self.submit(r) for r in requests]
+            finished = []
             while self.has_work():
-                self.step()
+                finished += self.step().finished
             self.close()
         else:
             ids = []
-            self.follow()
+            finished = self.follow()
         msg = [ids]
         dist.broadcast_object_list(msg, src=0, group=self.tp.group)
-        return [self.engine.pop_result(i) for i in msg[0]]
+        by_id = {r.request_id: r for r in finished}
+        return [by_id[i] for i in msg[0]]
 
     def _send(self, command: str) -> None:
         msg = [(self._outbox, command)]
