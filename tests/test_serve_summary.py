@@ -5,21 +5,26 @@ from __future__ import annotations
 
 import pytest
 
+from models.bench.arms import Arm, Budget
 from models.bench.serve import summarize
+from models.engine import PrefillPlacement
 
 ZERO = dict(ttft_p50_ms=5.0, step_us=1.0, plan_us=1.0, attn_schedule_us=0.0, launch_us=1.0, wait_us=1.0, gpu_us=1.0,
             h2d_copies=1.0, h2d_bytes=1.0, tokens=[(1, 2)])  # fmt: skip
 
 
+HOST, XQA = (Arm.of(name, PrefillPlacement.BESIDE, Budget.WHOLE, "cuda") for name in ("host", "resident-xqa"))
+
+
 def run(arm, rnd, tokps, itl_mean, decode_tokps):
-    return dict(model="m", c=1, arm=arm, tokps=tokps, itl_p50_ms=itl_mean, itl_mean_ms=itl_mean,
-                decode_tokps=decode_tokps, **ZERO)  # fmt: skip
+    return dict(model="m", c=1, arm=arm.name, label=arm.label, tokps=tokps, itl_p50_ms=itl_mean,
+                itl_mean_ms=itl_mean, decode_tokps=decode_tokps, **ZERO)  # fmt: skip
 
 
 def test_ratios_against_host_are_paired_by_round():
-    runs = [run("host", 0, 100.0, 2.0, 1000.0), run("resident-xqa", 0, 130.0, 1.6, 1250.0),
-            run("host", 1, 200.0, 4.0, 2000.0), run("resident-xqa", 1, 220.0, 2.5, 2400.0)]  # fmt: skip
-    md, rows = summarize(runs, ["host", "resident-xqa"])
+    runs = [run(HOST, 0, 100.0, 2.0, 1000.0), run(XQA, 0, 130.0, 1.6, 1250.0),
+            run(HOST, 1, 200.0, 4.0, 2000.0), run(XQA, 1, 220.0, 2.5, 2400.0)]  # fmt: skip
+    md, rows = summarize(runs, [HOST, XQA])
     res = next(r for r in rows if r["arm"] == "resident-xqa")
     assert res["ratio_min"] == pytest.approx(220 / 200) and res["ratio_max"] == pytest.approx(130 / 100)
     line = next(line for line in md.splitlines() if "| resident-xqa |" in line)
@@ -30,6 +35,16 @@ def test_ratios_against_host_are_paired_by_round():
     assert per_token == f"{(lo + hi) / 2:.2f}x [{lo:.2f}-{hi:.2f}]"
     decode = [c for c, h in zip(cols, header, strict=True) if h == "vs host"][1]
     assert decode == f"{(1.25 + 1.2) / 2:.2f}x [1.20-1.25]"
+
+
+def test_an_arm_is_paired_with_the_host_arm_at_its_own_placement_and_budget():
+    host_in, xqa_in = (Arm.of(name, PrefillPlacement.IN_STEP, 1024, "cuda") for name in ("host", "resident-xqa"))
+    runs = [run(HOST, 0, 100.0, 2.0, 1000.0), run(XQA, 0, 150.0, 1.6, 1250.0),
+            run(host_in, 0, 50.0, 2.0, 1000.0), run(xqa_in, 0, 100.0, 1.6, 1250.0)]  # fmt: skip
+    md, rows = summarize(runs, [HOST, XQA, host_in, xqa_in])
+    ratio = {r["label"]: r["ratio_median"] for r in rows}
+    assert ratio[XQA.label] == pytest.approx(1.5) and ratio[xqa_in.label] == pytest.approx(2.0)
+    assert "| m c=1 | resident-xqa | in-step | 1024 |" in md and "| m c=1 | resident-xqa | beside | whole |" in md
 
 
 def test_the_host_yardstick_times_a_steady_planner_step():

@@ -12,6 +12,7 @@ import pytest
 
 from models.bench import traffic
 from models.bench.workload import Lengths, WorkloadError, arrival_times, read_trace
+from models.engine import EngineConfig
 
 
 def test_lengths_parse_and_sample_within_their_bounds():
@@ -87,11 +88,21 @@ CPU = ["--model", "qwen3_5-tiny", "--device", "cpu", "--page-size", "4", "--max-
     (["--max-seq-len", "9000"], "argument --max-seq-len: 9000 is over qwen3_5-tiny's context of 4096"),
     (["--arms", "host"], "argument --arms: arm 'host' runs fa2 attention, which needs CUDA"),
     (["--arms", "resident-torch,nope"], "argument --arms: unknown arm 'nope'"),
-    (["--arms", "resident-torch/fast"], "argument --arms: arm 'resident-torch/fast': an engine arm takes the suffix "
-                                        "/async or /in-step or /async-prio"),
-    (["--arms", "resident-torch@0"], "argument --arms: arm 'resident-torch@0': @ takes a token budget, a positive "
-                                     "whole number"),
-    (["--arms", "resident-torch/async@lots"], "arm 'resident-torch/async@lots': @ takes a token budget"),
+    (["--arms", "resident-torch,resident-torch"], "argument --arms: an arm is named twice"),
+    (["--arms", "resident-torch/async"], "argument --arms: unknown arm 'resident-torch/async'"),  # no suffixes
+    (["--prefill", "fast"], "argument --prefill: 'fast' is not a placement (in-step, in-pass, beside, "
+                            "beside-priority)"),
+    (["--prefill", "in-step,beside,in-step"], "argument --prefill: in-step is named twice"),
+    (["--prefill", ","], "argument --prefill: no placement named"),
+    (["--prefill", "beside-priority"], "argument --prefill: prefill BESIDE_PRIORITY ranks the steps' CUDA stream "
+                                       "above the passes'; device cpu has no streams"),
+    (["--token-budget", "0"], "argument --token-budget: '0' is not auto, whole or an integer >= 1"),
+    (["--token-budget", "auto,lots"], "argument --token-budget: 'lots' is not auto, whole or an integer >= 1"),
+    (["--token-budget", "512,whole,512"], "argument --token-budget: 512 is named twice"),
+    (["--prefill-graphs", "-1"], "argument --prefill-graphs: must be >= 0, got -1"),
+    # a placement and budget the engine config refuses, refused when the run builds the configs, not dropped
+    (["--arms", "resident-torch", "--prefill", "in-step,in-pass", "--token-budget", "4"],
+     "arm resident-torch in-pass 4: prefill IN_PASS: token_budget 4 leaves no prompt token beside 4 decode rows"),
     (["--model", "whisper-test"], "argument --model: 'whisper-test': the traffic benchmark serves the text models"),
     (["--trace", "t.jsonl", "--rate", "3"], "argument --trace: a trace gives arrivals and lengths: drop --rate"),
     (["--trace", "missing.jsonl"], "argument --trace: missing.jsonl: No such file or directory"),
@@ -109,20 +120,35 @@ def test_bad_arguments_end_in_one_line_before_any_engine_is_built(args, words, t
     assert words in err, err
 
 
-def test_an_arms_suffixes_set_async_prefill_and_the_token_budget_and_a_plain_name_takes_the_flags():
-    from models.bench.arms import arm_config, parse_arms
+def test_a_run_has_every_arm_at_every_placement_and_budget_each_resolved_as_its_config_resolves_it():
+    from models.bench.arms import Arm, Budget, budgets, build_arms, placements
+    from models.engine import BESIDE_TOKEN_BUDGET, IN_STEP_TOKEN_BUDGET, PrefillPlacement
 
-    assert parse_arms("resident-torch/async,resident-torch/in-step,host-torch", "cpu") == [
-        "resident-torch/async", "resident-torch/in-step", "host-torch"]  # fmt: skip
-    assert arm_config("resident-torch/async", async_prefill=False).async_prefill is True
-    assert arm_config("resident-torch/in-step", async_prefill=True).async_prefill is False
-    assert arm_config("resident-torch", async_prefill=True).async_prefill is True
-    assert arm_config("host-torch").overlap is False and arm_config("host-torch/async").async_prefill is True
-    cfg = arm_config("resident-torch/in-step@4096", token_budget=1024, async_prefill=True)
-    assert (cfg.token_budget, cfg.async_prefill) == (4096, False)
-    assert arm_config("resident-torch@512", token_budget=1024).token_budget == 512
-    assert arm_config("resident-torch", token_budget=1024).token_budget == 1024
-    assert arm_config("host-torch/async-prio", device="cuda").decode_priority == -1
+    IN_STEP, IN_PASS, BESIDE = PrefillPlacement.IN_STEP, PrefillPlacement.IN_PASS, PrefillPlacement.BESIDE
+    assert placements("beside,in-step") == (BESIDE, IN_STEP) and budgets("auto,4096,whole") == (
+        Budget.AUTO, 4096, Budget.WHOLE)  # fmt: skip
+    arms = build_arms(["resident-torch", "host-torch"], (BESIDE, IN_STEP), (Budget.AUTO, 4096), "cpu")
+    assert [a.label for a in arms] == [  # arm, then placement, then budget; auto as the placement resolves it
+        f"resident-torch beside {BESIDE_TOKEN_BUDGET}", "resident-torch beside 4096",
+        f"resident-torch in-step {IN_STEP_TOKEN_BUDGET}", "resident-torch in-step 4096",
+        f"host-torch beside {BESIDE_TOKEN_BUDGET}", "host-torch beside 4096",
+        f"host-torch in-step {IN_STEP_TOKEN_BUDGET}", "host-torch in-step 4096"]  # fmt: skip
+    cfg = arms[3].config(max_running=4)
+    assert (cfg.prefill, cfg.token_budget, cfg.overlap, cfg.max_running) == (IN_STEP, 4096, True, 4)
+    assert arms[4].config().overlap is False and arms[4].config().prefill is BESIDE
+    for a in arms:  # each arm's fields are the ones its config resolves
+        assert (a.config().prefill, a.config().token_budget) == (a.prefill, a.token_budget)
+    auto = EngineConfig(device="cpu", prefill=IN_PASS).token_budget  # auto and the number it stands for: one arm
+    assert build_arms(["resident-torch"], (IN_PASS,), (Budget.AUTO, auto), "cpu") == [
+        Arm.of("resident-torch", IN_PASS, auto, "cpu")]  # fmt: skip
+    whole = Arm.of("resident-torch", IN_STEP, Budget.WHOLE, "cpu")
+    assert whole.config().token_budget is None and whole.label == "resident-torch in-step whole"
+    prio = Arm.of("host-torch", PrefillPlacement.BESIDE_PRIORITY, Budget.AUTO, "cuda")
+    assert prio.config(device="cuda").prefill is PrefillPlacement.BESIDE_PRIORITY
+    assert prio.token_budget == BESIDE_TOKEN_BUDGET and prio.peer("resident-torch").label == (
+        f"resident-torch beside-priority {BESIDE_TOKEN_BUDGET}")  # fmt: skip
+    with pytest.raises(ValueError, match="device cpu has no streams"):
+        Arm.of("host-torch", PrefillPlacement.BESIDE_PRIORITY, Budget.AUTO, "cpu")
 
 
 def test_a_cpu_run_reports_what_it_served(tmp_path):
@@ -154,9 +180,48 @@ def test_a_cpu_run_reports_what_it_served(tmp_path):
         assert (out / name).stat().st_size > 1000
 
 
-def test_decode_rows_in_the_pass_with_async_passes_is_refused_by_the_engine_not_dropped(tmp_path, capsys):
-    with pytest.raises(SystemExit) as info:
-        traffic.main([*CPU, "--arms", "resident-torch", "--decode-in-pass", "--async-prefill", "--out",
-                      str(tmp_path / "out")])  # fmt: skip
-    assert info.value.code == 2
-    assert "engine resident-torch: decode_in_pass and async_prefill" in capsys.readouterr().err
+def test_a_run_alternates_placements_and_budgets_and_its_report_labels_each(tmp_path):
+    """One engine arm at two placements and two budgets is four arms, alternated round by round, each its own row
+    (arm, placement, budget) and each named in the header as its config resolved it (auto: the engine's 1024 in
+    the step and in the pass)."""
+    from models.engine import IN_STEP_TOKEN_BUDGET
+
+    out = tmp_path / "out"
+    runs = traffic.main([*CPU, "--arms", "resident-torch", "--prefill", "in-step,in-pass", "--token-budget",
+                         "auto,12", "--num-requests", "8", "--rate", "inf", "--prompt-len", "uniform:3,30",
+                         "--gen-len", "uniform:2,6", "--rounds", "2", "--warmup", "0", "--no-prerun", "--out",
+                         str(out)])  # fmt: skip
+    auto = IN_STEP_TOKEN_BUDGET
+    labels = [f"resident-torch in-step {auto}", "resident-torch in-step 12", f"resident-torch in-pass {auto}",
+              "resident-torch in-pass 12"]  # fmt: skip
+    assert [(r["round"], r["label"]) for r in runs] == [(0, x) for x in labels] + [(1, x) for x in labels[::-1]]
+    assert {(r["prefill"], r["token_budget"]) for r in runs} == {(p, b) for p in ("in-step", "in-pass")
+                                                                 for b in (auto, 12)}  # fmt: skip
+    for r in runs:
+        assert len(r["tokens"]) == 8 and r["arm"] == "resident-torch"
+        assert r["prefill_tokens_per_pass"] <= r["token_budget"]
+    report = (out / "results.md").read_text()
+    assert "; ".join(labels) in report.split("\n\n")[0]
+    for p in ("in-step", "in-pass"):
+        for b in (auto, 12):
+            assert f"| resident-torch | {p} | {b} |" in report
+    data = json.loads((out / "results.json").read_text())
+    assert [r["label"] for r in data["rows"]] == labels
+
+
+def test_a_tensor_parallel_run_places_its_passes_in_the_step():
+    """``RankEngine`` refuses a pass beside the decode steps: under torchrun the default is in the step, and a beside
+    placement asked for is refused naming --prefill."""
+    from models.bench.arms import Budget
+    from models.engine import IN_STEP_TOKEN_BUDGET, PrefillPlacement
+
+    auto = (Budget.AUTO,)
+    assert [a.label for a in traffic.arms_for(["resident-torch"], None, auto, "cuda", ranks=2)] == [
+        f"resident-torch in-step {IN_STEP_TOKEN_BUDGET}"]  # fmt: skip
+    assert [a.prefill for a in traffic.arms_for(["resident-torch"], None, auto, "cuda", ranks=1)] == [
+        PrefillPlacement.BESIDE]  # fmt: skip
+    assert [a.prefill for a in traffic.arms_for(["resident-torch"], (PrefillPlacement.IN_PASS,), auto, "cuda",
+                                                ranks=2)] == [PrefillPlacement.IN_PASS]  # fmt: skip
+    with pytest.raises(WorkloadError, match="argument --prefill: beside: a tensor-parallel engine runs its passes in "
+                                            "the step"):  # fmt: skip
+        traffic.arms_for(["resident-torch"], (PrefillPlacement.IN_STEP, PrefillPlacement.BESIDE), auto, "cuda", 2)

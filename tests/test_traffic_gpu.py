@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from models.bench.workload import Lengths
-from models.engine import Engine, EngineConfig, Planning, Request, SamplingParams, build_adapter
+from models.engine import Engine, EngineConfig, Planning, PrefillPlacement, Request, SamplingParams, build_adapter
 from models.layers.decode_attention import Backend
 
 pytestmark = pytest.mark.gpu
@@ -35,8 +35,9 @@ ENGINES = {  # name: (planning, attention, overlap); a resident engine is checke
     "resident-triton": (R, Backend.TRITON, True),
 }
 TWIN = {"resident-fa2": "host", "resident-xqa": "host-xqa-overlap", "resident-triton": "host-triton-overlap"}
-CFG = EngineConfig(device="cuda", dtype="bfloat16", max_running=16, page_size=16, num_pages=60, max_seq_len=512,
-                   token_budget=192, async_prefill=False)  # twins batch alike: passes in the step  # fmt: skip
+# twins batch alike: passes in the step
+CFG = EngineConfig(device="cuda", dtype=torch.bfloat16, max_running=16, page_size=16, num_pages=60, max_seq_len=512,
+                   token_budget=192, prefill=PrefillPlacement.IN_STEP)  # fmt: skip
 
 
 @pytest.fixture(scope="module")

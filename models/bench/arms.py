@@ -1,7 +1,7 @@
-"""The engine arms the serving benchmarks compare, and what ``serve`` and ``traffic`` share: an arm's engine
-config, the frozen heap a timed run starts from, and the host yardstick a report carries.
+"""The engine arms the serving benchmarks compare, and what ``serve`` and ``traffic`` share: the arms a run asks
+for, each one's engine config, the frozen heap a timed run starts from, and the host yardstick a report carries.
 
-Arms (planning, decode attention, overlap):
+Engine arms (``ARMS``: planning, decode attention, overlap):
   host            every decode step rebuilds its buffers from the host streams (one H2D), copies its input ids, and
                   plans fa2 on the host before the GPU may start it: the classic synchronous engine
   host-overlap    the strongest host-planned design, what engines with asynchronous scheduling run: host-planned and
@@ -14,94 +14,173 @@ Arms (planning, decode attention, overlap):
   resident-xqa-sync, resident-triton-sync  the same without overlap (isolates what planning alone gains)
   host-torch, resident-torch  plain-torch attention (resident with overlap): the arms a CPU runs
 
-Any arm may end in ``/async`` (its prefill passes on a stream of their own, beside its decode steps:
-``EngineConfig.async_prefill``), ``/async-prio`` (the same, its decode steps on a stream of higher priority than the
-passes': ``EngineConfig.decode_priority``) or ``/in-step`` (each pass inside its step, the decode rows waiting for
-it), and then in ``@N`` (a token budget of N prefill tokens a step), so that one run alternates them:
-``resident-triton/async@4096``.
-A plain name takes the benchmark's ``--async-prefill`` and ``--token-budget``.
+A run's arms are every engine arm it names (``--arms``) in every prefill placement (``--prefill``: values of
+``PrefillPlacement``; default the engine's for the device) and every token budget (``--token-budget``: ``auto``, the
+engine's default for the placement; ``whole``, whole prompts; or a number) it asks for, alternated in one run. Each
+is an ``Arm``, its placement and budget resolved as an ``EngineConfig`` resolves them when it is built, and labelled
+by them in the reports: ``resident-triton beside 2048``.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import enum
 import gc
 
 import attrs
 import numpy as np
 
-from models.engine import EngineConfig, Planning
+from models.cli import positive_int
+from models.engine import BESIDE_TOKEN_BUDGET, IN_STEP_TOKEN_BUDGET, EngineConfig, Planning, PrefillPlacement
 from models.layers.decode_attention import Backend
 
 
 @attrs.frozen
-class Arm:
+class Decoding:
+    """How an engine arm runs its decode steps: its planning, decode attention and overlap."""
+
     planning: Planning
     attention: Backend
     overlap: bool
 
 
 ARMS = {
-    "host": Arm(Planning.HOST, Backend.FA2, False),
-    "host-overlap": Arm(Planning.HOST, Backend.FA2, True),
-    "resident-fa2": Arm(Planning.RESIDENT, Backend.FA2, False),
-    "resident-xqa": Arm(Planning.RESIDENT, Backend.XQA, True),
-    "resident-triton": Arm(Planning.RESIDENT, Backend.TRITON, True),
-    "resident-xqa-sync": Arm(Planning.RESIDENT, Backend.XQA, False),
-    "resident-triton-sync": Arm(Planning.RESIDENT, Backend.TRITON, False),
-    "host-torch": Arm(Planning.HOST, Backend.TORCH, False),
-    "resident-torch": Arm(Planning.RESIDENT, Backend.TORCH, True),
+    "host": Decoding(Planning.HOST, Backend.FA2, False),
+    "host-overlap": Decoding(Planning.HOST, Backend.FA2, True),
+    "resident-fa2": Decoding(Planning.RESIDENT, Backend.FA2, False),
+    "resident-xqa": Decoding(Planning.RESIDENT, Backend.XQA, True),
+    "resident-triton": Decoding(Planning.RESIDENT, Backend.TRITON, True),
+    "resident-xqa-sync": Decoding(Planning.RESIDENT, Backend.XQA, False),
+    "resident-triton-sync": Decoding(Planning.RESIDENT, Backend.TRITON, False),
+    "host-torch": Decoding(Planning.HOST, Backend.TORCH, False),
+    "resident-torch": Decoding(Planning.RESIDENT, Backend.TORCH, True),
 }
 CUDA_ONLY = frozenset({Backend.FA2, Backend.XQA})
-# an arm's /suffix -> the EngineConfig fields it sets
-PREFILL_MODES = {"async": dict(async_prefill=True), "in-step": dict(async_prefill=False),
-                 "async-prio": dict(async_prefill=True, decode_priority=-1)}  # fmt: skip
 
 
-def split_arm(name: str) -> tuple[str, dict]:
-    """An arm's name as (the ``ARMS`` name, the EngineConfig fields its suffixes set: ``/async``, ``/async-prio`` or
-    ``/in-step`` the async_prefill (and decode_priority), ``@N`` the token_budget); ValueError for a suffix it does not
-    know."""
-    rest, at, budget = name.partition("@")
-    base, _, mode = rest.partition("/")
-    fields: dict = {}
-    if mode:
-        if mode not in PREFILL_MODES:
-            raise ValueError(f"arm {name!r}: an engine arm takes the suffix /{' or /'.join(PREFILL_MODES)}")
-        fields.update(PREFILL_MODES[mode])
-    if at:
-        if not budget.isdigit() or int(budget) < 1:
-            raise ValueError(f"arm {name!r}: @ takes a token budget, a positive whole number")
-        fields["token_budget"] = int(budget)
-    return base, fields
+class Budget(enum.Enum):
+    """A token budget asked for by name, not by number (``--token-budget``)."""
+
+    AUTO = "auto"  # the engine's default for the arm's placement (EngineConfig.token_budget)
+    WHOLE = "whole"  # whole prompts (EngineConfig.token_budget None)
+
+
+@attrs.frozen
+class Arm:
+    """One arm of a run: an engine arm's decoding (``ARMS[name]``) with the prefill placement and token budget it
+    runs with, both resolved (``token_budget`` None: whole prompts)."""
+
+    name: str
+    planning: Planning
+    attention: Backend
+    overlap: bool
+    prefill: PrefillPlacement
+    token_budget: int | None
+
+    @classmethod
+    def of(cls, name: str, prefill: PrefillPlacement, budget: int | Budget, device: str) -> Arm:
+        """The engine arm ``name`` at ``prefill`` and ``budget`` on ``device`` (``Budget.AUTO`` resolved by the
+        config, as an engine's is); ValueError where the config refuses the placement on the device."""
+        auto = EngineConfig(device=device, prefill=prefill).token_budget  # (the config checks the placement)
+        tokens = auto if budget is Budget.AUTO else None if budget is Budget.WHOLE else budget
+        d = ARMS[name]
+        return cls(name, d.planning, d.attention, d.overlap, prefill, tokens)
+
+    @property
+    def label(self) -> str:
+        """The arm in reports and logs: ``resident-triton beside 2048``."""
+        return f"{self.name} {self.prefill.value} {budget_text(self.token_budget)}"
+
+    def config(self, **knobs) -> EngineConfig:
+        """The arm's engine config with the benchmark's engine knobs (device, dtype, max_running, ...)."""
+        return EngineConfig(planning=self.planning, attention=self.attention, overlap=self.overlap,
+                            prefill=self.prefill, token_budget=self.token_budget, **knobs)  # fmt: skip
+
+    def peer(self, name: str) -> Arm:
+        """The engine arm ``name`` at this arm's placement and budget (what a ratio against ``name`` pairs with)."""
+        d = ARMS[name]
+        return attrs.evolve(self, name=name, planning=d.planning, attention=d.attention, overlap=d.overlap)
+
+
+def budget_text(tokens: int | None) -> str:
+    """A resolved token budget as reports write it: the number, or ``whole``."""
+    return Budget.WHOLE.value if tokens is None else str(tokens)
+
+
+def default_placement(device: str) -> PrefillPlacement:
+    """The placement an engine on ``device`` runs by default (``EngineConfig.prefill``)."""
+    return EngineConfig(device=device).prefill
+
+
+def _listed(text: str, what: str, parse) -> tuple:
+    """Comma-separated values, each parsed and each named once; ArgumentTypeError naming the first bad one."""
+    items = [x for x in text.split(",") if x]
+    if not items:
+        raise argparse.ArgumentTypeError(f"no {what} named")
+    out = tuple(parse(x) for x in items)
+    for i, x in enumerate(out):
+        if x in out[:i]:
+            raise argparse.ArgumentTypeError(f"{items[i]} is named twice")
+    return out
+
+
+def _placement(text: str) -> PrefillPlacement:
+    try:
+        return PrefillPlacement(text)
+    except ValueError:
+        known = ", ".join(p.value for p in PrefillPlacement)
+        raise argparse.ArgumentTypeError(f"{text!r} is not a placement ({known})") from None
+
+
+def _budget(text: str) -> int | Budget:
+    if text in {b.value for b in Budget}:
+        return Budget(text)
+    try:
+        return positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not auto, whole or an integer >= 1") from None
+
+
+def placements(text: str) -> tuple[PrefillPlacement, ...]:
+    """``--prefill``: comma-separated values of ``PrefillPlacement`` (in-step, in-pass, beside, beside-priority)."""
+    return _listed(text, "placement", _placement)
+
+
+def budgets(text: str) -> tuple[int | Budget, ...]:
+    """``--token-budget``: comma-separated ``auto``, ``whole`` or integers >= 1."""
+    return _listed(text, "token budget", _budget)
 
 
 def parse_arms(text: str, device: str, extra: tuple[str, ...] = ()) -> list[str]:
-    """``--arms``: comma-separated names of ``ARMS`` (or of ``extra``), each with optional suffixes (``/async``,
-    ``/async-prio`` or ``/in-step``, then ``@N``); ValueError naming the first bad one."""
-    arms = [a for a in text.split(",") if a]
-    if not arms:
+    """``--arms``: comma-separated names of ``ARMS`` (or of ``extra``); ValueError naming the first bad one."""
+    names = [a for a in text.split(",") if a]
+    if not names:
         raise ValueError("no arm named")
-    for name in arms:
-        a, fields = split_arm(name)
+    for a in names:
         if a not in ARMS and a not in extra:
             raise ValueError(f"unknown arm {a!r}; known: {', '.join([*ARMS, *extra])}")
-        if fields and a not in ARMS:
-            raise ValueError(f"arm {name!r}: {a} is not an engine arm and takes no suffix")
         if a in ARMS and device != "cuda" and ARMS[a].attention in CUDA_ONLY:
             raise ValueError(f"arm {a!r} runs {ARMS[a].attention.value} attention, which needs CUDA (on a CPU: "
                              "host-torch, resident-torch)")  # fmt: skip
-    if len(set(arms)) != len(arms):
+    if len(set(names)) != len(names):
         raise ValueError(f"an arm is named twice: {text}")
-    return arms
+    return names
 
 
-def arm_config(arm: str, **knobs) -> EngineConfig:
-    """The engine config of ``arm`` with the benchmark's engine knobs (device, dtype, max_running, ...); its
-    suffixes, if any, override the knobs' async_prefill and token_budget."""
-    name, fields = split_arm(arm)
-    a = ARMS[name]
-    return EngineConfig(planning=a.planning, attention=a.attention, overlap=a.overlap, **{**knobs, **fields})
+def build_arms(names: list[str], prefill: tuple[PrefillPlacement, ...], budget: tuple[int | Budget, ...],
+               device: str) -> list[Arm]:  # fmt: skip
+    """Every engine arm of ``names`` at every placement and budget, in that order (arm, then placement, then
+    budget), each distinct arm once (``auto`` and the number it resolves to are one arm); ValueError where a
+    config refuses a placement on ``device``."""
+    out: list[Arm] = []
+    for name in names:
+        for p in prefill:
+            for b in budget:
+                arm = Arm.of(name, p, b, device)
+                if arm not in out:
+                    out.append(arm)
+    return out
 
 
 @contextlib.contextmanager
@@ -133,3 +212,19 @@ def paired_ratio(runs: list[dict], base: list[dict], key: str, invert: bool = Fa
     if not ratios:
         return "-"
     return f"{np.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]"
+
+
+def add_arm_options(g, budget_default: str, prefill_note: str = "") -> None:
+    """``--prefill`` and ``--token-budget`` on argparse group ``g``: the placements and budgets every arm runs at."""
+    g.add_argument("--prefill", type=placements, default=None, metavar="P[,P...]",
+                   help="where the arms' prefill passes run, comma-separated: in-step (inside the step, its decode "
+                        "rows waiting for the pass), in-pass (the decode rows ride in the pass, a token each of the "
+                        "budget), beside (on a CUDA stream of its own while the decode steps go on), beside-priority "
+                        "(beside, the decode steps on a stream of higher priority); every arm runs at each, "
+                        "alternated in one run (default: the engine's for the device, beside on CUDA and in-step "
+                        f"on a CPU{prefill_note})")  # fmt: skip
+    g.add_argument("--token-budget", type=budgets, default=budget_default, metavar="B[,B...]",
+                   help="prompt tokens a step's pass holds, comma-separated: auto (the engine's default for the "
+                        f"placement: {BESIDE_TOKEN_BUDGET} beside the decode steps, {IN_STEP_TOKEN_BUDGET} in the "
+                        "step), whole (whole prompts) or a number; every arm runs at each, alternated in one run "
+                        f"(auto and the number it stands for run once; default {budget_default})")  # fmt: skip

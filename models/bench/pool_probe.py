@@ -5,8 +5,9 @@ kind of step it was, and whose cells they are (the sink page or slot, a request'
     python -m models.bench.pool_probe --arms host,resident-xqa-sync,resident-triton-sync --num-requests 128 \\
         --max-running 32 --token-budget 2048
 
-A debugging tool (it syncs and scans the pools after each step), not a benchmark. The workload options are the
-traffic benchmark's (``python -m models.bench.traffic --help``), all requests at t=0.
+A debugging tool (it syncs and scans the pools after each step), not a benchmark. The workload and engine options
+are the traffic benchmark's (``python -m models.bench.traffic --help``: every engine arm at every ``--prefill``
+placement and ``--token-budget``, each probed in turn), all requests at t=0.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from models.bench.arms import arm_config
 from models.bench.traffic import parser as traffic_parser
 from models.bench.traffic import setup_run
 from models.engine import Engine
@@ -31,7 +31,7 @@ def nonfinite(engine: Engine) -> dict:
     for pool in (*state.conv, *state.ssm):
         slots |= ~torch.isfinite(pool).flatten(1).all(1)
     out = {}  # XQA and fa2 write into a static output: its rows hold the last layer's output of each row
-    for b, attn in engine.attn.items():
+    for b, attn in engine.graphs.attn.items():
         o = getattr(attn, "out", None)
         if o is not None and id(o) not in out:
             out[id(o)] = (b, torch.nonzero(~torch.isfinite(o).flatten(1).all(1)).flatten().tolist())
@@ -57,14 +57,16 @@ def owners(engine: Engine, pages: list[int], slots: list[int]) -> dict:
 
 
 def probe(engine: Engine, requests: list) -> None:
+    """Serve ``requests`` through the engine's interface, scanning the pools after every step (module doc)."""
     st = engine.stats
     for r in requests:
         engine.submit(r)
     step, first, ever_pages, ever_slots = 0, None, set(), set()
+    results = []
     while engine.has_work():
         before = (st.decode_steps, st.mixed_steps, st.prefill_steps)
         rows = engine.scheduler.decode_rows().copy()
-        engine.step()
+        results += engine.step().finished
         if engine.device.type == "cuda":
             torch.cuda.synchronize()
         kind = ("decode", "mixed", "prefill")[int(np.argmax([a - b for a, b in zip(
@@ -77,7 +79,7 @@ def probe(engine: Engine, requests: list) -> None:
             print(f"  first non-finite after step {step} ({kind}, {rows.size} decode rows): {bad}")
             print(f"  owners: {owners(engine, bad['pages'][:8], bad['slots'][:8])}")
         step += 1
-    firsts = [r.tokens[0] for r in engine.results.values()]
+    firsts = [r.tokens[0] for r in results]
     print(f"  {step} steps; pages ever non-finite: {sorted(ever_pages)[:16]} ({len(ever_pages)}); slots: "
           f"{sorted(ever_slots)[:16]} ({len(ever_slots)}); first tokens: {firsts[:8]} ...")
 
@@ -90,13 +92,14 @@ def main(argv: list[str] | None = None) -> None:
     ap = parser()
     args = ap.parse_args(argv)
     run = setup_run(ap, args)
-    adapter = build_adapter(args.model, seed=0, device=run.device, dtype=getattr(torch, run.dtype))
+    adapter = build_adapter(args.model, seed=0, device=run.device, dtype=run.dtype)
     reqs = run.rounds[0].requests(adapter.vocab_size, run.sampling, args.seed, "p-")
     for arm in run.arms:
-        print(f"{arm}:", flush=True)
-        eng = Engine(adapter, arm_config(arm, device=run.device, dtype=run.dtype, max_running=args.max_running,
-                                         page_size=args.page_size, num_pages=args.num_pages,
-                                         max_seq_len=run.max_seq_len, token_budget=args.token_budget))  # fmt: skip
+        print(f"{arm.label}:", flush=True)
+        try:
+            eng = Engine(adapter, run.config(arm))
+        except ValueError as e:
+            ap.error(f"engine {arm.label}: {e}")
         probe(eng, reqs)
         del eng
 

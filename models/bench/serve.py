@@ -4,9 +4,10 @@
         --out models/bench/results/serve-h200
 
 Arms (``--arms``): the engine arms of ``models/bench/arms.py`` (host, host-overlap, resident-fa2, resident-xqa,
-resident-triton, resident-xqa-sync, resident-triton-sync), and ``transformers``: transformers' own Qwen3.5
-``generate`` with its cache (same weights). ``python -m models.bench.traffic`` measures the same arms under arrivals
-and varied lengths.
+resident-triton, resident-xqa-sync, resident-triton-sync), each at every prefill placement of ``--prefill`` and every
+token budget of ``--token-budget`` (default: the engine's placement, beside, and whole prompts), labelled by the three
+(``resident-xqa beside whole``); and ``transformers``: transformers' own Qwen3.5 ``generate`` with its cache (same
+weights). ``python -m models.bench.traffic`` measures the same arms under arrivals and varied lengths.
 
 Every request has a ``--prompt-len`` random prompt and generates exactly ``--gen`` tokens (no stop token). Per cell
 and arm: output tok/s (all tokens / wall time of the run), ITL p50/mean (gaps between a request's consecutive tokens),
@@ -29,9 +30,21 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from models.bench.arms import arm_config, frozen_heap, paired_ratio, parse_arms, planner_yardstick
+from models.bench.arms import (
+    Arm,
+    add_arm_options,
+    budget_text,
+    build_arms,
+    default_placement,
+    frozen_heap,
+    paired_ratio,
+    parse_arms,
+    planner_yardstick,
+)
 from models.cli import OneLineParser
-from models.engine import Engine, Request, SamplingParams, build_adapter
+from models.engine import Engine, EngineConfig, Request, SamplingParams, build_adapter
+
+TRANSFORMERS = "transformers"  # the arm that is not an engine: transformers' generate
 
 
 def requests(vocab: int, c: int, prompt_len: int, gen: int, seed: int) -> list[Request]:
@@ -40,16 +53,21 @@ def requests(vocab: int, c: int, prompt_len: int, gen: int, seed: int) -> list[R
             for _ in range(c)]
 
 
-def engine_run(adapter, arm: str, c: int, args, seed: int, engine_cache: dict) -> dict:
-    """One timed run of ``c`` requests in an engine of ``arm`` (built for the run, warmed up first)."""
+def engine_config(arm: Arm, c: int, args) -> EngineConfig:
+    """``arm``'s engine config in the cell of concurrency ``c``."""
+    return arm.config(device="cuda", dtype=torch.bfloat16, max_running=c, page_size=args.page_size,
+                      max_seq_len=args.prompt_len + args.gen, timing=True, prefill_graphs=args.prefill_graphs,
+                      prefill_graph_tokens=args.prefill_graph_tokens)  # fmt: skip
+
+
+def engine_run(adapter, arm: Arm, cfg: EngineConfig, c: int, args, seed: int, engine_cache: dict) -> dict:
+    """One timed run of ``c`` requests in an engine of ``arm`` (``cfg``: its config in the cell; built for the run,
+    warmed up first)."""
     key = (arm, c)
     if key not in engine_cache:
         engine_cache.clear()
         gc.collect()
         torch.cuda.empty_cache()
-        cfg = arm_config(arm, device="cuda", dtype="bfloat16", max_running=c, page_size=args.page_size,
-                         max_seq_len=args.prompt_len + args.gen, timing=True, token_budget=args.token_budget,
-                         prefill_graphs=args.prefill_graphs, prefill_graph_tokens=args.prefill_graph_tokens)
         eng = Engine(adapter, cfg)
         for _ in range(2):  # warm-up: JIT, allocator; twice, so the prefill passes' keys are captured
             eng.run(requests(adapter.vocab_size, c, args.prompt_len, 8, seed + 99))
@@ -71,7 +89,8 @@ def engine_run(adapter, arm: str, c: int, args, seed: int, engine_cache: dict) -
     itl = np.concatenate(eng.stats.itl) if eng.stats.itl else np.array([np.nan])
     us = lambda ns: ns / steps / 1e3
     return dict(
-        arm=arm, c=c, tokps=d["tokens"] / wall, wall_s=wall, itl_p50_ms=float(np.median(itl) * 1e3),
+        arm=arm.name, label=arm.label, prefill=arm.prefill.value, token_budget=arm.token_budget, c=c,
+        tokps=d["tokens"] / wall, wall_s=wall, itl_p50_ms=float(np.median(itl) * 1e3),
         itl_mean_ms=float(np.mean(itl) * 1e3), ttft_p50_ms=float(np.median([r.ttft_s for r in results]) * 1e3),
         decode_steps=d["decode_steps"], mixed_steps=d["mixed_steps"], step_us=us(d["decode_ns"]),
         decode_tokps=d["decode_rows"] / max(d["decode_ns"] / 1e9, 1e-9),
@@ -108,36 +127,48 @@ def transformers_run(adapter, c: int, args, seed: int) -> dict:
         torch.cuda.synchronize()
         wall = time.perf_counter() - t0
     itl = (wall - ttft) / max(args.gen - 1, 1)
-    return dict(arm="transformers", c=c, tokps=c * args.gen / wall, wall_s=wall, itl_p50_ms=itl * 1e3,
+    return dict(arm=TRANSFORMERS, label=TRANSFORMERS, c=c, tokps=c * args.gen / wall, wall_s=wall, itl_p50_ms=itl * 1e3,
                 itl_mean_ms=itl * 1e3, ttft_p50_ms=ttft * 1e3,
                 tokens=[tuple(t) for t in out[:, ids.shape[1] :].tolist()])
 
 
-def summarize(runs: list[dict], arms: list[str]) -> tuple[str, list[dict]]:
-    """Per cell and arm: median [min-max] over rounds, and ratios against host (and host-overlap), paired by round."""
+def _label(arm: Arm | str) -> str:
+    return arm if isinstance(arm, str) else arm.label
+
+
+def summarize(runs: list[dict], arms: list[Arm | str]) -> tuple[str, list[dict]]:
+    """Per cell and arm: median [min-max] over rounds, and ratios against host (and host-overlap) at the arm's
+    placement and budget (transformers: against the first host arm), paired by round."""
     rows, lines = [], []
     cells = sorted({(r["model"], r["c"]) for r in runs}, key=lambda x: (x[0], x[1]))
-    lines.append("| cell | arm | tok/s median [min-max] | vs host | vs host-overlap | decode tok/s | vs host | "
-                 "ITL p50/mean ms | per token vs host (ITL mean) | TTFT p50 ms | step us | "
+    hosts = [a for a in arms if isinstance(a, Arm) and a.name == "host"]
+    lines.append("| cell | arm | prefill | token budget | tok/s median [min-max] | vs host | vs host-overlap | "
+                 "decode tok/s | vs host | ITL p50/mean ms | per token vs host (ITL mean) | TTFT p50 ms | step us | "
                  "plan us | attn schedule us | launch us | GPU wait us | GPU graph us | idle us | H2D/step | "
-                 "H2D B/step | same tokens as host |")
-    lines.append("|" + "---|" * 20)
+                 "H2D B/step | same tokens as host |")  # fmt: skip
+    lines.append("|" + "---|" * 22)
     for model, c in cells:
-        host = [r for r in runs if r["model"] == model and r["c"] == c and r["arm"] == "host"]
-        host_over = [r for r in runs if r["model"] == model and r["c"] == c and r["arm"] == "host-overlap"]
-        host_med = float(np.median([r["tokps"] for r in host])) if host else float("nan")
+        cell = [r for r in runs if r["model"] == model and r["c"] == c]
         for arm in arms:
-            rs = [r for r in runs if r["model"] == model and r["c"] == c and r["arm"] == arm]
+            rs = [r for r in cell if r["label"] == _label(arm)]
             if not rs:
                 continue
+            like = arm if isinstance(arm, Arm) else hosts[0] if hosts else None
+            host = [r for r in cell if like is not None and r["label"] == like.peer("host").label]
+            host_over = [r for r in cell if like is not None and r["label"] == like.peer("host-overlap").label]
+            host_med = float(np.median([r["tokps"] for r in host])) if host else float("nan")
+            name = arm.name if isinstance(arm, Arm) else arm
             t = [r["tokps"] for r in rs]
             med = float(np.median(t))
             ratios = [r["tokps"] / h["tokps"] for r, h in zip(rs, host, strict=False)] if host else []
             g = lambda k, rs=rs: float(np.median([r.get(k, np.nan) for r in rs]))
             same = "-"
-            if host and arm != "host":
+            if host and rs is not host and name != "host":
                 same = f"{sum(a == b for a, b in zip(rs[0]['tokens'], host[0]['tokens'], strict=True))}/{c}"
-            row = dict(model=model, c=c, arm=arm, tokps_median=med, tokps_min=min(t), tokps_max=max(t),
+            prefill, budget = (arm.prefill.value, budget_text(arm.token_budget)) if isinstance(arm, Arm) else ("-",
+                                                                                                             "-")
+            row = dict(model=model, c=c, arm=name, label=_label(arm), prefill=prefill, token_budget=budget,
+                       tokps_median=med, tokps_min=min(t), tokps_max=max(t),
                        ratio_median=med / host_med, ratio_min=min(ratios, default=np.nan),
                        ratio_max=max(ratios, default=np.nan), **{k: g(k) for k in (
                            "itl_p50_ms", "itl_mean_ms", "ttft_p50_ms", "step_us", "plan_us", "attn_schedule_us",
@@ -145,13 +176,13 @@ def summarize(runs: list[dict], arms: list[str]) -> tuple[str, list[dict]]:
             rows.append(row)
             ratio = f"{row['ratio_median']:.2f}x [{row['ratio_min']:.2f}-{row['ratio_max']:.2f}]"
             dec = [r.get("decode_tokps", np.nan) for r in rs]
-            dratio = paired_ratio(rs, host, "decode_tokps") if arm != "transformers" else "-"
+            dratio = paired_ratio(rs, host, "decode_tokps") if name != TRANSFORMERS else "-"
             iratio = paired_ratio(rs, host, "itl_mean_ms", invert=True)
-            oratio = paired_ratio(rs, host_over, "tokps") if arm not in ("host", "host-overlap") else "-"
+            oratio = paired_ratio(rs, host_over, "tokps") if name not in ("host", "host-overlap") else "-"
             idle = row["step_us"] - row["gpu_us"]
             lines.append(
-                f"| {model} c={c} | {arm} | {med:.0f} [{min(t):.0f}-{max(t):.0f}] | {ratio} | {oratio} | "
-                f"{np.median(dec):.0f} | {dratio} | "
+                f"| {model} c={c} | {name} | {prefill} | {budget} | {med:.0f} [{min(t):.0f}-{max(t):.0f}] | {ratio} | "
+                f"{oratio} | {np.median(dec):.0f} | {dratio} | "
                 f"{row['itl_p50_ms']:.2f}/{row['itl_mean_ms']:.2f} | {iratio} | {row['ttft_p50_ms']:.0f} | "
                 f"{row['step_us']:.0f} | {row['plan_us']:.1f} | {row['attn_schedule_us']:.1f} | "
                 f"{row['launch_us']:.0f} | "
@@ -160,7 +191,8 @@ def summarize(runs: list[dict], arms: list[str]) -> tuple[str, list[dict]]:
     return "\n".join(lines), rows
 
 
-def plot(rows: list[dict], arms: list[str], path: Path) -> None:
+def plot(rows: list[dict], labels: list[str], path: Path) -> None:
+    """Output tok/s by concurrency, an arm (by label) a line and a model a panel."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -169,8 +201,8 @@ def plot(rows: list[dict], arms: list[str], path: Path) -> None:
     models = sorted({r["model"] for r in rows})
     fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4), squeeze=False)
     for ax, model in zip(axes[0], models, strict=True):
-        for arm in arms:
-            rs = sorted((r for r in rows if r["model"] == model and r["arm"] == arm), key=lambda r: r["c"])
+        for arm in labels:
+            rs = sorted((r for r in rows if r["model"] == model and r["label"] == arm), key=lambda r: r["c"])
             if rs:
                 ax.errorbar([r["c"] for r in rs], [r["tokps_median"] for r in rs], marker="o", label=arm,
                             yerr=[[r["tokps_median"] - r["tokps_min"] for r in rs],
@@ -191,13 +223,14 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--model", default="qwen3_5-0.8b", help="model(s), comma-separated (random weights)")
     ap.add_argument("--concurrency", default="1,16,64", help="concurrency cells, comma-separated")
     ap.add_argument("--arms", default="host,host-overlap,resident-fa2,resident-xqa-sync,resident-xqa,resident-triton,"
-                    "transformers", help="arms, comma-separated (see models/bench/arms.py)")
+                    "transformers", help="arms, comma-separated (see models/bench/arms.py); each engine arm runs at "
+                                         "every --prefill placement and --token-budget")  # fmt: skip
+    add_arm_options(ap, "whole")
     ap.add_argument("--transformers-c", default="1,16", help="cells where the transformers arm runs")
     ap.add_argument("--prompt-len", type=int, default=512, help="tokens each prompt has (default 512)")
     ap.add_argument("--gen", type=int, default=256, help="tokens each request generates (fixed)")
     ap.add_argument("--rounds", type=int, default=2, help="rounds; the arm order alternates between rounds")
     ap.add_argument("--page-size", type=int, default=16, help="tokens a KV page holds (default 16)")
-    ap.add_argument("--token-budget", type=int, default=None, help="prefill tokens a step (default: whole prompts)")
     ap.add_argument("--prefill-graphs", type=int, default=6,
                     help="token buckets of prefill CUDA graphs, halving down from --prefill-graph-tokens (default 6: "
                          "256 ... 8192), in every engine arm alike (0: eager prefill)")
@@ -208,19 +241,42 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def lineup(args) -> list[Arm | str]:
+    """The run's arms in ``--arms`` order: each engine arm at every placement and budget, and ``transformers``;
+    ValueError naming the option of the first bad value."""
+    try:
+        names = parse_arms(args.arms, "cuda", extra=(TRANSFORMERS,))
+    except ValueError as e:
+        raise ValueError(f"argument --arms: {e}") from None
+    prefill = args.prefill or (default_placement("cuda"),)
+    out: list[Arm | str] = []
+    for name in names:
+        out += [TRANSFORMERS] if name == TRANSFORMERS else build_arms([name], prefill, args.token_budget, "cuda")
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
-    args = parser().parse_args(argv)
+    ap = parser()
+    args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("the serving benchmark needs a CUDA GPU (run it on the H200)")
-    try:
-        arms = parse_arms(args.arms, "cuda", extra=("transformers",))
-    except ValueError as e:
-        raise SystemExit(f"serve: error: argument --arms: {e}") from None
     cells = [int(c) for c in args.concurrency.split(",")]
     hf_cells = {int(c) for c in args.transformers_c.split(",")}
+    try:
+        arms = lineup(args)
+    except ValueError as e:
+        ap.error(str(e))
+    configs = {}  # every engine arm's config in every cell, built once here: a refused one ends the run now
+    for arm in (a for a in arms if isinstance(a, Arm)):
+        for c in cells:
+            try:
+                configs[arm, c] = engine_config(arm, c, args)
+            except ValueError as e:
+                ap.error(f"arm {arm.label} at concurrency {c}: {e}")
     args.out.mkdir(parents=True, exist_ok=True)
     host_speed = planner_yardstick()
     print(f"host yardstick: {host_speed}", flush=True)
+    width = max(len(_label(a)) for a in arms)
     runs: list[dict] = []
     for model in args.model.split(","):
         adapter = build_adapter(model, seed=args.seed, device="cuda", dtype=torch.bfloat16)
@@ -229,15 +285,16 @@ def main(argv: list[str] | None = None) -> None:
             for rnd in range(args.rounds):
                 order = arms if rnd % 2 == 0 else arms[::-1]
                 for arm in order:
-                    if arm == "transformers":
+                    if arm == TRANSFORMERS:
                         if c not in hf_cells:
                             continue
                         r = transformers_run(adapter, c, args, seed=1000 * rnd + c)
                     else:
-                        r = engine_run(adapter, arm, c, args, seed=1000 * rnd + c, engine_cache=cache)
+                        r = engine_run(adapter, arm, configs[arm, c], c, args, seed=1000 * rnd + c,
+                                       engine_cache=cache)  # fmt: skip
                     r.update(model=model, round=rnd)
                     runs.append(r)
-                    print(f"{model} c={c} round {rnd} {arm:13s} {r['tokps']:9.0f} tok/s  ITL p50 "
+                    print(f"{model} c={c} round {rnd} {_label(arm):{width}s} {r['tokps']:9.0f} tok/s  ITL p50 "
                           f"{r['itl_p50_ms']:.2f} ms  TTFT p50 {r['ttft_p50_ms']:.0f} ms  prefill "
                           f"{r.get('prefill_ms', float('nan')):.1f} ms a pass ({r.get('prefill_passes', 0)})",
                           flush=True)
@@ -246,19 +303,22 @@ def main(argv: list[str] | None = None) -> None:
         gc.collect()
         torch.cuda.empty_cache()
     table, rows = summarize(runs, arms)
+    resolved = "; ".join(dict.fromkeys(f"{arm.name} {cfg.prefill.value} {budget_text(cfg.token_budget)}"
+                                       for (arm, _), cfg in configs.items()))  # (the same in every cell)  # fmt: skip
     head = (f"Serving benchmark on {torch.cuda.get_device_name()} (torch {torch.__version__}): prompts "
             f"{args.prompt_len} tokens, {args.gen} new tokens each, page size {args.page_size}, {args.rounds} rounds "
             f"with the arm order alternated, random weights (bf16). Prefill passes of <= {args.prefill_graph_tokens} "
             f"tokens replayed from CUDA graphs in every engine arm: {'yes' if args.prefill_graphs else 'no'} "
-            f"({args.prefill_graphs} token buckets up to {args.prefill_graph_tokens}). "
-            f"Host yardstick: {host_speed}.\n\n"
+            f"({args.prefill_graphs} token buckets up to {args.prefill_graph_tokens}). Engine arms, each with the "
+            f"prefill placement and token budget its engine config resolved (budget: prompt tokens a pass, or whole "
+            f"prompts): {resolved}. Host yardstick: {host_speed}.\n\n"
             "Command: `python -m models.bench.serve "
             + " ".join(argv if argv is not None else __import__("sys").argv[1:]) + "`\n\n")
     (args.out / "results.md").write_text(head + table + "\n")
     (args.out / "results.json").write_text(json.dumps(dict(rows=rows, runs=[{k: v for k, v in r.items()
                                                                               if k != "tokens"} for r in runs]),
                                                        indent=1))
-    plot(rows, arms, args.out / "tokps.png")
+    plot(rows, [_label(a) for a in arms], args.out / "tokps.png")
     print(table)
 
 

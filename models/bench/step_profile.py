@@ -1,14 +1,16 @@
 """Where an engine's steps spend their time under traffic: the host's phases, and the GPU's kernels.
 
-    python -m models.bench.step_profile --arms resident-triton --rate 40 --num-requests 64 [--decode-in-pass]
+    python -m models.bench.step_profile --arms resident-triton --rate 40 --num-requests 64 [--prefill in-pass]
 
-Takes the traffic benchmark's options (``models.bench.traffic``; one arm). Builds that arm's engine as the benchmark
-does, serves its warm-up and the round once untimed, then serves the round again under ``torch.profiler`` (CPU and
-CUDA). The host's phases are ``record_function`` ranges put around the engine parts' methods by this tool (the engine
-carries no profiling code): ``step.*`` (the engine's step and its kinds), ``prefill.*`` (a pass: its inputs, the graph
-run, the first tokens), ``decode.*`` (a decode step's prepare, launch and landing). Prints the phases by total host
-time, the CUDA runtime calls by self host time (a ``cudaStreamSynchronize`` there is the host waiting), and the CUDA
-kernels by GPU time, with the wall time and the step counts of the profiled round.
+Takes the traffic benchmark's options (``models.bench.traffic``; one arm: one engine arm, one ``--prefill``
+placement, one ``--token-budget``). Builds that arm's engine as the benchmark does, serves its warm-up and the round
+once untimed, then serves the round again under ``torch.profiler`` (CPU and CUDA). The host's phases are
+``record_function`` ranges put around the engine parts' methods by this tool (the engine carries no profiling code):
+``step.*`` (the engine's step and its kinds), ``prefill.*`` (a pass, in the step or beside the decode steps: its
+launch with its inputs, the graph run, its landing with the first tokens), ``decode.*`` (a decode step's prepare,
+launch and landing). Prints the phases by total host time, the CUDA runtime calls by self host time (a
+``cudaStreamSynchronize`` there is the host waiting), and the CUDA kernels by GPU time, with the wall time and the
+step counts of the profiled round.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import functools
 
 import torch
 
-from models.bench.arms import arm_config
 from models.bench.traffic import parser as traffic_parser
 from models.bench.traffic import serve, setup_run
 from models.engine import Engine, build_adapter
@@ -33,9 +34,10 @@ PHASES = (
     (Engine, "_admit_step", "step.admit"),
     (Engine, "_drain", "step.land_in_flight"),
     (Engine, "_decode_step", "step.decode"),
-    (Engine, "_host_step", "step.host_planned"),
+    (Engine, "_prefill_step", "step.prefill"),
     (Engine, "_prepare_next", "step.prepare_next"),
-    (Prefill, "run", "prefill.run"),
+    (Prefill, "launch", "prefill.launch"),
+    (Prefill, "land", "prefill.land"),
     (PrefillGraphs, "run", "prefill.graph_run"),
     (Sampler, "__call__", "sampler"),
     (Launcher, "launch", "decode.launch"),
@@ -78,18 +80,14 @@ def main(argv: list[str] | None = None) -> None:
     if run.device != "cuda":
         ap.error("step_profile profiles GPU kernels: it needs CUDA (--device cuda on a machine with a GPU)")
     if len(run.arms) != 1:
-        ap.error(f"argument --arms: one arm, got {','.join(run.arms)}")
+        ap.error(f"argument --arms: one arm (one engine arm, one --prefill, one --token-budget), got "
+                 f"{', '.join(a.label for a in run.arms)}")  # fmt: skip
     (arm,) = run.arms
-    adapter = build_adapter(args.model, seed=0, device=run.device, dtype=getattr(torch, run.dtype))
-    cfg = arm_config(arm, device=run.device, dtype=run.dtype, max_running=args.max_running, max_bucket=args.max_bucket,
-                     page_size=args.page_size, num_pages=args.num_pages, max_seq_len=run.max_seq_len,
-                     token_budget=args.token_budget, prefill_graphs=args.prefill_graphs,
-                     prefill_graph_tokens=args.prefill_graph_tokens, decode_in_pass=args.decode_in_pass,
-                     async_prefill=args.async_prefill)  # fmt: skip
+    adapter = build_adapter(args.model, seed=0, device=run.device, dtype=run.dtype)
     try:
-        engine = Engine(adapter, cfg)
+        engine = Engine(adapter, run.config(arm))
     except ValueError as e:
-        ap.error(f"engine {arm}: {e}")
+        ap.error(f"engine {arm.label}: {e}")
     serve(engine, run.warmup, run.warmup.requests(adapter.vocab_size, run.sampling, args.seed + 1, "warm-"),
           wait=False)  # fmt: skip
     work = run.rounds[0]
@@ -104,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     d = [a - b for a, b in zip((st.decode_steps, st.mixed_steps, st.prefill_steps, st.tokens), before, strict=True)]
     events = prof.key_averages()
     kernel_us = sum(e.self_device_time_total for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
-    print(f"# {arm}, {run.description}\n")
+    print(f"# {arm.label}, {run.description}\n")
     print(f"wall {wall * 1e3:.0f} ms (profiled: slower than a timed run); {d[0]} decode, {d[1]} mixed, {d[2]} "
           f"prefill steps; {d[3]} tokens; CUDA kernels {kernel_us / 1e3:.0f} ms in all\n")  # fmt: skip
     ours = [e for e in events if e.key.split(".")[0] in {label.split(".")[0] for _, _, label in PHASES}]

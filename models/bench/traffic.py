@@ -2,8 +2,8 @@
 
     python -m models.bench.traffic --num-requests 128 --rate inf \\
         --prompt-len lognormal:median=256,sigma=0.9,min=32,max=1536 \\
-        --gen-len lognormal:median=96,sigma=0.9,min=8,max=384 --max-running 32 --token-budget 1024 \\
-        --out models/bench/results/traffic-h200/burst
+        --gen-len lognormal:median=96,sigma=0.9,min=8,max=384 --max-running 32 --prefill in-step,beside \\
+        --token-budget 1024,2048 --out models/bench/results/traffic-h200/burst
 
 Arrivals: ``--rate R`` requests/s (Poisson; ``inf``: all at t=0), ``--num-requests N``; lengths ``--prompt-len`` and
 ``--gen-len`` as distributions (``fixed:512``, ``uniform:32,1536``, ``lognormal:median=256,sigma=0.9,min=32,max=1536``);
@@ -11,16 +11,18 @@ or ``--trace FILE.jsonl`` (one ``{"arrival_s", "prompt_len", "output_len"}`` a l
 ``--sampled-frac`` of the requests sample (``--temperature``, ``--top-p``, ``--top-k``), ``--stop-frac`` carry stop
 tokens (random ids: with random weights they rarely fire; the requests end at their length).
 
-Every arm (``models/bench/arms.py``: host, host-overlap, resident-fa2, resident-xqa, resident-triton, ...) gets its
-own engine, built once and warmed up on traffic of the same shape. Each round draws its own traffic from the
-distributions (a trace: the same every round), serves it once untimed (``--prerun``: the process's one-time costs of
-the round's prefill shapes would otherwise fall on whichever arm meets them first), then serves it timed in every
-arm, the arm order reversed every other round. A request's TTFT counts from its arrival, not from when the engine
-loop got to it. Per arm (median [min-max] over rounds): output tok/s and requests/s, TTFT and ITL
-p50/p90/p99, TPOT mean, decode steps, mixed steps and their mean wall time, prefill passes (tokens, wall and GPU time a
-pass), decode steps beside a pass in flight (async prefill), H2D copies a decode step, peak GPU memory, and whether
-its first tokens (and all tokens) equal the host arm's. (With passes beside the decode steps, or arrivals over time,
-two arms batch their rows by their own timing, so in bf16 a near-tie may break the other way.)
+Every arm (``models/bench/arms.py``: an engine arm of ``--arms``, host, host-overlap, resident-fa2, resident-xqa,
+resident-triton, ..., at a placement of ``--prefill`` and a budget of ``--token-budget``, labelled by the three:
+``resident-triton beside 2048``) gets its own engine, built once and warmed up on traffic of the same shape. Each
+round draws its own traffic from the distributions (a trace: the same every round), serves it once untimed
+(``--prerun``: the process's one-time costs of the round's prefill shapes would otherwise fall on whichever arm meets
+them first), then serves it timed in every arm, the arm order reversed every other round. A request's TTFT counts
+from its arrival, not from when the engine loop got to it. Per arm (median [min-max] over rounds): output tok/s and
+requests/s, TTFT and ITL p50/p90/p99, TPOT mean, decode steps, mixed steps and their mean wall time, prefill passes
+(tokens, wall and GPU time a pass), decode steps beside a pass in flight (passes beside the decode steps), H2D copies
+a decode step, peak GPU memory, and whether its first tokens (and all tokens) equal those of the host arm at its
+placement and budget. (With passes beside the decode steps, or arrivals over time, two arms batch their rows by their
+own timing, so in bf16 a near-tie may break the other way.)
 
 Writes ``results.md``, ``results.json``, ``ttft_cdf.png``, ``itl_cdf.png`` and ``timeline.png`` (the last round of
 each arm: rows, prompt tokens and wall time of every step) under ``--out``. Runs on a CPU too (tiny model, the
@@ -28,7 +30,9 @@ each arm: rows, prompt tokens and wall time of every step) under ``--out``. Runs
 
 Under torchrun (``python -m torch.distributed.run --nproc-per-node 2 -m models.bench.traffic ...``) every arm's
 engine is tensor-parallel over the group (models.engine.tensor_parallel). Rank 0 drives the arrivals and writes the
-report; the other ranks follow its steps.
+report; the other ranks follow its steps. Its passes run in the step (``--prefill`` in-step, the default there, or
+in-pass): a pass beside the decode steps would land when each rank's GPU has run it, and the ranks would batch
+differently (``RankEngine`` refuses it).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -45,10 +50,20 @@ import attrs
 import numpy as np
 import torch
 
-from models.bench.arms import arm_config, frozen_heap, paired_ratio, parse_arms, planner_yardstick
+from models.bench.arms import (
+    Arm,
+    add_arm_options,
+    budget_text,
+    build_arms,
+    default_placement,
+    frozen_heap,
+    paired_ratio,
+    parse_arms,
+    planner_yardstick,
+)
 from models.bench.workload import Lengths, Sampling, Workload, WorkloadError, arrival_times, read_trace
-from models.cli import OneLineParser, fraction, positive_int, rate, token_budget
-from models.engine import BESIDE_TOKEN_BUDGET, IN_STEP_TOKEN_BUDGET, Engine, EngineConfig
+from models.cli import OneLineParser, fraction, positive_int, rate
+from models.engine import Engine, EngineConfig, PrefillPlacement
 from models.engine.adapters import MODEL_CONFIGS, build_adapter, model_context
 from models.engine.tensor_parallel import RankEngine, build_rank_adapter, join_group
 
@@ -56,7 +71,7 @@ GPU_ARMS = "host,host-overlap,resident-fa2,resident-xqa,resident-triton"
 CPU_ARMS = "host-torch,resident-torch"
 COUNTERS = ("decode_steps", "mixed_steps", "prefill_steps", "prefill_passes", "prefill_tokens", "prefill_ns",
             "prefill_host_ns", "prefill_gpu_ms", "mixed_ns", "decode_ns", "gpu_ms", "h2d_copies", "rows_decoded",
-            "tokens", "preplan_hits", "preplans", "decode_beside_pass")  # fmt: skip
+            "tokens", "early_hits", "early_steps", "decode_beside_pass")  # fmt: skip
 
 
 def parser(prog: str = "python -m models.bench.traffic", description: str = __doc__,
@@ -89,16 +104,12 @@ def parser(prog: str = "python -m models.bench.traffic", description: str = __do
     e.add_argument("--device", default=None, help="cuda or cpu (default: cuda where there is one)")
     e.add_argument("--dtype", default=None, help="bfloat16 or float32 (default: bfloat16 on cuda, float32 on cpu)")
     e.add_argument("--arms", default=None,
-                   help=f"arms, comma-separated (default on cuda: {GPU_ARMS}; on cpu: {CPU_ARMS}); an arm may end "
-                        "in /async, /async-prio or /in-step (its prefill passes beside its decode steps, the same with "
-                        "the decode steps at a higher stream priority, or in them), then in @N "
-                        "(a token budget of N): resident-triton/async@4096")  # fmt: skip
+                   help=f"engine arms, comma-separated (default on cuda: {GPU_ARMS}; on cpu: {CPU_ARMS}); each runs "
+                        "at every --prefill placement and --token-budget")  # fmt: skip
+    add_arm_options(e, "auto", "; under torchrun in-step, passed to every rank's RankEngine: a tensor-parallel "
+                               "engine runs its passes in the step, in-step or in-pass")  # fmt: skip
     e.add_argument("--max-running", type=positive_int, default=32, help="requests admitted at once (default 32)")
     e.add_argument("--max-bucket", type=positive_int, default=None, help="widest decode bucket (default: max-running)")
-    e.add_argument("--token-budget", type=token_budget, default="auto",
-                   help=f"prefill tokens a step, or auto (the default): the engine's, {BESIDE_TOKEN_BUDGET} where "
-                        f"passes run beside the decode steps, {IN_STEP_TOKEN_BUDGET} where they run in the step; for "
-                        "whole prompts give a large number")
     e.add_argument("--page-size", type=positive_int, default=16, help="tokens a KV page holds (default 16)")
     e.add_argument("--num-pages", type=positive_int, default=None,
                    help="KV pages (sink included; default: every running request at the context)")
@@ -109,14 +120,6 @@ def parser(prog: str = "python -m models.bench.traffic", description: str = __do
                         "256 ... 8192); a pass is padded to the smallest that holds it (0: eager prefill)")
     e.add_argument("--prefill-graph-tokens", type=positive_int, default=8192,
                    help="the largest token bucket; longer passes run eagerly (default 8192)")
-    e.add_argument("--async-prefill", action=argparse.BooleanOptionalAction, default=None,
-                   help="run each prefill pass on a CUDA stream of its own, beside the decode steps, its requests "
-                        "joining them when it lands (default: the engine's, on with CUDA); --no-async-prefill runs "
-                        "each pass inside its step; an arm name ending in /async, /async-prio or /in-step sets it "
-                        "for that arm")
-    e.add_argument("--decode-in-pass", action="store_true",
-                   help="a step with prefill work runs its decode rows in the prefill pass, one token each of "
-                        "--token-budget, instead of a decode graph beside it (default: beside it)")
     if not run_options:
         return ap
     r = ap.add_argument_group("run")
@@ -134,30 +137,34 @@ def parser(prog: str = "python -m models.bench.traffic", description: str = __do
 
 @attrs.frozen(eq=False)
 class Setup:
-    """Everything the run needs, checked before any engine is built."""
+    """Everything the run needs, checked before any engine is built: every arm's config has been built once."""
 
-    arms: list[str]
+    arms: list[Arm]  # every engine arm at every placement and budget asked for, in the order they run
     device: str
-    dtype: str
+    dtype: torch.dtype
     rounds: list[Workload]  # the workload of each round
     warmup: Workload
     sampling: Sampling
     max_seq_len: int
     description: str
+    knobs: dict  # the EngineConfig fields every arm shares (device, dtype, max_running, ...)
+
+    def config(self, arm: Arm, **more) -> EngineConfig:
+        """``arm``'s engine config with the run's knobs (and ``more``: timing)."""
+        return arm.config(**self.knobs, **more)
 
 
-def setup_run(ap: argparse.ArgumentParser, args: argparse.Namespace) -> Setup:
-    """Parse and check the workload and engine arguments (``ap.error`` on the first problem)."""
+def setup_run(ap: argparse.ArgumentParser, args: argparse.Namespace, ranks: int = 1) -> Setup:
+    """Parse and check the workload and engine arguments, and build every arm's config, for an engine on one device
+    or (``ranks`` > 1) a tensor-parallel one (``ap.error`` on the first problem)."""
     try:
-        return _setup_run(args)
-    except WorkloadError as e:
+        return _setup_run(args, ranks)
+    except ValueError as e:  # a WorkloadError naming its argument, or an arm's config refused
         ap.error(str(e))
-    except ValueError as e:  # from parse_arms
-        ap.error(f"argument --arms: {e}")
     raise AssertionError("unreachable")
 
 
-def _setup_run(args: argparse.Namespace) -> Setup:
+def _setup_run(args: argparse.Namespace, ranks: int) -> Setup:
     if args.model not in MODEL_CONFIGS or not args.model.startswith("qwen"):
         raise WorkloadError("--model", f"{args.model!r}: the traffic benchmark serves the text models "
                                        f"{', '.join(m for m in MODEL_CONFIGS if m.startswith('qwen'))}")  # fmt: skip
@@ -169,7 +176,13 @@ def _setup_run(args: argparse.Namespace) -> Setup:
     dtype = args.dtype or ("bfloat16" if device == "cuda" else "float32")
     if dtype not in ("bfloat16", "float32"):
         raise WorkloadError("--dtype", f"{dtype!r}: bfloat16 or float32")
-    arms = parse_arms(args.arms or (GPU_ARMS if device == "cuda" else CPU_ARMS), device)
+    if args.prefill_graphs < 0:
+        raise WorkloadError("--prefill-graphs", f"must be >= 0, got {args.prefill_graphs}")
+    try:
+        names = parse_arms(args.arms or (GPU_ARMS if device == "cuda" else CPU_ARMS), device)
+    except ValueError as e:
+        raise WorkloadError("--arms", str(e)) from None
+    arms = arms_for(names, args.prefill, args.token_budget, device, ranks)
     sampling = Sampling(args.sampled_frac, args.temperature, args.top_p, args.top_k, args.stop_frac,
                         args.stop_tokens)  # fmt: skip
     n_rounds = getattr(args, "rounds", 1)
@@ -223,25 +236,46 @@ def _setup_run(args: argparse.Namespace) -> Setup:
         arg = "--trace" if args.trace is not None else "--prompt-len/--gen-len"
         raise WorkloadError(arg, f"a request of {longest} tokens (prompt + output) is over {args.model}'s context "
                                  f"of {context}")  # fmt: skip
-    return Setup(arms, device, dtype, rounds, warmup, sampling, args.max_seq_len or longest,
-                f"{source}: round 0 {rounds[0].describe()}")
+    max_seq_len = args.max_seq_len or longest
+    knobs = dict(device=device, dtype=getattr(torch, dtype), max_running=args.max_running, max_bucket=args.max_bucket,
+                 page_size=args.page_size, num_pages=args.num_pages, max_seq_len=max_seq_len,
+                 prefill_graphs=args.prefill_graphs if device == "cuda" else 0,
+                 prefill_graph_tokens=args.prefill_graph_tokens)  # fmt: skip
+    for arm in arms:  # each config built once here, so a refused one ends the run before any engine is built
+        try:
+            arm.config(**knobs)
+        except ValueError as e:
+            raise ValueError(f"arm {arm.label}: {e}") from None
+    return Setup(arms, device, knobs["dtype"], rounds, warmup, sampling, max_seq_len,
+                 f"{source}: round 0 {rounds[0].describe()}", knobs)
+
+
+def arms_for(names: list[str], prefill: tuple[PrefillPlacement, ...] | None, budgets: tuple, device: str,
+             ranks: int) -> list[Arm]:  # fmt: skip
+    """The run's arms: every engine arm at every placement (default: the engine's for the device; in the step for a
+    tensor-parallel engine, which refuses a pass beside the decode steps) and every budget."""
+    if prefill is None:
+        prefill = (PrefillPlacement.IN_STEP if ranks > 1 else default_placement(device),)
+    beside = [p.value for p in prefill if p.beside]
+    if ranks > 1 and beside:
+        raise WorkloadError("--prefill", f"{beside[0]}: a tensor-parallel engine runs its passes in the step (the "
+                                         "ranks would batch differently beside the decode steps); in-step or "
+                                         "in-pass")  # fmt: skip
+    try:
+        return build_arms(names, prefill, budgets, device)
+    except ValueError as e:
+        raise WorkloadError("--prefill", str(e)) from None
 
 
 # -- serving the workload ------------------------------------------------------------------------------------------
 def drive(engine: Engine, workload: Workload, requests: list, wait: bool = True,
           progress: Callable[[], None] | None = None) -> tuple[list, list, float]:
     """Serve ``requests``, each submitted when it arrives (``wait``: sleep while none is due and nothing runs;
-    ``progress`` is called as each finishes). Returns (results in request order, one (start s, wall s, kind, decode
-    rows, prompt tokens) a step, wall s)."""
+    ``progress`` is called as each finishes), through the engine core's interface: submit, step, has_work, each
+    step's output handing over the results it finished. Returns (results in request order, one (start s, wall s,
+    kind, decode rows, prompt tokens) a step, wall s)."""
     st, steps, n, i = engine.stats, [], len(requests), 0
     done: dict = {}
-
-    def finished(result) -> None:
-        done[result.request_id] = result
-        if progress is not None:
-            progress()
-
-    engine.on_finish = finished
     t0 = time.perf_counter()
     while i < n or engine.has_work():
         now = time.perf_counter()
@@ -253,14 +287,17 @@ def drive(engine: Engine, workload: Workload, requests: list, wait: bool = True,
             continue
         before = (st.decode_steps, st.mixed_steps, st.prefill_steps, st.rows_decoded, st.prefill_tokens)
         ts = time.perf_counter()
-        engine.step()
+        out = engine.step()
         te = time.perf_counter()
+        for result in out.finished:
+            done[result.request_id] = result
+            if progress is not None:
+                progress()
         d = [a - b for a, b in zip((st.decode_steps, st.mixed_steps, st.prefill_steps, st.rows_decoded,
                                      st.prefill_tokens), before, strict=True)]  # fmt: skip
         kind = "decode" if d[0] else "mixed" if d[1] else "prefill" if d[2] else "land"
         steps.append((ts - t0, te - ts, kind, d[3], d[4]))
     wall = time.perf_counter() - t0
-    engine.on_finish = None
     return [done[r.request_id] for r in requests], steps, wall
 
 
@@ -315,7 +352,7 @@ def timed_run(engine: Engine, workload: Workload, requests: list, cuda: bool,
         prefill_gpu_ms=per("prefill_gpu_ms", d["prefill_passes"]) if cuda else float("nan"),
         prefill_tokps=d["prefill_tokens"] / (d["prefill_ns"] / 1e9) if d["prefill_ns"] else float("nan"),
         h2d_per_decode_step=per("h2d_copies", d["decode_steps"]),
-        preplan_hits=d["preplan_hits"], preplans=d["preplans"],
+        early_hits=d["early_hits"], early_steps=d["early_steps"],
         peak_gpu_gib=torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan"),
         ttft_ms=ttft.tolist(), itl_ms=itl.tolist(), steps=steps,
         tokens=[r.tokens for r in results], finish=[r.finish_reason.value for r in results],
@@ -360,21 +397,23 @@ def same_tokens(runs: list[dict], base: list[dict]) -> tuple[str, str]:
     return f"{min(firsts)}/{n}", f"{min(whole)}/{n}"
 
 
-def summarize(runs: list[dict], arms: list[str]) -> tuple[str, list[dict]]:
-    """The report's table (one row an arm) and its rows as dicts."""
-    by_arm = {a: [r for r in runs if r["arm"] == a] for a in arms}
-    host, host_over = by_arm.get("host", []), by_arm.get("host-overlap", [])
-    base = host or by_arm.get("host-torch", [])
-    head = ["arm", "output tok/s", "vs host", "vs host-overlap"] + [h for h, _, _ in COLUMNS[1:]] + [
-        "first tokens = host", "all tokens = host"]  # fmt: skip
+def summarize(runs: list[dict], arms: list[Arm]) -> tuple[str, list[dict]]:
+    """The report's table (one row an arm: its engine arm, placement and budget) and its rows as dicts. An arm is
+    compared with the host arm (host, else host-torch) and host-overlap at its own placement and budget."""
+    by_label = {a.label: [r for r in runs if r["label"] == a.label] for a in arms}
+    head = ["arm", "prefill", "token budget", "output tok/s", "vs host", "vs host-overlap"] + [
+        h for h, _, _ in COLUMNS[1:]] + ["first tokens = host", "all tokens = host"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     rows = []
     for arm in arms:
-        rs = by_arm[arm]
+        rs = by_label[arm.label]
         if not rs:
             continue
+        base = by_label.get(arm.peer("host").label) or by_label.get(arm.peer("host-torch").label, [])
+        host_over = by_label.get(arm.peer("host-overlap").label, [])
         first, whole = same_tokens(rs, base) if rs is not base else ("-", "-")
-        row = dict(arm=arm, first_tokens_same=first, tokens_same=whole,
+        row = dict(arm=arm.name, label=arm.label, prefill=arm.prefill.value, token_budget=arm.token_budget,
+                   first_tokens_same=first, tokens_same=whole,
                    vs_host=paired_ratio(rs, base, "tokps") if rs is not base else "-",
                    vs_host_overlap=paired_ratio(rs, host_over, "tokps") if rs is not host_over else "-")
         for _, key, _ in COLUMNS:
@@ -382,13 +421,14 @@ def summarize(runs: list[dict], arms: list[str]) -> tuple[str, list[dict]]:
             row[key] = dict(median=float(np.median(vals)), min=float(min(vals)), max=float(max(vals)))
         rows.append(row)
         cells = [_cell([r[key] for r in rs], fmt) for _, key, fmt in COLUMNS]
-        lines.append("| " + " | ".join([arm, cells[0], row["vs_host"], row["vs_host_overlap"], *cells[1:], first,
-                                        whole]) + " |")  # fmt: skip
+        lead = [arm.name, arm.prefill.value, budget_text(arm.token_budget), cells[0], row["vs_host"],
+                row["vs_host_overlap"]]  # fmt: skip
+        lines.append("| " + " | ".join([*lead, *cells[1:], first, whole]) + " |")
     return "\n".join(lines), rows
 
 
-def plot(runs: list[dict], arms: list[str], out: Path) -> None:
-    """TTFT and ITL CDFs per arm (every round), and the last round's step timeline per arm."""
+def plot(runs: list[dict], labels: list[str], out: Path) -> None:
+    """TTFT and ITL CDFs per arm (every round), and the last round's step timeline per arm (arms by label)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -396,8 +436,8 @@ def plot(runs: list[dict], arms: list[str], out: Path) -> None:
 
     for key, name, log in (("ttft_ms", "TTFT", False), ("itl_ms", "ITL", True)):
         fig, ax = plt.subplots(figsize=(6, 4))
-        for arm in arms:
-            x = np.sort(np.concatenate([np.asarray(r[key]) for r in runs if r["arm"] == arm] or [np.zeros(0)]))
+        for arm in labels:
+            x = np.sort(np.concatenate([np.asarray(r[key]) for r in runs if r["label"] == arm] or [np.zeros(0)]))
             if x.size:
                 ax.plot(x, np.arange(1, x.size + 1) / x.size, label=arm)
         ax.set_xlabel(f"{name} (ms)")
@@ -409,7 +449,7 @@ def plot(runs: list[dict], arms: list[str], out: Path) -> None:
         fig.tight_layout()
         fig.savefig(out / f"{name.lower()}_cdf.png", dpi=110)
         plt.close(fig)
-    last = {arm: [r for r in runs if r["arm"] == arm][-1] for arm in arms if any(r["arm"] == arm for r in runs)}
+    last = {arm: [r for r in runs if r["label"] == arm][-1] for arm in labels if any(r["label"] == arm for r in runs)}
     fig, axes = plt.subplots(3, len(last), figsize=(4.5 * len(last), 7), sharex="col", squeeze=False)
     for j, (arm, r) in enumerate(last.items()):
         t = np.array([s[0] for s in r["steps"]])
@@ -428,9 +468,8 @@ def plot(runs: list[dict], arms: list[str], out: Path) -> None:
 def main(argv: list[str] | None = None) -> list[dict]:
     ap = parser()
     args = ap.parse_args(argv)
-    run = setup_run(ap, args)
-    if args.prefill_graphs < 0:
-        ap.error("argument --prefill-graphs: must be >= 0")
+    ranks = int(os.environ.get("WORLD_SIZE", "1"))  # under torchrun, the group join_group joins below
+    run = setup_run(ap, args, ranks)
     args.out.mkdir(parents=True, exist_ok=True)
     cuda = run.device == "cuda"
     print(f"workload: {run.description}", flush=True)
@@ -438,57 +477,55 @@ def main(argv: list[str] | None = None) -> list[dict]:
     tp = join_group(cuda)  # under torchrun: this process's rank of a tensor-parallel group; else None
     lead = tp is None or tp.rank == 0
     if tp is None:
-        adapter = build_adapter(args.model, seed=0, device=run.device, dtype=getattr(torch, run.dtype))
+        adapter = build_adapter(args.model, seed=0, device=run.device, dtype=run.dtype)
     else:
         try:
-            adapter = build_rank_adapter(args.model, tp, 0, run.device, getattr(torch, run.dtype))
+            adapter = build_rank_adapter(args.model, tp, 0, run.device, run.dtype)
         except ValueError as e:
             ap.error(str(e))
-    knobs = dict(device=run.device, dtype=run.dtype, max_running=args.max_running, max_bucket=args.max_bucket,
-                 page_size=args.page_size, num_pages=args.num_pages, max_seq_len=run.max_seq_len, timing=True,
-                 token_budget=args.token_budget, prefill_graphs=args.prefill_graphs if cuda else 0,
-                 prefill_graph_tokens=args.prefill_graph_tokens, decode_in_pass=args.decode_in_pass,
-                 async_prefill=args.async_prefill)  # fmt: skip
+    configs = {arm.label: run.config(arm, timing=True) for arm in run.arms}
     engines = {}
-    for arm in run.arms:
+    for i, arm in enumerate(run.arms):
+        cfg = configs[arm.label]
         try:
-            cfg = arm_config(arm, **knobs)
-            engines[arm] = Engine(adapter, cfg) if tp is None else RankEngine(adapter, cfg, tp)
+            engines[arm.label] = Engine(adapter, cfg) if tp is None else RankEngine(adapter, cfg, tp)
         except ValueError as e:
-            ap.error(f"engine {arm}: {e}")
-        warm = run.warmup.requests(adapter.vocab_size, run.sampling, args.seed + 1, prefix=f"warmup-{arm}-")
-        serve(engines[arm], run.warmup, warm, wait=False)  # JIT, allocator, graphs of the shapes it will see
+            ap.error(f"engine {arm.label}: {e}")
+        warm = run.warmup.requests(adapter.vocab_size, run.sampling, args.seed + 1, prefix=f"warmup{i}-")
+        serve(engines[arm.label], run.warmup, warm, wait=False)  # JIT, allocator, graphs of the shapes it will see
         if lead:
-            print(f"built and warmed up {arm}", flush=True)
+            print(f"built and warmed up {arm.label}", flush=True)
     total = len(run.arms) * sum(w.n for w in run.rounds)
     bar = None
     if not args.no_progress and lead:
         from tqdm import tqdm
 
         bar = tqdm(total=total, unit="req", desc="traffic", file=sys.stderr)
+    width = max(len(a.label) for a in run.arms)
     runs: list[dict] = []
     for rnd in range(args.rounds):
         speed = planner_yardstick(2000)  # the host's speed can drift during a run: each round says where it was
         if lead:
             (bar.write if bar is not None else print)(f"round {rnd}: {speed}")
         order = run.arms if rnd % 2 == 0 else run.arms[::-1]
-        work = run.rounds[rnd]  # fresh request ids each run: an engine keeps its results
+        work = run.rounds[rnd]
         if args.prerun:
-            serve(engines[order[0]], work, work.requests(adapter.vocab_size, run.sampling, args.seed + rnd,
-                                                         f"pre{rnd}-"))  # fmt: skip
+            serve(engines[order[0].label], work, work.requests(adapter.vocab_size, run.sampling, args.seed + rnd,
+                                                               f"pre{rnd}-"))  # fmt: skip
         for arm in order:
-            eng = engines[arm]
+            eng = engines[arm.label]
             if not lead:
                 eng.follow()  # rank 0's timed run
                 continue
             if bar is not None:
-                bar.set_postfix_str(f"round {rnd} {arm}")
+                bar.set_postfix_str(f"round {rnd} {arm.label}")
             r = timed_run(eng, work, work.requests(adapter.vocab_size, run.sampling, args.seed + rnd, f"{rnd}-"),
                           cuda, progress=(lambda: bar.update(1)) if bar is not None else None)  # fmt: skip
-            r.update(arm=arm, round=rnd, yardstick=speed)
+            r.update(arm=arm.name, label=arm.label, prefill=arm.prefill.value, token_budget=arm.token_budget,
+                     round=rnd, yardstick=speed)  # fmt: skip
             runs.append(r)
-            line = (f"round {rnd} {arm:16s} {r['tokps']:7.0f} tok/s  TTFT p50 {r['ttft_p50_ms']:6.0f} ms  ITL p50/p99 "
-                    f"{r['itl_p50_ms']:.2f}/{r['itl_p99_ms']:.1f} ms  {r['prefill_passes']} passes of "
+            line = (f"round {rnd} {arm.label:{width}s} {r['tokps']:7.0f} tok/s  TTFT p50 {r['ttft_p50_ms']:6.0f} ms  "
+                    f"ITL p50/p99 {r['itl_p50_ms']:.2f}/{r['itl_p99_ms']:.1f} ms  {r['prefill_passes']} passes of "
                     f"{r['prefill_tokens_per_pass']:.0f} tokens, {r['prefill_ms']:.1f} ms each")  # fmt: skip
             (bar.write if bar is not None else print)(line)
     if bar is not None:
@@ -498,29 +535,26 @@ def main(argv: list[str] | None = None) -> list[dict]:
         if not lead:
             return []
     table, rows = summarize(runs, run.arms)
-    plain = EngineConfig(device=run.device, decode_in_pass=args.decode_in_pass, async_prefill=args.async_prefill,
-                         token_budget=args.token_budget)  # a plain-named arm's mode and budget
-    beside = plain.prefill_beside()
     device_name = torch.cuda.get_device_name() if cuda else "CPU"
     command = "python -m models.bench.traffic " + " ".join(argv if argv is not None else sys.argv[1:])
+    resolved = "; ".join(f"{arm.name} {cfg.prefill.value} {budget_text(cfg.token_budget)}"
+                         for arm, cfg in zip(run.arms, configs.values(), strict=True))  # fmt: skip
     head = (f"Traffic benchmark on {device_name} (torch {torch.__version__}), {args.model} (random weights, "
-            f"{run.dtype}). Workload: {run.description}. Engine: "
+            f"{str(run.dtype).removeprefix('torch.')}). Workload: {run.description}. Engine: "
             f"{'' if tp is None else f'tensor parallel over {tp.world} ranks, '}max_running {args.max_running}, "
-            f"token budget {plain.prefill_budget()}{' (auto)' if args.token_budget == 'auto' else ''} unless an arm "
-            f"says @N, page size {args.page_size}, context {run.max_seq_len}, prefill graphs: "
-            f"{knobs['prefill_graphs']} token buckets up to {args.prefill_graph_tokens} (each captured at "
-            f"engine build); decode rows {'in' if args.decode_in_pass else 'beside'} the prefill pass; passes "
-            f"{'on their own stream beside the decode steps' if beside else 'in the step'}"
-            f" unless an arm says /async, /async-prio or /in-step. {args.rounds} "
-            f"rounds, each its own "
+            f"page size {args.page_size}, context {run.max_seq_len}, prefill graphs: "
+            f"{run.knobs['prefill_graphs']} token buckets up to {args.prefill_graph_tokens} (each captured at "
+            f"engine build). Arms, each with the prefill placement and token budget its engine config resolved "
+            f"(budget: prompt tokens a pass, or whole prompts): {resolved}. {args.rounds} rounds, each its own "
             f"draw of the traffic, {'served once untimed first, then ' if args.prerun else ''}timed in every arm, the "
-            f"arm order reversed every other round; cells are median [min-max] over rounds, ratios paired by round. "
-            f"Host yardstick: {host_speed}.\n\nCommand: `{command}`\n\n")  # fmt: skip
+            f"arm order reversed every other round; cells are median [min-max] over rounds, ratios paired by round "
+            f"with the host arm at the same placement and budget. Host yardstick: {host_speed}.\n\n"
+            f"Command: `{command}`\n\n")  # fmt: skip
     (args.out / "results.md").write_text(head + table + "\n")
     keep = [{k: v for k, v in r.items() if k not in ("tokens", "ttft_ms", "itl_ms", "steps")} for r in runs]
     (args.out / "results.json").write_text(json.dumps(dict(command=command, workload=run.description, rows=rows,
                                                            runs=keep), indent=1))  # fmt: skip
-    plot(runs, run.arms, args.out)
+    plot(runs, [a.label for a in run.arms], args.out)
     print(table)
     return runs
 
