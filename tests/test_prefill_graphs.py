@@ -1,5 +1,5 @@
 """Captured prefill passes (models/engine/prefill_graphs.py): a pass replayed over a copy of new inputs gives what the
-eager pass gives (logits, K/V and recurrent state), keys are kept and evicted as documented, and an engine serving
+eager pass gives (logits, K/V and recurrent state), a key not captured runs eagerly, and an engine serving
 its prefills from them gives the eager engine's tokens. On the CPU a replay re-runs the captured callable over the
 copied inputs, so these tests hold the copy-in path (every input copied, nothing read from the first batch); the
 GPU tests (test_engine_gpu.py) run real CUDA graphs."""
@@ -55,9 +55,9 @@ def _pools(state):
 @pytest.mark.parametrize("starts", [None, "mixed"], ids=["fresh", "continuing"])
 def test_a_replayed_bucket_pass_equals_the_eager_pass_for_any_composition(starts):
     """Batches A, B and C of one token bucket (32 tokens, up to 4 chunks) but of different compositions (chunk count,
-    lengths, starts, pages, slots, offsets): A runs eagerly and is remembered, B eagerly and is captured, C replays
-    B's capture. Logits and every pool equal eager passes of A, B and C at their exact shapes from the same starting
-    state (padding tokens touch only the sink page and slot, which are not compared)."""
+    lengths, starts, pages, slots, offsets): A runs eagerly and its key is captured, B and C replay A's capture.
+    Logits and every pool equal eager passes of A, B and C at their exact shapes from the same starting state (padding
+    tokens touch only the sink page and slot, which are not compared)."""
     rng = np.random.default_rng(0)
     compositions = ([6, 3, 6], [1, 20, 2, 9], [31])
     abc = [_chunks(rng, lens, None if starts is None else rng.integers(0, 9, len(lens)).tolist())
@@ -66,42 +66,27 @@ def test_a_replayed_bucket_pass_equals_the_eager_pass_for_any_composition(starts
     _randomize(graphed, 1)
     _randomize(eager, 1)
     shape = bucket_shape(32, 4, PAGES, PS)
-    graphs = PrefillGraphs(lambda batch: MODEL.prefill_forward(graphed, batch), "cpu", capacity=2, max_tokens=64)
+    graphs = PrefillGraphs(lambda batch: MODEL.prefill_forward(graphed, batch), "cpu")
     batches = [MODEL.prefill_inputs(graphed, c, shape, graphed=True) for c in abc]
     assert len({b.key for b in batches}) == 1
     for i, (batch, chunks) in enumerate(zip(batches, abc, strict=True)):
-        got = graphs.run(batch)[: len(chunks)]
+        got = (graphs.capture(batch) if i == 0 else graphs.run(batch))[: len(chunks)]
         torch.testing.assert_close(got, MODEL.prefill_batch(eager, chunks), rtol=1e-5, atol=1e-5)
-        assert (graphs.stats.captures, graphs.stats.replays) == ((0, 0), (1, 0), (1, 1))[i]
+        assert (graphs.stats.captures, graphs.stats.replays) == ((1, 0), (1, 1), (1, 2))[i]
     for x, y in zip(_pools(graphed), _pools(eager), strict=True):
         torch.testing.assert_close(x[1:], y[1:], rtol=1e-5, atol=1e-5)  # the sink page / slot apart
 
 
-def test_keys_are_kept_up_to_capacity_and_long_passes_stay_eager():
+def test_only_captured_keys_replay_and_a_key_is_captured_once():
     rng = np.random.default_rng(1)
     state = _state()
-    calls = []
-
-    def forward(batch):
-        calls.append(batch.key)
-        return MODEL.prefill_forward(state, batch)
-
-    graphs = PrefillGraphs(forward, "cpu", capacity=2, max_tokens=12, remember=2)
-    keys = {}
-    for lens in ([4], [4], [4], [5], [5], [6], [6], [5], [4], [13]):
-        batch = MODEL.prefill_inputs(state, _chunks(rng, lens))
-        keys[lens[0]] = batch.key
-        graphs.run(batch)
-    s = graphs.stats
-    # [4] eager (seen once), [4] eager + capture, [4] replay, [5] eager, [5] eager + capture, [6] eager, [6] eager +
-    # capture (evicts [4], the least recently run), [5] replay, [4] eager (seen once again), [13] too long
-    assert (s.captures, s.replays, s.evictions, s.eager) == (3, 2, 1, 8)
-    assert list(graphs.graphs) == [keys[6], keys[5]] and list(graphs.seen) == [keys[4]]
-    for lens in ([7], [8], [9], [7]):  # remember=2: [7] is forgotten once [8] and [9] were seen, and not captured
+    graphs = PrefillGraphs(lambda batch: MODEL.prefill_forward(state, batch), "cpu")
+    graphs.capture(MODEL.prefill_inputs(state, _chunks(rng, [4])))
+    for lens in ([4], [5], [4], [13]):  # the captured key replays; the others run eagerly at their exact shapes
         graphs.run(MODEL.prefill_inputs(state, _chunks(rng, lens)))
-    assert s.captures == 3 and len(graphs.seen) == 2
-    with pytest.raises(ValueError, match="capacity"):
-        PrefillGraphs(forward, "cpu", capacity=0, max_tokens=12)
+    graphs.capture(MODEL.prefill_inputs(state, _chunks(rng, [4])))  # captured already: an eager pass, no capture
+    s = graphs.stats
+    assert (s.captures, s.replays, s.eager, len(graphs.graphs)) == (1, 2, 4, 1)
 
 
 EQUAL = random_requests(QWEN, 24, prompt_len=(7, 7), gen_len=(2, 6), seed=4)  # one prompt length: keys repeat
@@ -186,7 +171,7 @@ def test_a_whisper_engine_on_cuda_refuses_prefill_graphs_where_flashinfer_has_no
 @pytest.mark.parametrize("starts", [None, "mixed"], ids=["fresh", "continuing"])
 def test_a_replayed_cuda_graph_bucket_pass_equals_the_eager_pass_at_0_8b_shape(starts):
     """The 0.8B shape in bf16 on the prefill kernels (fla, FlashInfer, the Triton conv), one token bucket (256 tokens,
-    up to 4 chunks) and three compositions: A's pass remembered, B's captured, C's replayed over a copy of its inputs.
+    up to 4 chunks) and three compositions: A's pass captured, B's and C's replayed over a copy of their inputs.
     Logits and pools equal eager passes of A, B and C at their exact shapes (bf16 tolerance: the graphs' FlashInfer
     plan always splits the KV, the exact one need not; argmax equal)."""
     _cuda()
@@ -211,12 +196,13 @@ def test_a_replayed_cuda_graph_bucket_pass_equals_the_eager_pass_at_0_8b_shape(s
         _randomize_cuda(st, 1)
     graphed, eager = states
     shape = bucket_shape(256, 4, pages, ps)
-    graphs = PrefillGraphs(lambda batch: model.prefill_forward(graphed, batch), "cuda", capacity=2, max_tokens=4096)
+    graphs = PrefillGraphs(lambda batch: model.prefill_forward(graphed, batch), "cuda")
     for i, lens in enumerate(([96, 33, 70], [200, 1, 40, 7], [255])):
         c = chunks(lens)
-        got = graphs.run(model.prefill_inputs(graphed, c, shape, graphed=True))[: len(c)].clone()
+        batch = model.prefill_inputs(graphed, c, shape, graphed=True)
+        got = (graphs.capture(batch) if i == 0 else graphs.run(batch))[: len(c)].clone()
         want = model.prefill_batch(eager, c)
-        assert graphs.stats.replays == max(0, i - 1)
+        assert graphs.stats.replays == i
         print(f"\npass {i} {lens}: max |logits diff| {(got.float() - want.float()).abs().max().item():.3g}")
         torch.testing.assert_close(got, want, atol=5e-2, rtol=5e-2)
         assert torch.equal(got.argmax(-1), want.argmax(-1))

@@ -34,11 +34,12 @@ def grad_mode(name: str):
 def profile(model, R: int, T: int, ps: int, repeats: int, top: int, modes: list[str], by_op: bool = False) -> str:
     state, chunks = prefill_inputs(model, R, T, ps, "cuda", torch.bfloat16, seed=R)
     raw = type(model).prefill_forward.__wrapped__  # without its decorator: each mode sets its own
-    graphs = PrefillGraphs(lambda batch: model.prefill_forward(state, batch), "cuda", capacity=1, max_tokens=1 << 30)
+    graphs = PrefillGraphs(lambda batch: model.prefill_forward(state, batch), "cuda")
 
     def run(mode: str = modes[0]) -> None:
-        if mode == "graph":
-            graphs.run(model.prefill_inputs(state, chunks))
+        if mode == "graph":  # (the first run captures the pass's shape)
+            batch = model.prefill_inputs(state, chunks)
+            graphs.run(batch) if graphs.graphs else graphs.capture(batch)
             return
         with grad_mode(mode):
             raw(model, state, model.prefill_inputs(state, chunks))

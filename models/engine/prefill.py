@@ -110,8 +110,8 @@ class Prefill:
         self.positions_key = layout.positions_pool or (self.append_keys[0] if self.append_keys else None)  # position
         self.device = device
         self.buckets = token_buckets(graphs, graph_tokens) if graphs else ()
-        self.graphs = (PrefillGraphs(partial(adapter.prefill_forward, model_state), device, len(self.buckets),
-                                     graph_tokens, capture_stream=capture_stream) if graphs else None)  # fmt: skip
+        self.graphs = (PrefillGraphs(partial(adapter.prefill_forward, model_state), device, capture_stream)
+                       if graphs else None)  # fmt: skip
         self.max_chunks = max_chunks  # chunks a pass holds at most: one a running request
         if self.graphs is not None:
             self._capture_buckets(page_size)
