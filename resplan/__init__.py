@@ -28,7 +28,7 @@ from resplan.layout import (
     bits_float,
     float_bits,
 )
-from resplan.planner import commit, mark_stale, offload, plan, release
+from resplan.planner import commit, mark_stale, plan, release
 from resplan.records import BucketPlan, FlushProgram, ResidentStream, Step
 from resplan.rowcheck import Mismatch, row_check
 from resplan.state import PlanError, PlannerConfig, PlannerState, build_planner
@@ -39,6 +39,6 @@ __all__ = [
     "Column", "ColumnKind", "Executor", "FlushProgram", "Graph", "HostStreams", "KVPool", "KVStreams", "KernelImpl",
     "Mismatch", "PlanError", "PlannerConfig", "PlannerState", "Refusal", "ResidentStream", "ResourceInfo",
     "ResourceKind", "RowLayout", "SamplerCell", "Segment", "Span", "Step", "StepBuffers", "StreamMode", "bits_float",
-    "build_planner", "capture_streams", "commit", "distinct_streams", "float_bits", "mark_stale", "offload", "plan",
+    "build_planner", "capture_streams", "commit", "distinct_streams", "float_bits", "mark_stale", "plan",
     "release", "resident_refusal", "row_check",
 ]

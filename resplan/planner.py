@@ -1,5 +1,5 @@
-"""The pure planner: ``plan(state, step, streams) -> (state', program)``, ``commit``, ``release``, ``offload``,
-``mark_stale``. Each returns a new state and leaves the one it was given as it was.
+"""The pure planner: ``plan(state, step, streams) -> (state', program)``, ``commit``, ``release``, ``mark_stale``.
+Each returns a new state and leaves the one it was given as it was.
 
 A row mirrors the host exactly when ``row_ok[handle]``. Between two resident steps the device advances every APPEND
 length by one in the graph and the host advances its streams by the same rule, so an ok row needs only the cell of a
@@ -307,7 +307,8 @@ def commit(state: PlannerState, seq: int) -> PlannerState:
 
 
 def release(state: PlannerState, handles: int | np.ndarray) -> PlannerState:
-    """Finished or aborted requests give their slots up; each cools until the commit of the last step that read it."""
+    """Requests that left the device (finished, aborted, or offloaded: a reload is written whole) give their slots
+    up; each cools until the commit of the last step that read it."""
     h = np.atleast_1d(np.asarray(handles))
     if h.size and (h.min() < 0 or h.max() >= state.cfg.capacity):
         raise PlanError(f"release: a handle is outside [0, {state.cfg.capacity})")
@@ -323,11 +324,6 @@ def release(state: PlannerState, handles: int | np.ndarray) -> PlannerState:
     slot_of[h] = 0
     row_ok[h] = False
     return _with_ledger(state, Ledger(owner, lg.slot_taken, lg.slot_epoch, slot_of, row_ok, lg.taken_count))
-
-
-def offload(state: PlannerState, handles: int | np.ndarray) -> PlannerState:
-    """A request whose pages left the device gives its slot up too; its reload is written whole."""
-    return release(state, handles)
 
 
 def mark_stale(state: PlannerState, handles: np.ndarray) -> PlannerState:

@@ -21,7 +21,6 @@ from resplan import (
     build_planner,
     commit,
     mark_stale,
-    offload,
     plan,
     release,
     row_check,
@@ -167,7 +166,7 @@ class SimEngine:
 
     def offload(self, h: int) -> None:
         """Pages leave the device and come back elsewhere: the row must be written whole on its next step."""
-        self.state = offload(self.state, h)
+        self.state = release(self.state, h)
         lengths = {p.key: int(self.streams.kv[p.key].lengths[h]) for p in self.layout.pools}
         self._free_all_pages(h)
         for p in self.layout.pools:
