@@ -39,6 +39,9 @@ class Admitted:
     given: np.ndarray = _NO_PAGES  # [k] int32
 
 
+_NOTHING = Admitted(())  # a step's admit that admitted no request (decode rows only)
+
+
 class Admission:
     def __init__(
         self,
@@ -113,7 +116,7 @@ class Admission:
                 ahead += 1
         except AdmitRefused as e:
             return Admitted((), e.reason, ahead, self._rollback(txn))
-        return Admitted(tuple(txn.admitted))
+        return Admitted(tuple(txn.admitted)) if txn.admitted else _NOTHING
 
     def _take(self, h: int, pend: Pending) -> None:
         """Handle h's prompt (and context) pages and recurrent slot, each of which may refuse (AdmitRefused). Its

@@ -1,29 +1,20 @@
-"""The engine core: the step loop that composes the parts, and the interface a client drives.
+"""The engine core (``core.EngineCore``): the interface a client drives, and the step loop that composes the parts.
 
-``submit`` validates and queues a request, ``abort`` ends one wherever it is, ``step`` runs one step and returns what
-it gave (``StepOutput``: new tokens by request id, finished requests' results), ``has_work`` says whether any is
-left; ``run`` drives them over a list of requests. Each part is the only writer of its state: ``Scheduler`` (what
-runs next), ``Admission`` (pages, handles, recurrent slots, the host streams), ``RequestTable`` (requests, tokens,
-the outbox), the decode arm (``ResidentArm`` / ``HostArm``) and ``EarlyStep`` (the next step prepared early),
-``Launcher`` (input ids, replay, the step in flight, readback), ``Prefill`` (a pass, or the one beside the steps).
-
-One step: (1) land the pass beside the decode steps if it has finished, reload offloaded requests that fit; (2)
-compose the step, offloading while its rows' crossings find no pages, and admit it as one transaction (a refusal
-rolls it back whole, voids an early plan naming a page given back, and admits only the requests ahead of the refused
-one); (3) prefill work goes beside the decode steps on its own stream (``PrefillPlacement.BESIDE``) or runs in the
-step, its decode rows from a host fill before the pass or inside it (``IN_PASS``), and the rows a pass wrote are
-stale in the store; (4) a decode step is prepared by the arm (resident plan and flush, or host fill), replayed,
-advanced and committed; (5) tokens are read back and emitted, and finished requests let go by every part; (6) the
-next step is prepared early (its crossing pages, the arm's plan or fill).
+Each part is the only writer of its state (models/engine/README.md says what each owns). A step asks them in order:
+(1) land the pass beside the decode steps if it has finished, reload offloaded requests that fit; (2) compose the
+step, offloading while its rows' crossings find no pages, and admit it as one transaction (a refusal rolls it back
+whole and admits only the requests ahead of the refused one); (3) prefill work goes beside the decode steps on its
+own stream or runs in the step (``PrefillPlacement``), and the rows a pass wrote are stale in the store; (4) a decode
+step is prepared by the arm (resident plan and flush, or host fill), replayed, advanced and committed; (5) tokens are
+read back and emitted, and finished requests let go by every part; (6) the next step is prepared early.
 
 With overlap step N+1 is launched before N's tokens are read (its input ids are on the device): a request whose
 last token is in flight RETIRES, and a request that stopped at N has N+1's token dropped (rows carry their admission
-serial). A step with no decode rows, or prefill work in the step, lands the step in flight first.
-"""
+serial). A step with no decode rows, or prefill work in the step, lands the step in flight first."""
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import itertools
 import time
 from collections.abc import Callable, Iterable
@@ -35,6 +26,7 @@ import torch
 from models.engine.adapters import Adapter
 from models.engine.admission import Admission
 from models.engine.config import DECODE_STREAM_PRIORITY, EngineConfig, Planning, PrefillPlacement, check_fits
+from models.engine.core import run_requests
 from models.engine.graphs import build_graphs, engine_streams, priority_stream
 from models.engine.launcher import InFlight, Launcher
 from models.engine.planning import EarlyStep, HostFills, decode_arm
@@ -42,30 +34,11 @@ from models.engine.pools import pool_layout
 from models.engine.prefill import Prefill, Prefilled
 from models.engine.requests import FinishReason, InvalidRequest, Limits, Request, Result, StepOutput, validate
 from models.engine.sampler import Sampler
-from models.engine.scheduler import Batch, Chunk, Pending, Scheduler, decode_buckets
-from models.engine.stats import EarlySteps, EngineStats, Events, StepKind, StepTime, Tokens
+from models.engine.scheduler import Batch, Chunk, Pending, Scheduler, decode_buckets, handles_of
+from models.engine.stats import EARLY_STEP, NO_EARLY_STEP, EngineStats, Events, StepCounts, Tokens
 from models.engine.table import RequestTable
 from models.layers.flashinfer_attention import Workspaces
 from resplan import Executor
-
-
-def _handles(chunks: tuple[Chunk, ...]) -> np.ndarray:
-    """[n] int64: the chunks' handles, in order."""
-    return np.array([c.handle for c in chunks], np.int64)
-
-
-def _on_step_stream(method):
-    """The method runs on the engine's own stream where it has one (``BESIDE_PRIORITY``), else with no stream
-    context at all (entering even ``torch.cuda.stream(None)`` costs microseconds a step)."""
-
-    @functools.wraps(method)
-    def on_stream(self, *args):
-        if self.step_stream is None:
-            return method(self, *args)
-        with torch.cuda.stream(self.step_stream):
-            return method(self, *args)
-
-    return on_stream
 
 
 class Engine:
@@ -108,8 +81,10 @@ class Engine:
         self.stats = EngineStats()
         self.early = EarlyStep()
         self._arrivals = itertools.count()
-        self.step_stream = (priority_stream(self.device, DECODE_STREAM_PRIORITY)
-                            if cfg.prefill is PrefillPlacement.BESIDE_PRIORITY else None)  # fmt: skip
+        step_stream = (priority_stream(self.device, DECODE_STREAM_PRIORITY)
+                       if cfg.prefill is PrefillPlacement.BESIDE_PRIORITY else None)  # fmt: skip
+        # steps and aborts run on the engine's own stream where it has one; else in no stream context at all
+        self._on_stream = contextlib.nullcontext if step_stream is None else partial(torch.cuda.stream, step_stream)
 
     @classmethod
     def build(cls, model: str, config: EngineConfig | None = None, seed: int = 0) -> Engine:
@@ -121,9 +96,8 @@ class Engine:
 
     @classmethod
     def from_pretrained(cls, path, config: EngineConfig | None = None) -> Engine:
-        """An engine serving a Hugging Face model directory (``models.engine.checkpoint``): its weights in
-        ``config.dtype``, or the checkpoint's own; its end-of-sequence tokens stop every request that does not set
-        ``ignore_eos``. Text in and out: ``models.engine.text.Tokenizer.from_pretrained(path)``."""
+        """An engine serving a Hugging Face model directory (``models.engine.checkpoint``) in ``config.dtype`` or the
+        checkpoint's own; its EOS tokens stop every request that does not ignore them. Text: ``text.Tokenizer``."""
         from models.engine.checkpoint import load_adapter
 
         cfg = config or EngineConfig()
@@ -140,94 +114,78 @@ class Engine:
         self.scheduler.enqueue(Pending(rid, request, next(self._arrivals), pages))
         return rid
 
-    @_on_step_stream
     def abort(self, request_id: str) -> bool:
-        """End a request wherever it is (waiting, mid-prefill, decoding, its token in flight, offloaded) with
-        FinishReason.ABORT and the tokens it has so far; its result comes in the next step's output. Its pages,
-        recurrent slot and handle come back at once; its planner slot cools until the commit of the last step that
-        read it, and a token of it still in flight is dropped when that step lands. False when the id runs nothing
-        (never submitted, or finished)."""
-        if request_id not in self.table.rids:
+        """End a request wherever it is with FinishReason.ABORT and its tokens so far; its result comes in the next
+        step's output, its pages, slot and handle come back now. False when the id runs nothing."""
+        if not self.table.knows(request_id):
             return False
-        self._land_pass(wait=True)  # its pages and slot may be the pass's, and go back now
-        pend = self.scheduler.drop_waiting(request_id)
-        if pend is not None:
-            self.stats.add(Events(finished=1))
-            self.table.hand_over(self.table.abort_waiting(pend))
-            return True
-        h = self.table.handle_of(request_id)
-        if h is not None:  # (else the landed pass finished it)
-            self._finish(h, FinishReason.ABORT)
-        return h is not None
+        with self._on_stream():
+            self._land_pass(wait=True)  # its pages and slot may be the pass's, and go back now
+            pend = self.scheduler.drop_waiting(request_id)
+            if pend is not None:
+                self.stats.add(Events(finished=1))
+                self.table.hand_over(self.table.abort_waiting(pend))
+                return True
+            h = self.table.handle_of(request_id)
+            if h is not None:  # (else the landed pass finished it)
+                self._finish(h, FinishReason.ABORT)
+            return h is not None
 
     def step(self) -> StepOutput:
         """Run one step and hand over the tokens and results it gave (and any an abort gave since the last step)."""
-        return self.table.take_output(self._step())
+        with self._on_stream():
+            return self.table.take_output(self._step())
 
     def has_work(self) -> bool:
         """A step has something to run, or results wait to be handed over by the next step (an abort's)."""
         return self._runs() or self.table.has_output()
 
+    def run(self, requests: Iterable[Request], on_step: Callable[[StepOutput], None] | None = None,
+            ) -> list[Result | InvalidRequest]:  # fmt: skip
+        """``core.run_requests`` on this engine: a Result per request, or the InvalidRequest that refused it."""
+        return run_requests(self, requests, on_step)
+
     def _runs(self) -> bool:
         """Requests wait or run, or a launched step or pass is still to land (its rows may all have ended meanwhile)."""
         return self.scheduler.has_work() or self.launcher.inflight is not None or self.prefill.in_flight is not None
 
-    def run(self, requests: Iterable[Request], on_step: Callable[[StepOutput], None] | None = None):
-        """Submit every request and step until all have finished: a Result per request, or the InvalidRequest that
-        refused it (the others run on). ``on_step`` is called with every step's output."""
-        ids: list[str | InvalidRequest] = []
-        for r in requests:
-            try:
-                ids.append(self.submit(r))
-            except InvalidRequest as e:
-                ids.append(e)
-        done: dict[str, Result] = {}
-        while self.has_work():
-            out = self.step()
-            done.update((r.request_id, r) for r in out.finished)
-            if on_step is not None:
-                on_step(out)
-        return [done.pop(i) if isinstance(i, str) else i for i in ids]
-
     # -- one step --------------------------------------------------------------------------------------------------
-    @_on_step_stream
     def _step(self) -> bool:
         if not self._runs():
             return False
         t0 = time.perf_counter_ns()
         self._land_pass(wait=False)
         self._reload()
-        admitted, landed_ns = self._admit_step()
-        if admitted is None:  # landing the step (or pass) in flight finished the last requests
-            self.stats.add(StepTime(decode_ns=time.perf_counter_ns() - t0))
+        batch, chunks, landed_ns = self._admit_step()
+        if batch is None:  # landing the step (or pass) in flight finished the last requests
+            self.stats.add(StepCounts(decode_ns=time.perf_counter_ns() - t0))
             return True
-        batch, chunks = admitted
         early = self.early.take_early()
-        if chunks and self.config.prefill.beside:  # the pass goes on its stream (after the work queued so far: pages
-            launched = self.prefill.launch_beside(chunks, self.table.requests(_handles(chunks)))  # given back may
-            self.admission.prefilled(launched.chunks, launched.contexts)  # still be written by their last step)
-            if not batch.rows.size:
-                self.stats.add(StepKind(prefill_steps=1))
+        if chunks and self.config.prefill.beside:  # on its stream, after the work queued so far (pages given back
+            launched = self.prefill.launch_beside(chunks, self.table.requests(handles_of(chunks)))  # may still be
+            self.admission.prefilled(launched.chunks, launched.contexts)  # written by their last decode step)
             batch = batch.decode_only()
+        decode = batch.rows.size > 0 and not batch.has_prefill
         if batch.has_prefill:
             self._prefill_step(batch, chunks)
-        elif batch.rows.size:
-            self._decode_step(batch, early)
+        elif decode:
+            beside, overlapped = self._decode_step(batch, early)
         self._land_pass(wait=False)
         if self.config.prepare_early:
             self.early = self._prepare_next()
         took = time.perf_counter_ns() - t0
-        if batch.rows.size and not batch.has_prefill:  # the whole iteration: what it prepared early saves a later one
-            self.stats.add(StepTime(steps=1, decode_ns=took))
-        else:  # the wait for a decode step landed before this one belongs to that decode step
-            mixed = took - landed_ns if batch.rows.size else 0
-            self.stats.add(StepTime(steps=1, decode_ns=landed_ns, mixed_ns=mixed))
+        if decode:  # the whole iteration: what it prepared early saves a later one
+            self.stats.add(StepCounts(1, 1, batch.rows.size, beside, overlapped, decode_ns=took))
+        else:  # a mixed or prefill step; the wait for the decode step it landed belongs to that decode step
+            mixed = int(batch.rows.size > 0)
+            self.stats.add(StepCounts(1, mixed_steps=mixed, prefill_steps=1 - mixed, decode_ns=landed_ns,
+                                      mixed_ns=(took - landed_ns) * mixed))  # fmt: skip
         return True
 
-    def _admit_step(self) -> tuple[tuple[Batch, tuple[Chunk, ...]] | None, int]:
-        """Compose and admit the step, landing a step or pass in flight it may not run beside (or waits for),
-        offloading under KV pressure and composing again after a refused admit. Returns (batch, its chunks with the
-        admitted requests' first ones), or None when landing left no work; and the nanoseconds spent landing."""
+    def _admit_step(self) -> tuple[Batch | None, tuple[Chunk, ...], int]:
+        """Compose and admit the step (module doc, 2), first landing a step or pass it may not run beside or waits
+        for. Returns the batch (None: landing left no work), its chunks with the admitted requests' first ones, and
+        the nanoseconds spent landing."""
         landed_ns = 0
         while True:
             batch = self._compose()
@@ -237,77 +195,67 @@ class Engine:
                 self._drain() if drain else self._land_pass(wait=True)
                 landed_ns += time.perf_counter_ns() - t
                 if not self._runs():
-                    return None, landed_ns
-                continue
-            if batch.empty:
+                    return None, (), landed_ns
+            elif batch.empty:
                 raise RuntimeError(f"engine stalled: {self.scheduler.describe()}, free pages {self.admission.free()}")
-            if not self.admission.crossings_fit(batch.rows):
+            elif not self.admission.crossings_fit(batch.rows):
                 self._offload(self.scheduler.victim(batch))
-                continue
-            admitted = self.admission.admit(batch.rows, batch.admits, self.early.take_txn())
-            if admitted.refused is not None:  # rolled back whole: the retry admits those ahead of the refused one
-                self._pages_given(admitted.given)
-                self.scheduler.refused(admitted.ahead)
+            else:
+                admitted = self.admission.admit(batch.rows, batch.admits, self.early.take_txn())
+                if admitted.refused is None:
+                    return batch, batch.chunks + self._admitted(admitted.handles, batch.admits), landed_ns
+                self.stats.add(self.early.given_back(admitted.given))  # rolled back whole: the retry admits those ahead
+                self.scheduler.refused(admitted.ahead)  # (of the refused one)
                 self.stats.add(Events(refused_admits=1))
-                continue
-            chunks = list(batch.chunks)
-            for h, (pend, n) in zip(admitted.handles, batch.admits, strict=True):
-                self.table.admit(h, pend, self.adapter.eos_token_ids)
-                self.launcher.forget(h)
-                self.scheduler.admit(h, pend)
-                chunks.append(Chunk(h, 0, n, n == len(pend.request.prompt)))
-            return (batch, tuple(chunks)), landed_ns
 
-    def _decode_step(self, batch: Batch, early) -> None:
-        """Prepare, launch, advance the host's lengths, commit; land now, or (overlap) land the step before and
-        leave this one in flight."""
+    def _admitted(self, handles: tuple[int, ...], admits: tuple[tuple[Pending, int], ...]) -> tuple[Chunk, ...]:
+        """Admitted requests join the table and the scheduler; returns their first chunks."""
+        chunks = []
+        for h, (pend, n) in zip(handles, admits, strict=True):
+            self.table.admit(h, pend, self.adapter.eos_token_ids)
+            self.launcher.forget(h)
+            self.scheduler.admit(h, pend)
+            chunks.append(Chunk(h, 0, n, n == len(pend.request.prompt)))
+        return tuple(chunks)
+
+    def _decode_step(self, batch: Batch, early) -> tuple[int, int]:
+        """Prepare, launch, advance, commit; land it now, or (overlap) land the step before and hold this one. Returns
+        whether a pass was in flight beside it, and whether it overlapped a step."""
         rows, b = batch.rows, batch.bucket
         seq, prepared = self.arm.prepare(rows, b, early)
         self.stats.add(prepared)
-        f = self._launch(self.graphs.decode(b, self.table.greedy(rows)), b, rows, self.arm.device_ids,
-                         decode=True)  # fmt: skip
-        self.admission.advance(rows)
+        f = self._launch(self.graphs.decode(b, self.table.greedy(rows)), b, rows, self.arm.device_ids, decode=True)
+        self._ran(rows, seq)
         self.stats.add_check(self.arm.ran(rows, b, seq))
-        self.scheduler.ran(rows, seq)
         beside = int(self.prefill.in_flight is not None)
         if not self.config.overlap:
-            self.stats.add(StepKind(decode_steps=1, decode_rows=rows.size, decode_beside_pass=beside))
             self._land(f)
-            return
-        last = self.table.last_in_flight(rows)
-        if last.any():
-            self.scheduler.retire(rows[last])
+            return beside, 0
+        self.scheduler.retire(rows[self.table.last_in_flight(rows)])
         prev = self.launcher.hold(f)
-        self.stats.add(StepKind(1, rows.size, beside, overlapped=int(prev is not None)))
         if prev is not None:
             self._land(prev)
+        return beside, int(prev is not None)
 
     def _prefill_step(self, batch: Batch, chunks: tuple[Chunk, ...]) -> None:
-        """Prefill chunks in the step, and its decode rows beside them (a mixed step): from a host fill in a decode
-        graph launched before the pass, or (``IN_PASS``) in the pass itself, each row its last token at its stream's
-        end (the step before has landed: those tokens are the host's), its next id then the host's."""
-        seq = next(self.seqs)
-        rows, b = batch.rows, batch.bucket
+        """Prefill chunks in the step, its decode rows from a host fill in a decode graph launched before the pass, or
+        (``IN_PASS``) in the pass at their streams' ends (the step before has landed: their last tokens are known)."""
+        seq, rows, b = next(self.seqs), batch.rows, batch.bucket
         in_pass = self.config.prefill is PrefillPlacement.IN_PASS and bool(chunks)
-        pass_rows = rows if in_pass else rows[:0]
-        f = None
+        pass_rows, f = (rows if in_pass else rows[:0]), None
         if rows.size and not in_pass:
             self.fills.fill(self.streams, rows, b)
-            f = self._launch(self.graphs.host(b, self.table.greedy(rows)), b, rows, self.config.overlap,
-                             decode=False)  # fmt: skip
-            self.admission.advance(rows)
-            self.scheduler.ran(rows, seq)
-        launched, prefilled = self.prefill.run(chunks, self.table.requests(_handles(chunks)), pass_rows,
-                                               self.table.last_token[pass_rows])  # fmt: skip
+            f = self._launch(self.graphs.host(b, self.table.greedy(rows)), b, rows, self.config.overlap, decode=False)
+            self._ran(rows, seq)
+        launched, prefilled = self.prefill.run(chunks, self.table.requests(handles_of(chunks)), pass_rows,
+                                               self.table.last_tokens(pass_rows))  # fmt: skip
         self.admission.prefilled(launched.chunks, launched.contexts)
         if pass_rows.size:
             self.table.launched(pass_rows)
-            self.admission.advance(pass_rows)
-            self.scheduler.ran(pass_rows, seq)
+            self._ran(pass_rows, seq)
             self.launcher.forget(pass_rows)
             self.stats.add(Events(pass_rows=pass_rows.size, rows_decoded=pass_rows.size))
         self._prefilled(prefilled, seq, touched=rows)
-        self.stats.add(StepKind(mixed_steps=1) if rows.size else StepKind(prefill_steps=1))
         if f is not None:
             self._land(f)
         if pass_rows.size:
@@ -315,9 +263,13 @@ class Engine:
         if prefilled.ended.size:
             self._emit(prefilled.ended, prefilled.first_tokens)
 
+    def _ran(self, rows: np.ndarray, seq: int) -> None:
+        """The rows ran a decode token at step ``seq``: their lengths +1 (the rule the resident commit follows)."""
+        self.admission.advance(rows)
+        self.scheduler.ran(rows, seq)
+
     def _prepare_next(self) -> EarlyStep:
-        """The next step prepared now, while this one's device work runs: its decode rows' crossing pages and the
-        arm's early plan (the resident plan, or under overlap the host arm's fill and fa2 schedule)."""
+        """The next step prepared while this one's device work runs: its rows' crossing pages and the arm's plan."""
         batch = self._compose()
         if self._must_land(batch):  # its rows may finish: prepare the step that follows with what they leave
             self._drain()
@@ -325,7 +277,7 @@ class Engine:
         if not self._runs():
             return EarlyStep()
         early = EarlyStep.prepare(batch, self.admission, self.arm, not batch.has_prefill or self.config.prefill.beside)
-        self.stats.add(EarlySteps(int(early.early is not None)))
+        self.stats.add(EARLY_STEP if early.early is not None else NO_EARLY_STEP)
         return early
 
     # -- passes --------------------------------------------------------------------------------------------------
@@ -338,12 +290,12 @@ class Engine:
                 self._emit(prefilled.ended, prefilled.first_tokens)
 
     def _prefilled(self, prefilled: Prefilled, seq: int, touched: np.ndarray | None = None) -> None:
-        """A pass landed (at step ``seq``): the scheduler counts its chunks, the prompts it ended have issued their
+        """A pass landed at step ``seq``: the scheduler counts its chunks, the prompts it ended have issued their
         first token, and the rows it (and a mixed step's host fill, ``touched``) wrote are stale in the store."""
         self.stats.add(prefilled.counts)
         self.scheduler.prefilled_chunks(prefilled.chunks, seq)
         self.table.started(prefilled.ended)
-        handles = _handles(prefilled.chunks)
+        handles = handles_of(prefilled.chunks)
         self.arm.prefilled(handles if touched is None else np.concatenate([touched, handles]), seq)
 
     # -- admission -----------------------------------------------------------------------------------------------
@@ -359,16 +311,10 @@ class Engine:
         in_step = batch.has_prefill and not self.config.prefill.beside
         return batch.rows.size == 0 or in_step or self.scheduler.waits_on_retiring()
 
-    def _pages_given(self, pages: np.ndarray) -> None:
-        """Pages went back to a pool: an early plan whose program names one is void (else a retried step with the
-        same rows would reuse it and write its token into a page the row no longer holds)."""
-        if self.early.given_back(pages):
-            self.stats.add(Events(early_drops=1))
-
     def _offload(self, h: int) -> None:
         """Copy the request's KV pages to the host, give them back, and give its slot up."""
         self._land_pass(wait=True)  # the pass may be writing them
-        self._pages_given(self.admission.offload(h))
+        self.stats.add(self.early.given_back(self.admission.offload(h)))
         self.arm.release(h)
         self.scheduler.offload(h)
         self.stats.add(Events(offloads=1))
@@ -384,8 +330,8 @@ class Engine:
 
     # -- launch, land, emit, finish ----------------------------------------------------------------------------------
     def _launch(self, graph, b: int, rows: np.ndarray, device_ids: bool, decode: bool) -> InFlight:
-        f, launched = self.launcher.launch(graph, b, rows, self.table.serial[rows], self.table.last_token, device_ids,
-                                           decode)  # fmt: skip
+        f, launched = self.launcher.launch(graph, b, rows, self.table.serials(rows), self.table.last_token,
+                                           device_ids, decode)  # fmt: skip
         self.table.launched(rows)
         self.stats.add(launched)
         return f
@@ -409,14 +355,15 @@ class Engine:
         self.stats.add(Tokens(emitted.n))
         if emitted.itl is not None:
             self.stats.sample_itl(emitted.itl)
-        for i in np.flatnonzero(emitted.done).tolist():
-            self._finish(int(rows[i]), FinishReason.STOP if emitted.stopped[i] else FinishReason.LENGTH)
+        if emitted.done.any():
+            for i in np.flatnonzero(emitted.done).tolist():
+                self._finish(int(rows[i]), FinishReason.STOP if emitted.stopped[i] else FinishReason.LENGTH)
 
     def _finish(self, h: int, reason: FinishReason) -> None:
         """Handle h's request ends: every part lets it go, and its result goes to the outbox."""
         result = self.table.finish(h, reason)
         self.arm.release(h)
-        self._pages_given(self.admission.release(h))
+        self.stats.add(self.early.given_back(self.admission.release(h)))
         self.scheduler.finish(h)
         self.launcher.forget(h)
         self.stats.add(Events(finished=1))

@@ -93,16 +93,21 @@ class Launcher:
         self._tok_pos = np.full(capacity, -1, np.int64)  # each handle's position in tokens_all, -1 when not there
         self._last_rows = np.zeros(0, np.int64)  # the rows of the step that wrote tokens_all
         self._arange = np.arange(B, dtype=np.int64)
-        self.inflight: InFlight | None = None  # the step launched and not landed (overlap)
+        self._inflight: InFlight | None = None  # the step launched and not landed (overlap)
+
+    @property
+    def inflight(self) -> InFlight | None:
+        """The step launched and not landed (overlap), if any."""
+        return self._inflight
 
     def hold(self, f: InFlight) -> InFlight | None:
         """Keep ``f`` in flight (overlap); returns the step that was in flight before it, to be landed now."""
-        prev, self.inflight = self.inflight, f
+        prev, self._inflight = self._inflight, f
         return prev
 
     def take_inflight(self) -> InFlight | None:
         """The step in flight, if any, which the caller lands now."""
-        f, self.inflight = self.inflight, None
+        f, self._inflight = self._inflight, None
         return f
 
     def forget(self, h: int | np.ndarray) -> None:
@@ -123,7 +128,7 @@ class Launcher:
             copies = ids_copies = self._stage_idsrc(b, rows, last_token, io)
             nbytes = 16 * b * copies
         else:
-            assert self.inflight is None, "a host-planned step's ids are the host's: land the step in flight first"
+            assert self._inflight is None, "a host-planned step's ids are the host's: land the step in flight first"
             a = io.ids_np[b]
             a[:n] = last_token[rows]
             a[n:] = 0

@@ -25,7 +25,7 @@ from models.engine.admission import Admission
 from models.engine.host_arm import HostFill
 from models.engine.pools import AdmitTxn
 from models.engine.scheduler import Batch
-from models.engine.stats import Counts
+from models.engine.stats import Counts, Events
 from resplan import (
     BucketPlan,
     Executor,
@@ -105,6 +105,7 @@ class EarlyFill:
 
 
 Early = EarlyPlan | EarlyFill
+_KEPT, _DROPPED = Events(), Events(early_drops=1)
 
 
 @attrs.define(eq=False)
@@ -135,12 +136,13 @@ class EarlyStep:
         early, self.early = self.early, None
         return early
 
-    def given_back(self, pages: np.ndarray) -> bool:
-        """Pages went back to a pool: the early preparation is void if it names one. Returns whether it was dropped."""
+    def given_back(self, pages: np.ndarray) -> Events:
+        """Pages went back to a pool: the early preparation is void if it names one (else a retried step with the same
+        rows would write its token into a page the row no longer holds). Returns whether it was dropped."""
         if self.early is None or not self.early.names(pages):
-            return False
+            return _KEPT
         self.early = None
-        return True
+        return _DROPPED
 
 
 class HostFills:

@@ -122,7 +122,12 @@ class Prefill:
         self._drawn = host_zeros(2 * max_chunks, torch.int64, cuda)  # [2 * max_chunks]
         self._drawn_np = self._drawn.numpy()
         self.pass_stream = pass_stream
-        self.in_flight: PassInFlight | None = None  # beside the decode steps: the pass launched and not landed
+        self._in_flight: PassInFlight | None = None  # beside the decode steps: the pass launched and not landed
+
+    @property
+    def in_flight(self) -> PassInFlight | None:
+        """The pass beside the decode steps launched and not landed, if any."""
+        return self._in_flight
 
     def _capture_buckets(self, page_size: int) -> None:
         """Every token bucket's graph captured at build, as the decode graphs are: one dummy chunk of the bucket's
@@ -173,17 +178,17 @@ class Prefill:
     def launch_beside(self, chunks: tuple[Chunk, ...], requests: list[Request]) -> PassInFlight:
         """Launch the chunks' pass on the passes' stream and hold it in flight (its requests stay PREFILLING until
         it lands); returns it, for admission."""
-        assert self.in_flight is None, "one pass in flight at a time: land it first"
-        self.in_flight = self.launch(chunks, requests, stream=self.pass_stream)
-        return self.in_flight
+        assert self._in_flight is None, "one pass in flight at a time: land it first"
+        self._in_flight = self.launch(chunks, requests, stream=self.pass_stream)
+        return self._in_flight
 
     def land_beside(self, wait: bool) -> Prefilled | None:
         """The pass in flight, landed, if it has finished (``wait``: in any case); None when there is none, or it
         still runs."""
-        p = self.in_flight
+        p = self._in_flight
         if p is None or not (wait or p.ready()):
             return None
-        self.in_flight = None
+        self._in_flight = None
         return self.land(p)
 
     def _launch(self, chunks, requests, rows, row_ids, t0: int) -> PassInFlight:

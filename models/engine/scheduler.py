@@ -71,6 +71,11 @@ class Chunk:
     last: bool  # the chunk ends the prompt: its last logits sample the first token
 
 
+def handles_of(chunks: tuple[Chunk, ...]) -> np.ndarray:
+    """[n] int64: the chunks' handles, in order."""
+    return np.array([c.handle for c in chunks], np.int64)
+
+
 @attrs.frozen(eq=False)
 class Batch:
     """What one step runs."""
@@ -266,6 +271,8 @@ class Scheduler:
 
     def retire(self, hs: np.ndarray) -> None:
         """DECODING handles whose last token a step in flight produces: no step after it runs them."""
+        if hs.size == 0:
+            return
         self._rows = None
         self.status[hs] = Status.RETIRING
 

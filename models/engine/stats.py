@@ -18,25 +18,19 @@ class Counts:
 
 
 @attrs.frozen(slots=True)
-class StepTime(Counts):
-    """A step ran: its wall time, counted as a decode step's or a mixed step's."""
+class StepCounts(Counts):
+    """A step ran: a decode step (its rows, whether a pass was in flight beside it, whether it overlapped the step
+    before), a mixed step or a prefill step; its wall time, counted as a decode step's or a mixed step's."""
 
     steps: int = 0
-    decode_ns: int = 0
-    mixed_ns: int = 0
-
-
-@attrs.frozen(slots=True)
-class StepKind(Counts):
-    """What kind of step ran: a decode step (its rows, whether a pass was in flight beside it, whether it overlapped
-    the step before), a mixed step or a prefill step."""
-
     decode_steps: int = 0
     decode_rows: int = 0
     decode_beside_pass: int = 0
     overlapped: int = 0
     mixed_steps: int = 0
     prefill_steps: int = 0
+    decode_ns: int = 0
+    mixed_ns: int = 0
 
 
 @attrs.frozen(slots=True)
@@ -51,6 +45,9 @@ class EarlySteps(Counts):
     """Next steps prepared early."""
 
     early_steps: int = 0
+
+
+EARLY_STEP, NO_EARLY_STEP = EarlySteps(1), EarlySteps(0)  # (records are values: one of each serves every step)
 
 
 @attrs.frozen(slots=True)

@@ -156,6 +156,18 @@ class RequestTable:
         """A finished request's result goes to the outbox."""
         self._finished.append(result)
 
+    def knows(self, request_id: str) -> bool:
+        """The id was submitted and its result not handed over yet."""
+        return request_id in self.rids
+
+    def serials(self, rows: np.ndarray) -> np.ndarray:
+        """[n] the rows' admission serials (a launch records them; its landing drops rows whose serial changed)."""
+        return self.serial[rows]
+
+    def last_tokens(self, rows: np.ndarray) -> np.ndarray:
+        """[n] int64: each row's last token (its next input id)."""
+        return self.last_token[rows]
+
     def handle_of(self, request_id: str) -> int | None:
         return next((h for h, pend in self.live.items() if pend.rid == request_id), None)
 
