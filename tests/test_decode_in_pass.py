@@ -59,9 +59,9 @@ def test_the_budget_counts_the_decode_rows_and_must_leave_room_beside_them():
     sizes = []
     real = engine.prefill.run
 
-    def run(chunks, requests, rows, row_ids):
+    def run(chunks, requests, rows, row_ids, *rest):
         sizes.append(sum(c.n for c in chunks) + rows.size)
-        return real(chunks, requests, rows, row_ids)
+        return real(chunks, requests, rows, row_ids, *rest)
 
     engine.prefill.run = run
     engine.run(_requests(adapter))

@@ -128,7 +128,8 @@ def _req(prompt=(1, 2, 3), **sampling) -> Request:
 
 BAD = {
     "empty-prompt": (_req(()), "prompt", "empty"),
-    "prompt-longer-than-context": (_req(tuple(range(33))), "prompt", "longer than the model's context of 32"),
+    "prompt-longer-than-context": (_req(tuple(range(33))), "prompt",
+                                   "longer than the engine's context of 32 tokens (EngineConfig.max_seq_len)"),
     "token-outside-vocab": (_req((1, 128)), "prompt", "outside the vocabulary [0, 128)"),
     "token-not-int": (_req((1, 2.5)), "prompt", "not an integer"),
     "token-a-bool": (_req((1, True, 2)), "prompt", "token 1 is True, not an integer"),  # an int subclass: refused

@@ -199,6 +199,7 @@ def test_the_engines_bucket_plans_come_from_the_adapters_decode_walk():
     """Whisper's walk appends to "self" and only reads "cross" (the records capture_streams gives); the captured
     graphs are keyed by those plans."""
     from models.engine import Engine, EngineConfig, build_adapter
+    from models.engine.sampler import SamplingMode
 
     e = Engine(build_adapter("whisper-test"), EngineConfig(page_size=4, max_seq_len=32, max_running=2))
     g = e.graphs
@@ -206,7 +207,7 @@ def test_the_engines_bucket_plans_come_from_the_adapters_decode_walk():
     plan = g.plans[2]
     assert [(k, s.label, s.mode.value) for k, s in plan.streams] == [("cross", "decode", "read"),
                                                                      ("self", "decode", "append")]  # fmt: skip
-    assert plan.host_plan_free and set(g.decode_graphs) == {(g.plans[b], x) for b in e.buckets for x in (False, True)}
+    assert plan.host_plan_free and set(g.decode_graphs) == {(g.plans[b], m) for b in e.buckets for m in SamplingMode}
 
 
 def test_a_resource_that_refuses_resident_planning_keeps_the_engine_host_planned(caplog):

@@ -68,6 +68,12 @@ class Admission:
     def free(self) -> dict[str, int]:
         return {k: p.free for k, p in self.page_pools.items()}
 
+    def pages_in_use(self) -> tuple[int, int]:
+        """(pages held, pages that can be held) of the APPEND pools, summed (page 0, the sink, is never held)."""
+        pools = [self.page_pools[k] for k in self.append_keys]
+        total = sum(p.capacity for p in pools)
+        return total - sum(p.free for p in pools), total
+
     def pages_needed(self, prompt_len: int, context: dict[str, int]) -> tuple[tuple[str, int], ...]:
         """Pages a request takes at admission, by pool: its whole prompt in each APPEND pool, its context (tokens by
         READ pool) in each READ pool."""

@@ -43,6 +43,8 @@ IN_STEP_TOKEN_BUDGET = 1024  # every decode row waits for the pass: the best of 
 BESIDE_TOKEN_BUDGET = 2048  # the rows run beside it: long prompts' TTFT p99 81 -> 59 ms at 1024 -> 2048
 DECODE_STREAM_PRIORITY = -1  # BESIDE_PRIORITY: the engine's step stream, above the passes' stream at priority 0
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+DEFAULT_CONTEXT = 256  # EngineConfig.max_seq_len's default where the model's is longer (the KV pools hold every
+# running request at the context: a serving context is chosen by models.engine.serving)
 
 
 def _positive_or_none(_inst, attribute, value) -> None:
@@ -85,7 +87,8 @@ class EngineConfig:
     order: Order = Order.ARRIVAL
     page_size: int = attrs.field(default=16, validator=_positive)
     num_pages: int | None = attrs.field(default=None, validator=_positive_or_none)  # per APPEND pool, sink included
-    max_seq_len: int = attrs.field(default=256, validator=_positive)  # the context, at most the model's
+    # the context a stream may fill; None: the model's, at most DEFAULT_CONTEXT (resolved by ``fit``)
+    max_seq_len: int | None = attrs.field(default=None, validator=_positive_or_none)
     rec_slots: int | None = attrs.field(default=None, validator=_positive_or_none)  # sink included; None: c + 1
     row_check: bool = False  # compare every row a resident step read with the streams (syncs; debug)
     prepare_early: bool = True  # prepare the next step while this one runs, as a pipelined engine does
@@ -117,8 +120,8 @@ class EngineConfig:
             raise ValueError(f"prefill BESIDE_PRIORITY ranks the steps' CUDA stream above the passes'; device "
                              f"{self.device} has no streams")  # fmt: skip
         if self.attention in (Backend.FA2, Backend.XQA) and not cuda:
-            raise ValueError(f"attention {self.attention.value} runs on CUDA only; use Backend.TORCH or "
-                             f"Backend.TRITON on {self.device}")  # fmt: skip
+            raise ValueError(f"attention {self.attention.value} runs on CUDA only; on {self.device} use torch or "
+                             f"triton (Backend.TORCH / Backend.TRITON)")  # fmt: skip
 
     @property
     def widest_bucket(self) -> int:
@@ -126,10 +129,19 @@ class EngineConfig:
         return self.max_bucket or self.max_running
 
 
+def fit(config: EngineConfig, adapter) -> EngineConfig:
+    """``config`` for ``adapter``'s model: its context resolved (None: the model's, at most DEFAULT_CONTEXT), and
+    checked (``check_fits``)."""
+    if config.max_seq_len is None:
+        config = attrs.evolve(config, max_seq_len=min(adapter.max_context, DEFAULT_CONTEXT))
+    check_fits(config, adapter)
+    return config
+
+
 def check_fits(config: EngineConfig, adapter) -> None:
     """ValueError where ``config`` asks of ``adapter``'s model what it has not: a context longer than the model's,
     a dtype other than its weights', prefill graphs of a pass it cannot capture."""
-    if config.max_seq_len > adapter.max_context:
+    if config.max_seq_len is not None and config.max_seq_len > adapter.max_context:
         raise ValueError(f"max_seq_len {config.max_seq_len} is longer than {adapter.name}'s context of "
                          f"{adapter.max_context} tokens")  # fmt: skip
     w = next(adapter.model.parameters())

@@ -25,15 +25,25 @@ import torch
 
 from models.engine.adapters import Adapter
 from models.engine.admission import Admission
-from models.engine.config import DECODE_STREAM_PRIORITY, EngineConfig, Planning, PrefillPlacement, check_fits
+from models.engine.config import DECODE_STREAM_PRIORITY, EngineConfig, Planning, PrefillPlacement, fit
 from models.engine.core import run_requests
 from models.engine.graphs import build_graphs, engine_streams, priority_stream
 from models.engine.launcher import InFlight, Launcher
 from models.engine.planning import EarlyStep, HostFills, decode_arm
 from models.engine.pools import pool_layout
 from models.engine.prefill import Prefill, Prefilled
-from models.engine.requests import FinishReason, InvalidRequest, Limits, Request, Result, StepOutput, validate
-from models.engine.sampler import Sampler
+from models.engine.requests import (
+    EngineLoad,
+    FinishReason,
+    InvalidRequest,
+    Limits,
+    Request,
+    Result,
+    StepOutput,
+    TokenLogprobs,
+    validate,
+)
+from models.engine.sampler import Sampler, SamplingMode
 from models.engine.scheduler import Batch, Chunk, Pending, Scheduler, decode_buckets, handles_of
 from models.engine.stats import EARLY_STEP, NO_EARLY_STEP, EngineStats, Events, StepCounts, Tokens
 from models.engine.table import RequestTable
@@ -45,8 +55,7 @@ class Engine:
     """Serves requests on one adapter (module doc). ``stats`` sums what every part did."""
 
     def __init__(self, adapter: Adapter, config: EngineConfig | None = None) -> None:
-        cfg = self.config = config or EngineConfig()
-        check_fits(cfg, adapter)
+        cfg = self.config = fit(config or EngineConfig(), adapter)
         self.adapter, self.device = adapter, torch.device(cfg.device)
         H, ps, dtype = cfg.max_running, cfg.page_size, next(adapter.model.parameters()).dtype
         self.layout, counts = pool_layout(adapter.pools, ps, H, cfg.max_seq_len, cfg.num_pages, adapter.positions_pool,
@@ -67,7 +76,8 @@ class Engine:
         decode_capture, prefill_capture, pass_stream = engine_streams(self.device)
         self.graphs = build_graphs(adapter, self.model_state, self.layout, self.buckets, cfg.attention,
                                    cfg.planning is Planning.RESIDENT, self.executor, self.launcher, self.sampler,
-                                   kernels, cfg.overlap, dtype, ps, workspaces, decode_capture)  # fmt: skip
+                                   kernels, cfg.overlap, dtype, ps, workspaces, decode_capture,
+                                   mixed_steps=cfg.prefill is PrefillPlacement.IN_STEP)  # fmt: skip
         self.resident = self.graphs.resident
         self.fills = HostFills(self.layout, self.executor, self.graphs.plans, self.graphs.attn)
         self.seqs = itertools.count(1)  # step serials (resplan's seq), one a step and one a plan made early
@@ -139,6 +149,10 @@ class Engine:
     def has_work(self) -> bool:
         """A step has something to run, or results wait to be handed over by the next step (an abort's)."""
         return self._runs() or self.table.has_output()
+
+    def load(self) -> EngineLoad:
+        """Requests waiting and running, KV pages in use (a server's metrics)."""
+        return EngineLoad(*self.scheduler.load(), *self.admission.pages_in_use())
 
     def run(self, requests: Iterable[Request], on_step: Callable[[StepOutput], None] | None = None,
             ) -> list[Result | InvalidRequest]:  # fmt: skip
@@ -224,7 +238,8 @@ class Engine:
         rows, b = batch.rows, batch.bucket
         seq, prepared = self.arm.prepare(rows, b, early)
         self.stats.add(prepared)
-        f = self._launch(self.graphs.decode(b, self.table.greedy(rows)), b, rows, self.arm.device_ids, decode=True)
+        mode = self.table.mode(rows)
+        f = self._launch(self.graphs.decode(b, mode), b, rows, self.arm.device_ids, decode=True, mode=mode)
         self._ran(rows, seq)
         self.stats.add_check(self.arm.ran(rows, b, seq))
         beside = int(self.prefill.in_flight is not None)
@@ -245,10 +260,12 @@ class Engine:
         pass_rows, f = (rows if in_pass else rows[:0]), None
         if rows.size and not in_pass:
             self.fills.fill(self.streams, rows, b)
-            f = self._launch(self.graphs.host(b, self.table.greedy(rows)), b, rows, self.config.overlap, decode=False)
+            mode = self.table.mode(rows)
+            f = self._launch(self.graphs.host(b, mode), b, rows, self.config.overlap, decode=False, mode=mode)
             self._ran(rows, seq)
         launched, prefilled = self.prefill.run(chunks, self.table.requests(handles_of(chunks)), pass_rows,
-                                               self.table.last_tokens(pass_rows))  # fmt: skip
+                                               self.table.last_tokens(pass_rows),
+                                               self.table.asks_logprobs(pass_rows))  # fmt: skip
         self.admission.prefilled(launched.chunks, launched.contexts)
         if pass_rows.size:
             self.table.launched(pass_rows)
@@ -259,9 +276,9 @@ class Engine:
         if f is not None:
             self._land(f)
         if pass_rows.size:
-            self._emit(pass_rows, prefilled.decoded)
+            self._emit(pass_rows, prefilled.decoded, prefilled.decoded_lp)
         if prefilled.ended.size:
-            self._emit(prefilled.ended, prefilled.first_tokens)
+            self._emit(prefilled.ended, prefilled.first_tokens, prefilled.first_lp)
 
     def _ran(self, rows: np.ndarray, seq: int) -> None:
         """The rows ran a decode token at step ``seq``: their lengths +1 (the rule the resident commit follows)."""
@@ -287,7 +304,7 @@ class Engine:
         if prefilled is not None:
             self._prefilled(prefilled, next(self.seqs))
             if prefilled.ended.size:
-                self._emit(prefilled.ended, prefilled.first_tokens)
+                self._emit(prefilled.ended, prefilled.first_tokens, prefilled.first_lp)
 
     def _prefilled(self, prefilled: Prefilled, seq: int, touched: np.ndarray | None = None) -> None:
         """A pass landed at step ``seq``: the scheduler counts its chunks, the prompts it ended have issued their
@@ -329,19 +346,21 @@ class Engine:
             self.stats.add(Events(reloads=1))
 
     # -- launch, land, emit, finish ----------------------------------------------------------------------------------
-    def _launch(self, graph, b: int, rows: np.ndarray, device_ids: bool, decode: bool) -> InFlight:
+    def _launch(self, graph, b: int, rows: np.ndarray, device_ids: bool, decode: bool,
+                mode: SamplingMode) -> InFlight:  # fmt: skip
+        """Launch ``graph`` (bucket b's, drawing as ``mode`` says) on ``rows``; the step is in flight."""
         f, launched = self.launcher.launch(graph, b, rows, self.table.serials(rows), self.table.last_token,
-                                           device_ids, decode)  # fmt: skip
+                                           device_ids, decode, mode is SamplingMode.LOGPROBS)  # fmt: skip
         self.table.launched(rows)
         self.stats.add(launched)
         return f
 
     def _land(self, f: InFlight) -> None:
         """Wait for a launched step's tokens and emit them (the launcher drops rows whose request ended meanwhile)."""
-        rows, tokens, landed = self.launcher.land(f, self.table.serial)
+        rows, tokens, lp, landed = self.launcher.land(f, self.table.serial)
         self.stats.add(landed)
         if rows.size:
-            self._emit(rows, tokens)
+            self._emit(rows, tokens, lp)
 
     def _drain(self) -> None:
         """Land the step in flight, if any."""
@@ -349,9 +368,10 @@ class Engine:
         if f is not None:
             self._land(f)
 
-    def _emit(self, rows: np.ndarray, tokens: np.ndarray) -> None:
-        """Record each row's token; finish rows that sampled a stop token or ran out of tokens or context."""
-        emitted = self.table.emit(rows, tokens, self.config.timing)
+    def _emit(self, rows: np.ndarray, tokens: np.ndarray, lp: TokenLogprobs | None = None) -> None:
+        """Record each row's token (and its logprobs, drawn where a row asked for them); finish rows that sampled a
+        stop token or ran out of tokens or context."""
+        emitted = self.table.emit(rows, tokens, self.config.timing, lp)
         self.stats.add(Tokens(emitted.n))
         if emitted.itl is not None:
             self.stats.sample_itl(emitted.itl)

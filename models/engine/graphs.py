@@ -1,6 +1,6 @@
 """A decode step's device side, built once: each bucket's decode attention, its capture plan (``resplan.BucketPlan``,
-from the streams the adapter's decode walk declares), and its captured graphs keyed by ``(capture plan, greedy)``
-(``DecodeGraphs``); and the CUDA streams an engine's graphs and passes run on (``engine_streams``)."""
+from the streams the adapter's decode walk declares), and its captured graphs keyed by ``(capture plan, sampling
+mode)`` (``DecodeGraphs``); and the CUDA streams an engine's graphs and passes run on (``engine_streams``)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 from kernels.choices import KernelChoices
 from models.engine.adapters import DECODE, Adapter
 from models.engine.launcher import Launcher
-from models.engine.sampler import Sampler
+from models.engine.sampler import Sampler, SamplingMode, logprobs
 from models.layers.decode_attention import Backend
 from models.layers.flashinfer_attention import Workspaces, make_decode_attention
 from resplan import (
@@ -30,7 +30,7 @@ from resplan import (
 
 log = logging.getLogger(__name__)
 
-GraphKey = tuple[BucketPlan, bool]  # (the bucket's capture plan, greedy)
+GraphKey = tuple[BucketPlan, SamplingMode]  # (the bucket's capture plan, how its rows draw)
 
 
 def make_attention(backend: Backend, adapter: Adapter, layout: RowLayout, buckets: tuple[int, ...], page_size: int,
@@ -76,13 +76,14 @@ def capture_plans(adapter: Adapter, layout: RowLayout, buckets: tuple[int, ...],
 
 
 def step_fn(adapter: Adapter, model_state, executor: Executor, launcher: Launcher, sampler: Sampler, attn,
-            kc: KernelChoices, b: int, greedy: bool, resident: bool,
+            kc: KernelChoices, b: int, mode: SamplingMode, resident: bool,
             device_ids: bool) -> Callable[[], None]:  # fmt: skip
-    """One decode step of bucket b: (resident: scatter + gather rows,) forward (its kernels as ``kc`` says), sample,
-    (resident: commit). A graph with ``device_ids`` (resident, and a host-planned one under overlap) takes its input
-    ids from the device."""
+    """One decode step of bucket b: (resident: scatter + gather rows,) forward (its kernels as ``kc`` says), draw as
+    ``mode`` says (LOGPROBS: and every row's logprobs into the launcher's buffers), (resident: commit). A graph with
+    ``device_ids`` (resident, and a host-planned one under overlap) takes its input ids from the device."""
     ex, bufs, host_ids, out = executor, executor.buffers[b], launcher.ids[b], launcher.tokens[b]
     src, last = launcher.idsrc[b][1], launcher.tokens_all
+    lp_out = launcher.logprobs[b]  # [b], [b, 5], [b, 5]
 
     def fn() -> None:
         ids = host_ids
@@ -91,7 +92,15 @@ def step_fn(adapter: Adapter, model_state, executor: Executor, launcher: Launche
         if device_ids:
             ids = torch.where(src >= 0, last[src.clamp(min=0)], host_ids)  # [b] last step's token, or the host's
         logits = adapter.decode(model_state, ids, bufs, attn, kc)  # [b, V]
-        out.copy_(logits.argmax(-1) if greedy else sampler(logits, bufs.sampler, bufs.positions))
+        if mode is SamplingMode.GREEDY:
+            out.copy_(logits.argmax(-1))
+        elif mode is SamplingMode.SAMPLE:
+            out.copy_(sampler(logits, bufs.sampler, bufs.positions))
+        else:  # (temperature 0 rows: the argmax)
+            tokens, candidates = sampler.draw(logits, bufs.sampler, bufs.positions)  # [b], [b, K]
+            out.copy_(tokens)
+            for dst, v in zip(lp_out, logprobs(logits, tokens, candidates), strict=True):
+                dst.copy_(v)
         if resident:
             ex.after_forward(b)
 
@@ -99,26 +108,31 @@ def step_fn(adapter: Adapter, model_state, executor: Executor, launcher: Launche
 
 
 def capture_graphs(plans: dict[int, BucketPlan], attn: dict[int, object | None], width: int, device: torch.device,
-                   make_fn: Callable[[int, bool, bool], Callable[[], None]], resident: bool,
-                   stream: torch.cuda.Stream | None = None,
+                   make_fn: Callable[[int, SamplingMode, bool], Callable[[], None]], resident: bool,
+                   stream: torch.cuda.Stream | None = None, mixed_steps: bool = True,
                    ) -> tuple[dict[GraphKey, Graph], dict[GraphKey, Graph]]:  # fmt: skip
     """Capture every bucket once per sampling mode, largest first, in one memory pool: the host-planned graphs (mixed
     steps, and the host arm's decode) and, in the resident arm, the resident decode graphs (else the host-planned
-    ones again). ``make_fn(b, greedy, resident)`` is the step to capture. A step whose rows are all greedy replays the
+    ones again). ``make_fn(b, mode, resident)`` is the step to capture. A step whose rows are all greedy replays the
     argmax graph and skips the sampler's top-k over the vocabulary (hundreds of microseconds of GPU time at 64
-    rows). ``width``: the block table's columns (a host-scheduled attention is scheduled for the trash rows first).
-    ``stream``: the capture stream (None: torch's default one)."""
+    rows); only a step with a row asking for logprobs replays the LOGPROBS graph (a log_softmax over the vocabulary
+    more). ``width``: the block table's columns (a host-scheduled attention is scheduled for the trash rows first).
+    ``stream``: the capture stream (None: torch's default one). ``mixed_steps`` False: the resident arm runs no step
+    on host-filled buffers (its passes run beside the decode steps, or carry the decode rows), so only the resident
+    graphs are captured (half the captures, and half their memory)."""
     for b, p in plans.items():  # a captured run of a host-scheduled attention needs a schedule: the trash rows'
         if not p.host_plan_free:
             attn[b].schedule(np.zeros((b, width), np.int32), np.ones(b, np.int32))
     pool, host, res = None, {}, {}
     for b in sorted(plans, reverse=True):
         key = plans[b]
-        for greedy in (False, True):
-            host[key, greedy] = Graph(make_fn(b, greedy, False), device, pool, stream=stream)
-            pool = host[key, greedy].pool
+        for mode in (SamplingMode.LOGPROBS, SamplingMode.SAMPLE, SamplingMode.GREEDY):
+            if mixed_steps or not resident:
+                host[key, mode] = Graph(make_fn(b, mode, False), device, pool, stream=stream)
+                pool = host[key, mode].pool
             if resident:
-                res[key, greedy] = Graph(make_fn(b, greedy, True), device, pool, stream=stream)
+                res[key, mode] = Graph(make_fn(b, mode, True), device, pool, stream=stream)
+                pool = res[key, mode].pool
     return host, (res if resident else host)
 
 
@@ -134,32 +148,34 @@ class DecodeGraphs:
     host_graphs: dict[GraphKey, Graph]  # read host-filled buffers: mixed steps, and the host arm's decode steps
     decode_graphs: dict[GraphKey, Graph]  # a decode step's (resident: the resident graphs; else host_graphs)
 
-    def decode(self, b: int, greedy: bool) -> Graph:
-        """Bucket b's decode step graph (``greedy``: every row greedy, argmax instead of the sampler)."""
-        return self.decode_graphs[self.plans[b], greedy]
+    def decode(self, b: int, mode: SamplingMode) -> Graph:
+        """Bucket b's decode step graph drawing as ``mode`` says (``RequestTable.mode`` of its rows)."""
+        return self.decode_graphs[self.plans[b], mode]
 
-    def host(self, b: int, greedy: bool) -> Graph:
-        """Bucket b's graph over buffers the host filled (a mixed step's decode rows)."""
-        return self.host_graphs[self.plans[b], greedy]
+    def host(self, b: int, mode: SamplingMode) -> Graph:
+        """Bucket b's graph over buffers the host filled (a mixed step's decode rows; captured where the engine runs
+        mixed steps)."""
+        return self.host_graphs[self.plans[b], mode]
 
 
 def build_graphs(adapter: Adapter, model_state, layout: RowLayout, buckets: tuple[int, ...], backend: Backend,
                  resident: bool, executor: Executor, launcher: Launcher, sampler: Sampler, kc: KernelChoices,
                  device_ids: bool, dtype: torch.dtype, page_size: int, workspaces: Workspaces,
-                 stream: torch.cuda.Stream | None) -> DecodeGraphs:  # fmt: skip
+                 stream: torch.cuda.Stream | None, mixed_steps: bool = True) -> DecodeGraphs:  # fmt: skip
     """The attention, capture plans and graphs of every bucket (``resident``: resident planning asked for;
-    ``device_ids``: the host-planned graphs take their input ids from the device, as under overlap)."""
+    ``device_ids``: the host-planned graphs take their input ids from the device, as under overlap; ``mixed_steps``:
+    the engine runs decode rows from a host fill beside a pass in the step)."""
     device = executor.device
     attn = make_attention(backend, adapter, layout, buckets, page_size, device, dtype, kc, workspaces)
     refusal, plans = capture_plans(adapter, layout, buckets, attn, resident)
     resident = resident and refusal is None
 
-    def make_fn(b: int, greedy: bool, res: bool) -> Callable[[], None]:
-        return step_fn(adapter, model_state, executor, launcher, sampler, attn[b], kc, b, greedy, res,
+    def make_fn(b: int, mode: SamplingMode, res: bool) -> Callable[[], None]:
+        return step_fn(adapter, model_state, executor, launcher, sampler, attn[b], kc, b, mode, res,
                        device_ids=res or device_ids)  # fmt: skip
 
     W = layout.span(layout.append_pools[0].key).width
-    host, decode = capture_graphs(plans, attn, W, device, make_fn, resident, stream)
+    host, decode = capture_graphs(plans, attn, W, device, make_fn, resident, stream, mixed_steps)
     return DecodeGraphs(attn, plans, refusal, resident, host, decode)
 
 

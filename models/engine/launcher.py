@@ -4,7 +4,8 @@ A step's sampled tokens stay on the device (``tokens_all``); a graph that takes 
 each row's id from there when the row ran in the last replayed step (``src`` = its position), else from a host id (a
 row that prefilled, or last ran earlier). The host copies ``(ids, src)`` only when they change: a steady step copies
 none. Pinned host buffers come in two sets used by alternate launches: a buffer is rewritten only after the launch
-before last has landed, so one step may be in flight while the next is launched (overlap).
+before last has landed, so one step may be in flight while the next is launched (overlap). A LOGPROBS graph also
+writes every row's logprobs (``logprobs``), read back with the tokens on the same event.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import attrs
 import numpy as np
 import torch
 
+from models.engine.requests import MAX_LOGPROBS, TokenLogprobs
 from models.engine.stats import Counts
 from resplan import Graph
 from resplan.pinned import PinnedRing, host_zeros
@@ -29,6 +31,7 @@ class InFlight:
     bucket: int
     parity: int  # which pinned readback buffer and events it uses
     decode: bool  # a pure decode step (its phases count in the stats)
+    logprobs: bool = False  # its graph wrote the rows' logprobs, read back with the tokens
 
 
 @attrs.frozen(slots=True)
@@ -55,8 +58,9 @@ class Landed(Counts):
 
 @attrs.frozen(eq=False)
 class _HostIO:
-    """One launch's pinned host buffers, by bucket: (host ids, src) [2, b] and the sampled tokens read back [b], with
-    their numpy views (made once: a torch slice costs microseconds of host time)."""
+    """One launch's pinned host buffers, by bucket: (host ids, src) [2, b], the sampled tokens read back [b] and
+    their logprobs ([b], [b, 5], [b, 5]), with their numpy views (made once: a torch slice costs microseconds of host
+    time)."""
 
     idsrc: dict[int, torch.Tensor]  # b -> [2, b]
     idsrc_np: dict[int, np.ndarray]
@@ -64,15 +68,20 @@ class _HostIO:
     ids_np: dict[int, np.ndarray]
     tokens: dict[int, torch.Tensor]  # b -> [b]
     tokens_np: np.ndarray  # [B]
+    logprobs: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]  # b -> [b] f32, [b, 5] i64, [b, 5] f32
+    logprobs_np: TokenLogprobs  # [B], [B, 5], [B, 5]
 
     @classmethod
     def make(cls, buckets: tuple[int, ...], pinned: bool) -> _HostIO:
-        B = buckets[-1]
+        B, K = buckets[-1], MAX_LOGPROBS
         flat, toks = host_zeros(2 * B, torch.int64, pinned), host_zeros(B, torch.int64, pinned)
+        lp = (host_zeros(B, torch.float32, pinned), host_zeros(B * K, torch.int64, pinned).view(B, K),
+              host_zeros(B * K, torch.float32, pinned).view(B, K))  # fmt: skip
         idsrc = {b: flat[: 2 * b].view(2, b) for b in buckets}
         idsrc_np = {b: v.numpy() for b, v in idsrc.items()}
         return cls(idsrc, idsrc_np, {b: v[0] for b, v in idsrc.items()}, {b: v[0] for b, v in idsrc_np.items()},
-                   {b: toks[:b] for b in buckets}, toks.numpy())  # fmt: skip
+                   {b: toks[:b] for b in buckets}, toks.numpy(), {b: tuple(t[:b] for t in lp) for b in buckets},
+                   TokenLogprobs(*(t.numpy() for t in lp)))  # fmt: skip
 
 
 class Launcher:
@@ -82,6 +91,9 @@ class Launcher:
         i64 = dict(dtype=torch.int64, device=device)
         self.tokens_all = torch.zeros(B, **i64)  # [B] the last replayed step's sampled tokens, in its row order
         self.tokens = {b: self.tokens_all[:b] for b in buckets}  # [b] written by bucket b's graphs
+        lp = (torch.zeros(B, dtype=torch.float32, device=device), torch.zeros(B, MAX_LOGPROBS, **i64),
+              torch.zeros(B, MAX_LOGPROBS, dtype=torch.float32, device=device))  # fmt: skip
+        self.logprobs = {b: tuple(t[:b] for t in lp) for b in buckets}  # [b], [b, 5], [b, 5]: LOGPROBS graphs'
         self.idsrc = {b: torch.zeros(2, b, **i64) for b in buckets}  # [2, b]: host ids; src (-1: host id)
         self.ids = {b: self.idsrc[b][0] for b in buckets}  # [b] a host-planned graph's input ids
         self._idsrc_now = {b: np.zeros((2, b), np.int64) for b in buckets}  # what idsrc[b] holds
@@ -116,10 +128,11 @@ class Launcher:
         self._tok_pos[h] = -1
 
     def launch(self, graph: Graph, b: int, rows: np.ndarray, serial: np.ndarray, last_token: np.ndarray,
-               device_ids: bool, decode: bool) -> tuple[InFlight, Launched]:  # fmt: skip
+               device_ids: bool, decode: bool, logprobs: bool = False) -> tuple[InFlight, Launched]:  # fmt: skip
         """Copy the step's input ids (the rows' ``last_token``, [H] by handle; a graph that takes them from the device
-        copies them only if they changed), replay, enqueue the sampled tokens' readback. ``serial``: [n] the rows'
-        admission serials. ``decode``: a pure decode step, whose phases (launch, wait, GPU time) the stats count."""
+        copies them only if they changed), replay, enqueue the sampled tokens' readback (``logprobs``: a LOGPROBS
+        graph, and its logprobs' too). ``serial``: [n] the rows' admission serials. ``decode``: a pure decode step,
+        whose phases (launch, wait, GPU time) the stats count."""
         n = rows.size
         t0 = time.perf_counter_ns()
         k, io = self._ring.take()  # (the launch before last has landed: its readback is done)
@@ -143,12 +156,16 @@ class Launcher:
         if timer is not None:
             timer[1].record()
         io.tokens[b].copy_(self.tokens[b], non_blocking=True)
+        if logprobs:
+            for dst, src in zip(io.logprobs[b], self.logprobs[b], strict=True):
+                dst.copy_(src, non_blocking=True)
         self._ring.done()
         self._tok_pos[self._last_rows] = -1  # tokens_all now holds this step's tokens
         self._tok_pos[rows] = self._arange[:n]
         self._last_rows = rows
         launch_ns = time.perf_counter_ns() - t0 if decode else 0
-        return InFlight(rows, serial, b, k, decode), Launched(n, b - n, launch_ns, copies, nbytes, ids_copies)
+        f = InFlight(rows, serial, b, k, decode, logprobs)
+        return f, Launched(n, b - n, launch_ns, copies, nbytes, ids_copies)
 
     def _stage_idsrc(self, b: int, rows: np.ndarray, last_token: np.ndarray, io: _HostIO) -> int:
         """A device-ids step's (host ids, src): src = each row's position in the last replayed step's tokens, -1 for
@@ -170,20 +187,23 @@ class Launcher:
         self.idsrc[b].copy_(io.idsrc[b], non_blocking=True)
         return 1
 
-    def land(self, f: InFlight, serial: np.ndarray) -> tuple[np.ndarray, np.ndarray, Landed]:
-        """Wait for a launched step's tokens: its rows and their tokens ([k] int64 each, the launch's row order),
-        without the rows whose admission serial (``serial``, [H] by handle) changed since the launch (their request
-        finished meanwhile), and what landing did."""
+    def land(self, f: InFlight, serial: np.ndarray) -> tuple[np.ndarray, np.ndarray, TokenLogprobs | None, Landed]:
+        """Wait for a launched step's tokens: its rows and their tokens ([k] int64 each, the launch's row order) with
+        their logprobs (a LOGPROBS graph's; else None), without the rows whose admission serial (``serial``, [H] by
+        handle) changed since the launch (their request finished meanwhile), and what landing did."""
         t0 = time.perf_counter_ns()
         self._ring.wait(f.parity)
-        tokens = self._ring.entries[f.parity].tokens_np[: f.rows.size].copy()
+        io, n = self._ring.entries[f.parity], f.rows.size
+        tokens = io.tokens_np[:n].copy()
+        lp = io.logprobs_np[:n].copy() if f.logprobs else None
         wait_ns = time.perf_counter_ns() - t0
         rows, keep = f.rows, serial[f.rows] == f.serial
         dropped = 0
         if not keep.all():
             dropped = int(np.count_nonzero(~keep))
-            rows, tokens = rows[keep], tokens[keep]
+            rows, tokens, lp = rows[keep], tokens[keep], (lp[keep] if lp is not None else None)
         if not f.decode:
-            return rows, tokens, Landed(dropped)
+            return rows, tokens, lp, Landed(dropped)
         timer = self._timers[f.parity] if self.timing else None
-        return rows, tokens, Landed(dropped, wait_ns, timer[0].elapsed_time(timer[1]) if timer is not None else 0.0)
+        gpu_ms = timer[0].elapsed_time(timer[1]) if timer is not None else 0.0
+        return rows, tokens, lp, Landed(dropped, wait_ns, gpu_ms)

@@ -1,8 +1,10 @@
 """A step's prefill pass: every chunk of the step in one adapter call (eager, or replayed from a captured prefill
 graph) and the first token of each chunk that ends its prompt. With the decode rows in the pass
 (``PrefillPlacement.IN_PASS``), each decode row rides in it as a one-token sequence at its stream's end and is sampled
-as a decode step samples it. The pass reads the host streams; the lengths it adds are admission's to write
-(``Admission.prefilled``, from the chunks and the contexts the pass encoded).
+as a decode step samples it. When a drawn row's request asks for logprobs, every drawn row's logprobs come back with
+the tokens (``sampler.logprobs``, as the LOGPROBS decode graph computes them). The pass reads the host streams; the
+lengths it adds are admission's to write (``Admission.prefilled``, from the chunks and the contexts the pass
+encoded).
 
 ``launch`` enqueues a pass and returns it in flight (``PassInFlight``): with a CUDA ``stream`` its work goes there,
 after everything queued on the caller's stream so far (pages and slots given back by requests whose last decode step
@@ -24,8 +26,8 @@ import torch
 from kernels.choices import DEFAULT, KernelChoices
 from models.engine.adapters import Adapter, PrefillInput
 from models.engine.prefill_graphs import PrefillGraphs
-from models.engine.requests import Request
-from models.engine.sampler import Sampler
+from models.engine.requests import MAX_LOGPROBS, Request, TokenLogprobs
+from models.engine.sampler import Sampler, logprobs
 from models.engine.scheduler import Chunk
 from models.engine.stats import Counts
 from models.layers.flat import device_array
@@ -49,21 +51,24 @@ class PassCounts(Counts):
 @attrs.frozen(eq=False)
 class Prefilled:
     """A landed pass: its chunks, the handles whose prompts it ended and their first tokens ([m] int64 each), the
-    tokens of the decode rows that rode in it, and what it cost."""
+    tokens of the decode rows that rode in it, and what it cost; with the drawn tokens' logprobs when a drawn row's
+    request asked for them (else None)."""
 
     chunks: tuple[Chunk, ...]
     ended: np.ndarray
     first_tokens: np.ndarray
     decoded: np.ndarray  # [r] int64: the tokens of the decode rows that rode in the pass, in their order
     counts: PassCounts
+    first_lp: TokenLogprobs | None = None  # [m]
+    decoded_lp: TokenLogprobs | None = None  # [r]
 
 
 @attrs.frozen(eq=False)
 class PassInFlight:
     """A launched pass whose first tokens the host has not read yet: its chunks and the contexts its first chunks
     encoded (tokens by READ pool, for ``Admission.prefilled``), the ended prompts' handles ([m] int64), how many
-    drawn tokens land in the pinned readback (m, then the decode rows'), the event recorded after it on its stream
-    (None on a CPU: the pass ran at launch), and its timings so far."""
+    drawn tokens land in the pinned readback (m, then the decode rows'), whether their logprobs do too, the event
+    recorded after it on its stream (None on a CPU: the pass ran at launch), and its timings so far."""
 
     chunks: tuple[Chunk, ...]
     contexts: tuple[dict[str, int], ...]
@@ -72,6 +77,7 @@ class PassInFlight:
     done: torch.cuda.Event | None
     t0: int  # perf_counter_ns at launch
     host_ns: int  # the host's time enqueueing it
+    logprobs: bool = False
 
     def ready(self) -> bool:
         """Whether ``Prefill.land`` would return without waiting for the device."""
@@ -121,6 +127,10 @@ class Prefill:
         # the drawn tokens' readback: a pass draws at most one token a chunk and one a decode row riding in it
         self._drawn = host_zeros(2 * max_chunks, torch.int64, cuda)  # [2 * max_chunks]
         self._drawn_np = self._drawn.numpy()
+        D, K = 2 * max_chunks, MAX_LOGPROBS
+        self._drawn_lp = (host_zeros(D, torch.float32, cuda), host_zeros(D * K, torch.int64, cuda).view(D, K),
+                          host_zeros(D * K, torch.float32, cuda).view(D, K))  # [D], [D, 5], [D, 5]: their logprobs
+        self._drawn_lp_np = TokenLogprobs(*(t.numpy() for t in self._drawn_lp))
         self.pass_stream = pass_stream
         self._in_flight: PassInFlight | None = None  # beside the decode steps: the pass launched and not landed
 
@@ -141,24 +151,26 @@ class Prefill:
             self.graphs.capture(self.adapter.prefill_inputs(self.model_state, [dummy], shape, kc=self.kernels))
 
     def run(self, chunks: tuple[Chunk, ...], requests: list[Request], rows: np.ndarray = _NONE,
-            row_ids: np.ndarray = _NONE) -> tuple[PassInFlight, Prefilled]:  # fmt: skip
+            row_ids: np.ndarray = _NONE, rows_logprobs: bool = False) -> tuple[PassInFlight, Prefilled]:  # fmt: skip
         """Run ``chunks`` (``requests[i]`` is chunk i's request) in the step, and sample the first token of each that
         ends its prompt (a request's first chunk also encodes its context into its READ pools). ``rows``: decode
         rows riding in the pass, row i one token ``row_ids[i]`` at its stream's end, sampled at that position
-        (``Prefilled.decoded``). Returns the pass as launched (its chunks and contexts, for admission) and landed."""
-        p = self.launch(chunks, requests, rows, row_ids)
+        (``Prefilled.decoded``; ``rows_logprobs``: a row's request asks for logprobs). Returns the pass as launched
+        (its chunks and contexts, for admission) and landed."""
+        p = self.launch(chunks, requests, rows, row_ids, rows_logprobs=rows_logprobs)
         return p, self.land(p)
 
     def launch(self, chunks: tuple[Chunk, ...], requests: list[Request], rows: np.ndarray = _NONE,
-               row_ids: np.ndarray = _NONE, stream: torch.cuda.Stream | None = None) -> PassInFlight:  # fmt: skip
+               row_ids: np.ndarray = _NONE, stream: torch.cuda.Stream | None = None,
+               rows_logprobs: bool = False) -> PassInFlight:  # fmt: skip
         """Enqueue ``run``'s pass (on ``stream`` when given, after the caller's stream's work so far) and return it
         in flight. One pass in flight at a time: its readback buffer and timer are this object's."""
         t0 = time.perf_counter_ns()
         if stream is None:
-            return self._launch(chunks, requests, rows, row_ids, t0)
+            return self._launch(chunks, requests, rows, row_ids, rows_logprobs, t0)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
-            return self._launch(chunks, requests, rows, row_ids, t0)
+            return self._launch(chunks, requests, rows, row_ids, rows_logprobs, t0)
 
     def land(self, p: PassInFlight) -> Prefilled:
         """Wait for ``p``'s first tokens (the caller's stream then also waits for its pass) and return what it did."""
@@ -173,7 +185,10 @@ class Prefill:
         m = p.ended.size
         counts = PassCounts(1, len(p.chunks), sum(c.n for c in p.chunks), time.perf_counter_ns() - p.t0, p.host_ns,
                             gpu_ms)  # fmt: skip
-        return Prefilled(p.chunks, p.ended, drawn[:m], drawn[m:], counts)
+        if not p.logprobs:
+            return Prefilled(p.chunks, p.ended, drawn[:m], drawn[m:], counts)
+        lp = self._drawn_lp_np[: p.n_drawn].copy()
+        return Prefilled(p.chunks, p.ended, drawn[:m], drawn[m:], counts, lp[:m], lp[m:])
 
     def launch_beside(self, chunks: tuple[Chunk, ...], requests: list[Request]) -> PassInFlight:
         """Launch the chunks' pass on the passes' stream and hold it in flight (its requests stay PREFILLING until
@@ -191,21 +206,24 @@ class Prefill:
         self._in_flight = None
         return self.land(p)
 
-    def _launch(self, chunks, requests, rows, row_ids, t0: int) -> PassInFlight:
+    def _launch(self, chunks, requests, rows, row_ids, rows_logprobs: bool, t0: int) -> PassInFlight:
         timer = self._timer
         if timer is not None:
             timer[0].record()
-        ended, contexts, drawn, host_ns = self._pass(chunks, requests, rows, row_ids)
+        ended, contexts, drawn, lp, host_ns = self._pass(chunks, requests, rows, row_ids, rows_logprobs)
         if timer is not None:
             timer[1].record()
         n = 0 if drawn is None else drawn.numel()
         if n:
             self._drawn[:n].copy_(drawn, non_blocking=True)
+        if lp is not None:
+            for dst, src in zip(self._drawn_lp, lp, strict=True):
+                dst[:n].copy_(src, non_blocking=True)
         done = None
         if self.device.type == "cuda":
             done = torch.cuda.Event()
             done.record()
-        return PassInFlight(tuple(chunks), contexts, ended, n, done, t0, host_ns)
+        return PassInFlight(tuple(chunks), contexts, ended, n, done, t0, host_ns, lp is not None)
 
     def _input(self, h: int, ids: np.ndarray, start: int, read_lens: dict[str, int] | None = None) -> PrefillInput:
         """Handle h's tokens ``ids`` at stream positions start .. start + len(ids) - 1, on the pages it holds.
@@ -220,15 +238,17 @@ class Prefill:
             pos_offset=int(st.pos_offset[h]),
         )  # fmt: skip
 
-    def _pass(self, chunks: tuple[Chunk, ...], requests: list[Request], rows: np.ndarray,
-              row_ids: np.ndarray) -> tuple[np.ndarray, tuple[dict, ...], torch.Tensor | None, int]:  # fmt: skip
+    def _pass(self, chunks: tuple[Chunk, ...], requests: list[Request], rows: np.ndarray, row_ids: np.ndarray,
+              rows_logprobs: bool,
+              ) -> tuple[np.ndarray, tuple[dict, ...], torch.Tensor | None, tuple | None, int]:  # fmt: skip
         """The pass, enqueued; returns the ended prompts' handles, each chunk's context (tokens by READ pool, encoded
         by a first chunk; empty otherwise), the tokens drawn on the device ([m + r] int64: the ended prompts' first
-        tokens, then the decode rows'; None when nothing was drawn), and the host time it took."""
+        tokens, then the decode rows'; None when nothing was drawn), their logprobs when a drawn row's request asks
+        for them (``sampler.logprobs``: [m + r], [m + r, 5], [m + r, 5]; else None), and the host time it took."""
         t0 = time.perf_counter_ns()
         st = self.streams
         if not chunks and not rows.size:
-            return _NONE, (), None, 0
+            return _NONE, (), None, None, 0
         inputs, contexts = [], []
         for chunk, req in zip(chunks, requests, strict=True):
             h, start, n = chunk.handle, chunk.start, chunk.n
@@ -255,13 +275,15 @@ class Prefill:
         hs = np.array([chunks[i].handle for i in ends], np.int64)
         drawn_at = ends + list(range(len(chunks), len(inputs)))  # the ended chunks, then the decode rows
         if not drawn_at:
-            return hs, tuple(contexts), None, time.perf_counter_ns() - t0
+            return hs, tuple(contexts), None, None, time.perf_counter_ns() - t0
         cells_h = st.sampler[np.concatenate([hs, rows])]  # [m + r, 4]
         picked = logits[device_array(np.array(drawn_at, np.int64), self.device)]  # [m + r, V]
-        if not cells_h[:, SamplerCell.TEMPERATURE].any():  # every drawn row greedy: argmax, as a greedy decode graph
-            drawn = picked.argmax(-1)  # takes it (H200, 32 rows: 25 us, the sampler 380; models.bench.sampler)
-        else:
-            pos = [inputs[i].pos_offset + inputs[i].start + len(inputs[i].ids) - 1 for i in drawn_at]
-            drawn = self.sampler(picked, device_array(cells_h, self.device),
-                                 device_array(np.array(pos, np.int64), self.device))  # fmt: skip
-        return hs, tuple(contexts), drawn, time.perf_counter_ns() - t0
+        asks = rows_logprobs or any(requests[i].sampling.logprobs is not None for i in ends)
+        if not asks and not cells_h[:, SamplerCell.TEMPERATURE].any():  # every drawn row greedy, none asking for
+            drawn = picked.argmax(-1)  # logprobs: argmax, as a greedy decode graph takes it (H200, 32 rows: 25 us,
+            return hs, tuple(contexts), drawn, None, time.perf_counter_ns() - t0  # the sampler 380; bench.sampler)
+        pos = [inputs[i].pos_offset + inputs[i].start + len(inputs[i].ids) - 1 for i in drawn_at]
+        drawn, candidates = self.sampler.draw(picked, device_array(cells_h, self.device),
+                                              device_array(np.array(pos, np.int64), self.device))  # fmt: skip
+        lp = logprobs(picked, drawn, candidates) if asks else None
+        return hs, tuple(contexts), drawn, lp, time.perf_counter_ns() - t0

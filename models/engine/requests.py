@@ -13,6 +13,7 @@ import torch
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 CANDIDATES = 256  # tokens a sampled row can draw from (models.engine.sampler), so top_k's largest useful value
+MAX_LOGPROBS = 5  # top alternatives a token can come with (SamplingParams.logprobs); the logprobs graph computes all
 
 
 class FinishReason(enum.Enum):
@@ -28,7 +29,9 @@ class SamplingParams:
     counter-based RNG keyed by (seed, position). A request ends after ``max_tokens`` tokens, at the context, or with
     the first stop token it samples (that token is the last of its output): its ``stop_token_ids`` and, unless
     ``ignore_eos``, the model's end-of-sequence tokens (a checkpoint's generation_config.json; random-weight models
-    have none)."""
+    have none). ``logprobs``: None, or k in [0, ``MAX_LOGPROBS``]: each token comes with its log-probability and the
+    k most likely tokens' at its position (OpenAI's logprobs / top_logprobs), log_softmax of the raw logits in
+    float32 (temperature 1: before temperature, top-k and top-p)."""
 
     max_tokens: int = 16
     temperature: float = 0.0
@@ -37,6 +40,7 @@ class SamplingParams:
     seed: int = 0
     stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=tuple)
     ignore_eos: bool = False
+    logprobs: int | None = None
 
 
 @attrs.frozen(eq=False)
@@ -58,6 +62,8 @@ class Result:
     finish_reason: FinishReason
     ttft_s: float = attrs.field(default=float("nan"), eq=False)  # submission to first token (wall clock)
     itl_s: float = attrs.field(default=float("nan"), eq=False)  # mean gap between consecutive tokens
+    logprobs: tuple[float, ...] = ()  # each token's log-probability (asked for: SamplingParams.logprobs; else empty)
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()  # each token's k (id, logprob), most likely first
 
 
 @attrs.frozen(eq=False)
@@ -71,6 +77,10 @@ class StepOutput:
     tokens: np.ndarray  # [n] int64
     finished: tuple[Result, ...]
     ran: bool = True
+    # each token's logprobs (None: no token of the step has them); NaN / -1 where its request asked for fewer
+    logprob: np.ndarray | None = None  # [n] float32
+    top_ids: np.ndarray | None = None  # [n, MAX_LOGPROBS] int64, most likely first
+    top_logprobs: np.ndarray | None = None  # [n, MAX_LOGPROBS] float32
 
     def new_tokens(self) -> dict[str, list[int]]:
         """The tokens by request, each request's in order (a client's view; a Python loop over the tokens)."""
@@ -78,6 +88,33 @@ class StepOutput:
         for rid, t in zip(self.request_ids.tolist(), self.tokens.tolist(), strict=True):
             out.setdefault(rid, []).append(t)
         return out
+
+
+@attrs.frozen(eq=False)
+class TokenLogprobs:
+    """Drawn tokens' logprobs, aligned with the tokens (log_softmax of the raw logits, float32): what a logprobs
+    graph or a pass reads back, and the table emits."""
+
+    logprob: np.ndarray  # [n] float32: the drawn token's
+    top_ids: np.ndarray  # [n, MAX_LOGPROBS] int64, most likely first
+    top_logprobs: np.ndarray  # [n, MAX_LOGPROBS] float32
+
+    def __getitem__(self, i) -> TokenLogprobs:
+        """The rows ``i`` picks (a slice, a mask or indices)."""
+        return TokenLogprobs(self.logprob[i], self.top_ids[i], self.top_logprobs[i])
+
+    def copy(self) -> TokenLogprobs:
+        return TokenLogprobs(self.logprob.copy(), self.top_ids.copy(), self.top_logprobs.copy())
+
+
+@attrs.frozen
+class EngineLoad:
+    """What an engine holds now: requests waiting for admission and admitted (running), KV pages held and holdable."""
+
+    waiting: int
+    running: int
+    pages_used: int
+    pages_total: int
 
 
 class InvalidRequest(ValueError):
@@ -107,9 +144,8 @@ def validate(req: Request, limits: Limits) -> None:
     if len(req.prompt) == 0:
         raise InvalidRequest("prompt", "the prompt is empty; it needs at least one token")
     if len(req.prompt) > limits.max_seq_len:
-        raise InvalidRequest(
-            "prompt", f"{len(req.prompt)} tokens is longer than the model's context of {limits.max_seq_len}"
-        )
+        raise InvalidRequest("prompt", f"{len(req.prompt)} tokens is longer than the engine's context of "
+                                       f"{limits.max_seq_len} tokens (EngineConfig.max_seq_len)")  # fmt: skip
     sp = req.sampling
     if not isinstance(sp, SamplingParams):
         raise InvalidRequest("sampling", f"expected SamplingParams, got {type(sp).__name__}")
@@ -127,6 +163,9 @@ def validate(req: Request, limits: Limits) -> None:
     _token_ids("stop_token_ids", sp.stop_token_ids, limits.vocab_size)
     if not isinstance(sp.ignore_eos, bool):
         raise InvalidRequest("ignore_eos", f"must be True or False, got {sp.ignore_eos!r}")
+    if sp.logprobs is not None and (not _is_int(sp.logprobs) or not 0 <= sp.logprobs <= MAX_LOGPROBS):
+        raise InvalidRequest("logprobs", f"must be None or an integer in [0, {MAX_LOGPROBS}] (the top alternatives "
+                                         f"each token comes with), got {sp.logprobs!r}")  # fmt: skip
 
 
 def _token_ids(field: str, ids: Sequence, vocab: int) -> None:

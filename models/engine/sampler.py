@@ -8,16 +8,32 @@ the ``CANDIDATES`` most likely tokens only (submission refuses a top-k above it;
 full sort of a 248k vocabulary every step cost milliseconds of GPU time at c=64; ``topk`` of 256 costs a fraction.
 The same function samples a prefill's first token and every decode token, so both planning arms (and any batch a row
 lands in) draw the same token from the same logits.
+
+A step's ``SamplingMode`` picks its graph: all rows greedy, argmax; any row sampled, the sampler; any row asking for
+logprobs, the sampler (whose temperature-0 rows take the argmax) and ``logprobs``: log_softmax of the raw logits, the
+drawn token's and the ``MAX_LOGPROBS`` largest, for every row (the host keeps what each request asked for). The
+largest are the head of the sampler's candidates (a temperature divides a row's logits alike, so keeps their order):
+on the H200 at 64 rows of a 248k vocabulary logprobs add 183 us to the sampler's 558 (425 with a top-k of their own).
 """
 
 from __future__ import annotations
 
+import enum
+
 import torch
 
-from models.engine.requests import CANDIDATES  # tokens a sampled row can draw from: the most likely ones
+from models.engine.requests import CANDIDATES, MAX_LOGPROBS  # the tokens a row draws from; top logprobs kept
 from resplan.layout import SamplerCell
 
 M32 = 0xFFFFFFFF
+
+
+class SamplingMode(enum.Enum):
+    """How a step draws its rows' tokens, so which graph it replays (a static field of the graph key)."""
+
+    GREEDY = "greedy"  # every row greedy: argmax, no sampler
+    SAMPLE = "sample"  # the sampler
+    LOGPROBS = "logprobs"  # the sampler, and every row's logprobs (a row asks for them)
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
@@ -44,7 +60,8 @@ def uniforms(seed: torch.Tensor, position: torch.Tensor, salt: torch.Tensor) -> 
 
 
 class Sampler:
-    """``sampler(logits [b, V], cells [b, 4] int32, positions [b] int) -> tokens [b] int64``."""
+    """``sampler(logits [b, V], cells [b, 4] int32, positions [b] int) -> tokens [b] int64``; ``draw`` also returns
+    the candidates."""
 
     def __init__(self, vocab_size: int, device: torch.device | str) -> None:
         self.vocab_size = vocab_size
@@ -53,6 +70,12 @@ class Sampler:
         self.rank = torch.arange(vocab_size, device=device)  # [V]
 
     def __call__(self, logits: torch.Tensor, cells: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.draw(logits, cells, positions)[0]
+
+    def draw(self, logits: torch.Tensor, cells: torch.Tensor,
+             positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """The tokens [b] int64, and the candidates they were drawn from: [b, min(V, CANDIDATES)] int64 ids, most
+        likely first."""
         logits = logits.float()
         temp = cells[:, SamplerCell.TEMPERATURE].view(torch.float32)  # [b]
         top_p = cells[:, SamplerCell.TOP_P].view(torch.float32)  # [b]
@@ -71,4 +94,15 @@ class Sampler:
         noise = -torch.log(-torch.log(uniforms(seeds, positions, self.salt[idx])))  # [b, K] by token id
         score = torch.where(keep, vals + noise, float("-inf"))
         drawn = idx.gather(1, score.argmax(-1, keepdim=True))[:, 0]  # [b]
-        return torch.where(temp > 0, drawn, greedy)
+        return torch.where(temp > 0, drawn, greedy), idx
+
+
+def logprobs(logits: torch.Tensor, tokens: torch.Tensor,
+             candidates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """ls = log_softmax(logits [b, V] as float32): (ls[i, tokens[i]] [b] float32, the MAX_LOGPROBS largest's ids
+    [b, 5] int64 and values [b, 5] float32, largest first), the largest being the head of ``candidates`` ([b, >= 5],
+    most likely first: ``Sampler.draw``'s). Static shapes, no host sync."""
+    ls = torch.log_softmax(logits.float(), dim=-1)  # [b, V]
+    head = candidates[:, :MAX_LOGPROBS]  # [b, 5]
+    top_lp, order = ls.gather(1, head).sort(dim=-1, descending=True)  # (a temperature's rounding may tie two)
+    return ls.gather(1, tokens[:, None])[:, 0], head.gather(1, order), top_lp

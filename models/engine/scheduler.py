@@ -158,6 +158,10 @@ class Scheduler:
         lands: landing it first admits the waiting one a step earlier)."""
         return bool(self.waiting) and bool((self.status == _RETIRING).any())
 
+    def load(self) -> tuple[int, int]:
+        """(requests waiting for admission, requests admitted)."""
+        return len(self.waiting), self.admitted
+
     def describe(self) -> str:
         """How many requests wait, are admitted and offloaded (for an error message)."""
         return f"{len(self.waiting)} waiting, {self.admitted} admitted ({len(self.offloaded)} offloaded)"

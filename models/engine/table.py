@@ -1,8 +1,8 @@
 """The request table: every request the engine knows, by handle while it is admitted and by id until its result is
 handed over. Per-handle state is numpy arrays a step reads with vectorised ops (tokens so far and their times, limits,
-stop tokens, the serial of each admission, the tokens launched); what a step emits and which requests finish go to
-the table's outbox, which ``take_output`` hands over as a ``StepOutput`` (and a finished request's id is forgotten
-then, so nothing per finished request stays behind)."""
+stop tokens, the serial of each admission, the tokens launched, the logprobs asked for and emitted); what a step emits
+and which requests finish go to the table's outbox, which ``take_output`` hands over as a ``StepOutput`` (and a
+finished request's id is forgotten then, so nothing per finished request stays behind)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,16 @@ import time
 import attrs
 import numpy as np
 
-from models.engine.requests import FinishReason, InvalidRequest, Request, Result, StepOutput
+from models.engine.requests import (
+    MAX_LOGPROBS,
+    FinishReason,
+    InvalidRequest,
+    Request,
+    Result,
+    StepOutput,
+    TokenLogprobs,
+)
+from models.engine.sampler import SamplingMode
 from models.engine.scheduler import Pending
 
 _NO_TOKENS = np.zeros(0, np.int64)
@@ -44,6 +53,11 @@ class RequestTable:
         self.prompt_len = np.zeros(H, np.int64)
         self.last_token = np.zeros(H, np.int64)
         self.out = np.zeros((H, max_seq_len), np.int32)  # generated tokens by handle
+        self.logprobs = np.full(H, -1, np.int64)  # the top logprobs each handle's request asked for; -1: none
+        self.asking = 0  # admitted requests asking for logprobs (0: no step looks at them)
+        self.out_lp = np.zeros((H, max_seq_len), np.float32)  # each generated token's logprob (if asked for)
+        self.out_top_ids = np.zeros((H, max_seq_len, MAX_LOGPROBS), np.int32)  # and the most likely tokens'
+        self.out_top_lp = np.zeros((H, max_seq_len, MAX_LOGPROBS), np.float32)
         self.stop = np.full((H, 1), -1, np.int64)  # stop tokens by handle, -1 padded
         self.serial = np.zeros(H, np.int64)  # bumped by every admit and finish of a handle
         self.issued = np.zeros(H, np.int64)  # tokens launched (generated or in flight)
@@ -54,6 +68,7 @@ class RequestTable:
         self._auto_ids = itertools.count()
         self._out_ids: list[np.ndarray] = []  # the outbox: each emit's request ids and tokens, and finished results
         self._out_tokens: list[np.ndarray] = []
+        self._out_lp: list[tuple[int, TokenLogprobs]] = []  # (index in _out_ids, its emit's logprobs), if any had them
         self._finished: list[Result] = []
         self.emitted = 0  # tokens emitted in all
         self.digest = 0  # sum of each emitted token id times its index in its request + 1, mod 2^61 (ranks compare)
@@ -88,6 +103,8 @@ class RequestTable:
         self.live[h] = pend
         self.rid_of[h] = pend.rid
         self.sampling[h] = sp.temperature > 0
+        self.logprobs[h] = -1 if sp.logprobs is None else sp.logprobs
+        self.asking += sp.logprobs is not None
         self.gen[h] = 0
         self.max_tokens[h] = sp.max_tokens
         self.prompt_len[h] = len(pend.request.prompt)
@@ -106,17 +123,24 @@ class RequestTable:
         """A pass ended these handles' prompts: each has issued its first token."""
         self.issued[ended] = 1
 
-    def greedy(self, rows: np.ndarray) -> bool:
-        """Every row's request is greedy (its step replays the argmax graph, not the sampler's)."""
-        return not self.sampling[rows].any()
+    def mode(self, rows: np.ndarray) -> SamplingMode:
+        """How a step of ``rows`` draws, so which graph it replays: LOGPROBS when a row asks for logprobs, SAMPLE
+        when one samples, else GREEDY (the argmax graph)."""
+        if self.asks_logprobs(rows):
+            return SamplingMode.LOGPROBS
+        return SamplingMode.SAMPLE if self.sampling[rows].any() else SamplingMode.GREEDY
+
+    def asks_logprobs(self, rows: np.ndarray) -> bool:
+        """Some row's request asks for logprobs."""
+        return self.asking > 0 and bool((self.logprobs[rows] >= 0).any())
 
     def last_in_flight(self, rows: np.ndarray) -> np.ndarray:
         """[n] bool: the row's last token is among those issued (no later step may run it)."""
         return self.out_of_room(rows, self.issued[rows])
 
-    def emit(self, rows: np.ndarray, tokens: np.ndarray, timing: bool) -> Emitted:
-        """Record each row's token ([n] handles, [n] tokens) in its request and in the outbox, and say which rows
-        are done."""
+    def emit(self, rows: np.ndarray, tokens: np.ndarray, timing: bool, lp: TokenLogprobs | None = None) -> Emitted:
+        """Record each row's token ([n] handles, [n] tokens; ``lp``: their logprobs, drawn by a step where a row asked
+        for them) in its request and in the outbox, and say which rows are done."""
         g = self.gen[rows]
         now = time.perf_counter()
         first = g == 0
@@ -125,6 +149,8 @@ class RequestTable:
         itl = now - self.t_last[rows[~first]] if timing and not first.all() else None
         self.t_last[rows] = now
         self.out[rows, g] = tokens
+        if lp is not None:
+            self._emit_logprobs(rows, g, lp)
         g += 1
         self.emitted += rows.size
         self.digest = (self.digest + int((tokens.astype(np.int64) * g).sum())) % (1 << 61)
@@ -134,6 +160,18 @@ class RequestTable:
         self._out_tokens.append(tokens)
         stopped = (self.stop[rows] == tokens[:, None]).any(1)
         return Emitted(rows.size, itl, stopped | self.out_of_room(rows, g), stopped)
+
+    def _emit_logprobs(self, rows: np.ndarray, g: np.ndarray, lp: TokenLogprobs) -> None:
+        """Record the rows' logprobs at token index g ([n] each) and put them in the outbox, NaN / -1 past what each
+        row's request asked for (a row that asked for none: all)."""
+        self.out_lp[rows, g] = lp.logprob
+        self.out_top_ids[rows, g] = lp.top_ids
+        self.out_top_lp[rows, g] = lp.top_logprobs
+        k = self.logprobs[rows]  # [n]
+        hide = np.arange(MAX_LOGPROBS)[None, :] >= k[:, None]  # [n, 5]
+        shown = TokenLogprobs(np.where(k >= 0, lp.logprob, np.float32(np.nan)), np.where(hide, -1, lp.top_ids),
+                              np.where(hide, np.float32(np.nan), lp.top_logprobs))  # fmt: skip
+        self._out_lp.append((len(self._out_ids), shown))
 
     def out_of_room(self, rows: np.ndarray, tokens: np.ndarray) -> np.ndarray:
         """[n] bool: with ``tokens`` generated, the row has no token left (max_tokens) or no context left."""
@@ -150,7 +188,20 @@ class RequestTable:
         self.serial[h] += 1
         self.rid_of[h] = None
         self.rids.discard(rid)
-        return Result(rid, int(self.prompt_len[h]), tuple(self.out[h, :n].tolist()), reason, ttft, itl)
+        lps, tops = self._logprobs_of(h, n)
+        return Result(rid, int(self.prompt_len[h]), tuple(self.out[h, :n].tolist()), reason, ttft, itl, lps, tops)
+
+    def _logprobs_of(self, h: int, n: int) -> tuple[tuple, tuple]:
+        """Handle h's first n tokens' logprobs and top (id, logprob) pairs, if its request asked for them (else
+        empty); it asks no more."""
+        k = int(self.logprobs[h])
+        if k < 0:
+            return (), ()
+        self.logprobs[h] = -1
+        self.asking -= 1
+        ids, vals = self.out_top_ids[h, :n, :k].tolist(), self.out_top_lp[h, :n, :k].tolist()
+        tops = tuple(tuple(zip(i, v, strict=True)) for i, v in zip(ids, vals, strict=True))
+        return tuple(self.out_lp[h, :n].tolist()), tops
 
     def hand_over(self, result: Result) -> None:
         """A finished request's result goes to the outbox."""
@@ -188,6 +239,23 @@ class RequestTable:
             ids, tokens = self._out_ids[0], self._out_tokens[0]
         else:
             ids, tokens = np.concatenate(self._out_ids), np.concatenate(self._out_tokens)
-        out = StepOutput(ids, tokens, tuple(self._finished), ran)
-        self._out_ids, self._out_tokens, self._finished = [], [], []
+        if self._out_lp:
+            lp = self._out_logprobs()
+            out = StepOutput(ids, tokens, tuple(self._finished), ran, lp.logprob, lp.top_ids, lp.top_logprobs)
+        else:
+            out = StepOutput(ids, tokens, tuple(self._finished), ran)
+        self._out_ids, self._out_tokens, self._out_lp, self._finished = [], [], [], []
+        return out
+
+    def _out_logprobs(self) -> TokenLogprobs:
+        """The outbox's logprobs aligned with its tokens: each emit's that had them, NaN / -1 for the others'."""
+        if len(self._out_ids) == 1:
+            return self._out_lp[0][1]
+        ends = np.cumsum([a.size for a in self._out_ids])
+        n, K = int(ends[-1]), MAX_LOGPROBS
+        out = TokenLogprobs(np.full(n, np.nan, np.float32), np.full((n, K), -1, np.int64),
+                            np.full((n, K), np.nan, np.float32))  # fmt: skip
+        for i, lp in self._out_lp:  # (a loop over the emits that had logprobs, not over tokens)
+            at = slice(int(ends[i]) - lp.logprob.size, int(ends[i]))
+            out.logprob[at], out.top_ids[at], out.top_logprobs[at] = lp.logprob, lp.top_ids, lp.top_logprobs
         return out
