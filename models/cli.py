@@ -4,6 +4,7 @@ argument types that check a value where argparse reads it."""
 from __future__ import annotations
 
 import argparse
+import math
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -60,3 +61,40 @@ def rate(text: str) -> float:
     if not r > 0:
         raise argparse.ArgumentTypeError(f"must be > 0 (or inf), got {text}")
     return r
+
+
+def temperature(text: str) -> float:
+    """A finite number >= 0 (0 is greedy), as SamplingParams.temperature takes."""
+    t = _number(text, float, "a number")
+    if not (math.isfinite(t) and t >= 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0 (0 is greedy), got {text}")
+    return t
+
+
+def top_p(text: str) -> float:
+    """A number in (0, 1], as SamplingParams.top_p takes."""
+    p = _number(text, float, "a number")
+    if not 0 < p <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return p
+
+
+def top_k(text: str) -> int:
+    """An integer in [0, CANDIDATES] (0 is off), as SamplingParams.top_k takes."""
+    from models.engine.requests import CANDIDATES
+
+    k = _number(text, int, "an integer")
+    if not 0 <= k <= CANDIDATES:
+        raise argparse.ArgumentTypeError(f"must be in [0, {CANDIDATES}] (0 is off; sampling looks at the {CANDIDATES} "
+                                         f"most likely tokens), got {k}")  # fmt: skip
+    return k
+
+
+def int32(text: str) -> int:
+    """An integer in the int32 range, as SamplingParams.seed takes."""
+    from models.engine.requests import INT32_MAX, INT32_MIN
+
+    n = _number(text, int, "an integer")
+    if not INT32_MIN <= n <= INT32_MAX:
+        raise argparse.ArgumentTypeError(f"must be an int32, in [{INT32_MIN}, {INT32_MAX}], got {n}")
+    return n

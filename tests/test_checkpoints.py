@@ -7,6 +7,7 @@ splits a character; ``python -m models.generate`` serves a prompt, a file of pro
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 
 import pytest
@@ -116,6 +117,14 @@ MALFORMED = {  # name: (how to break a copy of the causal directory, words of th
     "unexpected-weight": (lambda p: _add(p, "model.extra.weight", torch.zeros(2)), "unexpected weight 'model.extra"),
     "misshapen-weight": (lambda p: _add(p, "model.norm.weight", torch.zeros(3)), "'model.norm.weight' has shape (3,)"),
     "missing-shard": (lambda p: _index(p, "model-00009-of-00009.safetensors"), "which is not in"),
+    "truncated-weights": (lambda p: _truncate(p / "model.safetensors"),
+                          "model.safetensors: not a valid safetensors file (truncated or corrupted?)"),
+    "garbage-weights": (lambda p: (p / "model.safetensors").write_bytes(bytes(range(256)) * 8),
+                        "model.safetensors: not a valid safetensors file"),
+    "truncated-shard": (lambda p: (_index(p, "model.safetensors"), _truncate(p / "model.safetensors")),
+                        "model.safetensors: not a valid safetensors file"),
+    "shard-without-its-weight": (lambda p: (_index(p, "model.safetensors"), _drop(p, "model.norm.weight")),
+                                 "model.safetensors: no weight 'model.norm.weight', which model.safetensors.index"),
 }  # fmt: skip
 
 
@@ -144,6 +153,11 @@ def _add(path, name, value):
     t = _tensors(path)
     t[name] = value
     save_file(t, path / "model.safetensors")
+
+
+def _truncate(f):
+    data = f.read_bytes()
+    f.write_bytes(data[: len(data) // 2])
 
 
 def _index(path, shard):
@@ -196,10 +210,34 @@ def test_audio_the_engine_cannot_take_is_refused(dirs):
         log_mel(tone(1.0), fe, 48)
     with pytest.raises(AudioError, match="not a PCM WAV"):
         read_wav(dirs["whisper"] / "config.json")
+    with pytest.raises(AudioError, match=r"nowhere.wav: no such file$"):
+        read_wav(dirs["root"] / "nowhere.wav")
+    with pytest.raises(AudioError, match=r"whisper: Is a directory$"):  # the OS's reason, not "not a PCM WAV"
+        read_wav(dirs["whisper"])
     ckpt = read_checkpoint(path)
     with pytest.raises(AudioError, match="language 'fr' is not one of the checkpoint's"):
         decoder_prompt(ckpt.generation, 1, "fr")
     assert decoder_prompt(ckpt.generation, 1, "de", "translate", timestamps=True) == [1, 3, 4]
+
+
+def test_the_feature_extractor_comes_from_processor_config_json_or_the_defaults_with_a_warning(dirs, caplog):
+    """transformers 5 saves a WhisperProcessor's extractor settings nested in processor_config.json: they are read (a
+    hop of 80 here, not the default 160); a directory with neither settings file gets Whisper's defaults, saying so."""
+    path = dirs["root"] / "whisper-processor"
+    shutil.copytree(dirs["whisper"], path)
+    (path / "preprocessor_config.json").unlink()
+    fe = transformers.WhisperFeatureExtractor(feature_size=16, hop_length=80)
+    tok = transformers.AutoTokenizer.from_pretrained(path)
+    transformers.WhisperProcessor(feature_extractor=fe, tokenizer=tok).save_pretrained(path)
+    assert (path / "processor_config.json").exists() and not (path / "preprocessor_config.json").exists()
+    assert feature_extractor(path, 16).hop_length == 80
+    with pytest.raises(AudioError, match="processor_config.json: the feature extractor makes 16 mel bins"):
+        feature_extractor(path, 80)
+    (path / "processor_config.json").unlink()
+    with caplog.at_level(logging.WARNING, logger="models.engine.audio"):
+        assert feature_extractor(path, 16).hop_length == 160
+    assert "no processor_config.json or preprocessor_config.json; using Whisper's feature extractor defaults (16000 " \
+           "Hz, n_fft 400, hop 160, 30 s chunks, 16 mel bins)" in caplog.text  # fmt: skip
 
 
 # -- python -m models.generate ---------------------------------------------------------------------------------------
@@ -219,17 +257,20 @@ def test_generate_streams_a_prompts_text(dirs, capsys, engine_args):
     tok = Tokenizer.from_pretrained(path)
     want = Engine.from_pretrained(path, CFG).run([Request(tok.encode(TEXTS[1]),
                                                           SamplingParams(max_tokens=10, ignore_eos=True))])[0]
-    assert out == tok.decode(want.tokens) + "\n"
+    assert out == tok.decode(want.tokens) + "\n"  # stdout: the text alone
     assert "length, 10 tokens" in err
+    stages = [line.split("] ", 1)[1] for line in err.splitlines() if line.startswith("[") and line.endswith(" ...")]
+    assert stages == [f"loading {path} ...", "building the engine (graphs, kernels) ...", "generating (1 request) ..."]
 
 
 def test_generate_runs_a_file_of_prompts_and_a_chat(dirs, capsys, tmp_path):
     path = dirs["causal"]
     f = tmp_path / "prompts.txt"
     f.write_text(f"{TEXTS[0]}\n\n{TEXTS[2]}\n")
-    out, _ = _generate(capsys, "--model-dir", path, "-n", f, "--max-tokens", "6", "--chat", "--temperature", "0.8",
-                       "--seed", "3")  # fmt: skip
+    out, err = _generate(capsys, "--model-dir", path, "-n", f, "--max-tokens", "6", "--chat", "--system", "be brief",
+                         "--temperature", "0.8", "--seed", "3", "--quiet")  # fmt: skip
     assert out.count("### [") == 2 and "### [0]" in out and "### [1]" in out
+    assert err == ""  # --quiet: no progress, no summary
 
 
 def test_generate_transcribes_a_wav_file(dirs, capsys):
@@ -242,16 +283,70 @@ def test_generate_transcribes_a_wav_file(dirs, capsys):
     (["--prompt", "hi", "--audio", "x.wav"], "give one of --prompt, --prompts-file (-n) or --audio"),
     (["--audio", "x.wav"], "is a text model"),
     (["--prompt", "hi", "--max-tokens", "600"], "are more than causal's context of 512"),
-    (["--prompt", "hi", "--top-k", "999"], "top_k: must be an integer in [0, 256]"),
+    (["--prompt", "hi", "--top-k", "999"], "argument --top-k: must be in [0, 256]"),
     (["--prompt", "hi", "--prefill-graphs", "-1"], "argument --prefill-graphs: must be >= 0"),
+    (["--prompt", "hi", "--language", "de"], "argument --language: causal is a text model (Qwen3_5ForCausalLM)"),
+    (["--prompt", "hi", "--task", "translate"], "argument --task: causal is a text model"),
+    (["--prompt", "hi", "--timestamps"], "argument --timestamps: causal is a text model"),
+    *([(["--prompt", "hi", "--attention", "fa2"], "attention fa2 runs on CUDA only; on cpu use torch or triton")]
+      if not torch.cuda.is_available() else []),
 ])  # fmt: skip
 def test_generate_refuses_in_one_line(dirs, capsys, args, words):
     from models.generate import main
 
     with pytest.raises(SystemExit) as info:
-        main(["--model-dir", str(dirs["causal"]), *args])
+        main(["--model-dir", str(dirs["causal"]), *args, "--quiet"])
     err = capsys.readouterr().err
     assert info.value.code == 2 and err.count("\n") == 1 and words in err, err
     with pytest.raises(SystemExit):
         main(["--model-dir", str(dirs["root"] / "nowhere"), "--prompt", "hi"])
     assert "not a directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--audio", "nowhere.wav"], "nowhere.wav: no such file"),
+    (["--audio", "speech.wav", "--chat"], "argument --chat: whisper is a Whisper checkpoint"),
+])  # fmt: skip
+def test_generate_refuses_in_one_line_for_whisper(dirs, capsys, args, words):
+    from models.generate import main
+
+    write_wav(dirs["root"] / "speech.wav", tone(0.3, 300.0))
+    args = [str(dirs["root"] / a) if a.endswith(".wav") else a for a in args]
+    with pytest.raises(SystemExit) as info:
+        main(["--model-dir", str(dirs["whisper"]), *args, "--quiet"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.count("\n") == 1 and words in err, err
+
+
+def test_ctrl_c_ends_generate_quietly(dirs, capsys, monkeypatch):
+    """Ctrl-C in the third step: the streamed line is ended, stderr's last line says so, exit status 130."""
+    from models.engine import Engine as engine_class
+    from models.generate import main
+
+    step, steps = engine_class.step, []
+
+    def interrupted_step(self):
+        steps.append(1)
+        if len(steps) == 3:
+            raise KeyboardInterrupt
+        return step(self)
+
+    monkeypatch.setattr(engine_class, "step", interrupted_step)
+    try:
+        code = main(["--model-dir", str(dirs["causal"]), "--prompt", TEXTS[0], "--ignore-eos"])
+    except KeyboardInterrupt:  # (would end the test session)
+        pytest.fail("KeyboardInterrupt escaped main")
+    assert code == 130 and len(steps) == 3
+    out = capsys.readouterr()
+    assert out.err.endswith("generating (1 request) ...\ninterrupted\n") and "Traceback" not in out.err, out.err
+    assert out.out.endswith("\n") and out.out.count("\n") == 1, out.out
+
+
+def test_the_default_config_fits_a_model_whose_context_is_short(dirs):
+    """EngineConfig's context defaults to the model's where that is shorter than DEFAULT_CONTEXT (the tiny Whisper's
+    decoder holds 64 tokens), and to DEFAULT_CONTEXT where it is longer."""
+    from models.engine.config import DEFAULT_CONTEXT
+
+    whisper = Engine.from_pretrained(dirs["whisper"])
+    assert whisper.config.max_seq_len == whisper.adapter.max_context == 64
+    assert Engine.from_pretrained(dirs["causal"]).config.max_seq_len == DEFAULT_CONTEXT

@@ -1,6 +1,8 @@
 """Audio in, for Whisper: a 16 kHz waveform (an array or a WAV file) to the log-mel features its encoder reads
-(transformers' ``WhisperFeatureExtractor``, the checkpoint's ``preprocessor_config.json`` where there is one), and
-the decoder prompt a transcription starts from (start, language and task tokens, from ``generation_config.json``).
+(transformers' ``WhisperFeatureExtractor`` with the checkpoint's settings: ``processor_config.json``'s
+``feature_extractor``, as transformers 5 saves a processor, else ``preprocessor_config.json``; with neither, Whisper's
+defaults and a warning), and the decoder prompt a transcription starts from (start, language and task tokens, from
+``generation_config.json``).
 
 One window only: the encoder reads ``2 * max_source_positions`` mel frames (30 s for the released models); longer
 audio is refused, not cut (long-form transcription stitches windows, which this engine does not do).
@@ -8,13 +10,21 @@ audio is refused, not cut (long-form transcription stitches windows, which this 
 
 from __future__ import annotations
 
+import errno
+import json
+import logging
 import wave
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
 
+log = logging.getLogger(__name__)
+
 SAMPLE_RATE = 16_000
+PROCESSOR, PREPROCESSOR = "processor_config.json", "preprocessor_config.json"
+NESTED = ("feature_extractor", "audio_processor")  # the keys transformers nests a processor's extractor under
 
 
 class AudioError(ValueError):
@@ -22,12 +32,26 @@ class AudioError(ValueError):
 
 
 def read_wav(path: str | Path) -> np.ndarray:
-    """A 16 kHz PCM WAV file as float32 samples in [-1, 1], channels averaged."""
+    """A 16 kHz PCM WAV file as float32 samples in [-1, 1], channels averaged. AudioError: no such file, one the OS
+    will not read (a directory, no permission: its reason), or not a PCM WAV file."""
     try:
-        with wave.open(str(path), "rb") as w:
+        f = open(path, "rb")  # noqa: SIM115 (decode_wav's with closes it)
+    except OSError as e:
+        why = "no such file" if e.errno == errno.ENOENT else (e.strerror or str(e))
+        raise AudioError(f"{path}: {why}") from None
+    return decode_wav(f, str(path))
+
+
+def decode_wav(f: BinaryIO, path: str) -> np.ndarray:
+    """``read_wav`` of an open binary file (an upload's bytes in ``io.BytesIO``), named ``path`` in errors; closes
+    it."""
+    try:
+        with f, wave.open(f, "rb") as w:
             rate, width, channels, n = w.getframerate(), w.getsampwidth(), w.getnchannels(), w.getnframes()
             raw = w.readframes(n)
-    except (OSError, wave.Error, EOFError) as e:
+    except OSError as e:
+        raise AudioError(f"{path}: {e.strerror or e}") from None
+    except (wave.Error, EOFError) as e:
         raise AudioError(f"{path}: not a PCM WAV file ({e})") from None
     if rate != SAMPLE_RATE:
         raise AudioError(f"{path}: {rate} Hz; Whisper takes {SAMPLE_RATE} Hz audio (resample it first, e.g. "
@@ -41,16 +65,54 @@ def read_wav(path: str | Path) -> np.ndarray:
     return x.reshape(-1, channels).mean(axis=1)
 
 
+def _settings(path: Path) -> tuple[Path, dict] | None:
+    """The feature extractor settings a checkpoint directory saves and the file holding them, in transformers' order:
+    processor_config.json's nested extractor, else preprocessor_config.json; None where neither has them."""
+    for name in (PROCESSOR, PREPROCESSOR):
+        f = path / name
+        if not f.exists():
+            continue
+        try:
+            raw = json.loads(f.read_text())
+        except OSError as e:
+            raise AudioError(f"{f}: {e.strerror or e}") from None
+        except json.JSONDecodeError as e:
+            raise AudioError(f"{f}: not JSON ({e.msg}, line {e.lineno})") from None
+        if not isinstance(raw, dict):
+            raise AudioError(f"{f}: not a JSON object")
+        if name == PREPROCESSOR:
+            return f, raw
+        nested = next((raw[k] for k in NESTED if isinstance(raw.get(k), dict)), None)
+        if nested is not None:
+            return f, nested
+    return None
+
+
 def feature_extractor(path: str | Path | None, num_mel_bins: int):
-    """The checkpoint's feature extractor (its preprocessor_config.json), else Whisper's defaults for that many bins."""
+    """The checkpoint's feature extractor (processor_config.json's ``feature_extractor``, else
+    preprocessor_config.json), or for ``path`` None Whisper's defaults for that many bins. A directory with neither
+    file gets the defaults too, with a warning in the log: 16 kHz, n_fft 400, hop 160, 30 s chunks, the model's mel
+    bins, which every released Whisper checkpoint uses. AudioError: a settings file that cannot be read, or one whose
+    mel bins are not the model's."""
     from transformers import WhisperFeatureExtractor
 
-    if path is not None and (Path(path) / "preprocessor_config.json").exists():
-        fe = WhisperFeatureExtractor.from_pretrained(path, local_files_only=True)
+    found = None if path is None else _settings(Path(path))
+    if found is not None:
+        source, settings = found
+        try:
+            fe = WhisperFeatureExtractor.from_dict(dict(settings))
+        except (TypeError, ValueError) as e:
+            raise AudioError(f"{source}: transformers' WhisperFeatureExtractor cannot take its settings: {e}") from None
     else:
+        source = "Whisper's default feature extractor"
         fe = WhisperFeatureExtractor(feature_size=num_mel_bins)
+        if path is not None:
+            log.warning("%s: no %s or %s; using Whisper's feature extractor defaults (%d Hz, n_fft %d, hop %d, %d s "
+                        "chunks, %d mel bins)", path, PROCESSOR, PREPROCESSOR, fe.sampling_rate, fe.n_fft,
+                        fe.hop_length, fe.chunk_length, num_mel_bins)  # fmt: skip
     if fe.feature_size != num_mel_bins:
-        raise AudioError(f"the feature extractor makes {fe.feature_size} mel bins, the model reads {num_mel_bins}")
+        raise AudioError(f"{source}: the feature extractor makes {fe.feature_size} mel bins, the model reads "
+                         f"{num_mel_bins}")  # fmt: skip
     return fe
 
 

@@ -6,11 +6,13 @@ Architectures: ``Qwen3_5ForCausalLM``; ``Qwen3_5ForConditionalGeneration`` (the 
 its weights under ``model.language_model.``; the vision tower's ``model.visual.`` weights are skipped, with a note in
 the log); ``WhisperForConditionalGeneration``. A tied output projection (``lm_head.weight``, Whisper's
 ``proj_out.weight``) may be absent from the files. Every problem is a ``CheckpointError`` naming the file, the
-architecture or the weight: an unknown architecture, a missing, unexpected or misshapen weight.
+architecture or the weight: an unknown architecture, a missing, unexpected or misshapen weight, a weights file that is
+missing, truncated or not safetensors.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from pathlib import Path
@@ -57,6 +59,21 @@ def _json(path: Path) -> dict:
         raise CheckpointError(f"{path}: {e.strerror}") from None
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{path}: not JSON ({e.msg}, line {e.lineno})") from None
+
+
+@contextlib.contextmanager
+def _open_weights(f: Path):
+    """safe_open of one safetensors file; a file that is missing, unreadable, truncated or not safetensors, or a
+    tensor it cannot give, is a CheckpointError naming the file."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(f, "pt") as st:
+            yield st
+    except OSError as e:
+        raise CheckpointError(f"{f}: {e.strerror or e}") from None
+    except SafetensorError as e:
+        raise CheckpointError(f"{f}: not a valid safetensors file (truncated or corrupted?): {e}") from None
 
 
 def _ids(value) -> tuple[int, ...]:
@@ -114,9 +131,7 @@ def _weight_files(path: Path) -> dict[str, Path]:
                 raise CheckpointError(f"{path / INDEX} names {f.name}, which is not in {path}")
         return files
     if (path / SINGLE).exists():
-        from safetensors import safe_open
-
-        with safe_open(path / SINGLE, "pt") as f:
+        with _open_weights(path / SINGLE) as f:
             return {name: path / SINGLE for name in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
     raise CheckpointError(f"{path}: no {SINGLE} and no {INDEX} (only safetensors weights are read)")
 
@@ -136,8 +151,6 @@ def load_weights(ckpt: Checkpoint, model: torch.nn.Module) -> None:
     """Every weight of ``model`` from the checkpoint's safetensors, strictly: each file weight must be one of ours with
     our shape, and each of ours must be there (a tied output projection may be absent). Copies into the model's own
     tensors (their device and dtype)."""
-    from safetensors import safe_open
-
     files = _weight_files(ckpt.path)
     ours = model.state_dict()
     tied = TIED[ckpt.architecture] if getattr(ckpt.config, "tie_word_embeddings", False) else None
@@ -163,7 +176,10 @@ def load_weights(ckpt: Checkpoint, model: torch.nn.Module) -> None:
         by_file.setdefault(files[name], []).append(name)
     with torch.no_grad():
         for f, group in by_file.items():
-            with safe_open(f, "pt") as st:
+            with _open_weights(f) as st:
+                absent = sorted(set(group) - set(st.keys()))
+                if absent:
+                    raise CheckpointError(f"{f}: no weight {absent[0]!r}, which {INDEX} places there")
                 for name in group:
                     t, dst = st.get_tensor(name), ours[names[name]]
                     if tuple(t.shape) != tuple(dst.shape):
@@ -180,7 +196,11 @@ def load_adapter(path: str | Path, device: torch.device | str = "cpu", dtype: to
     from models.whisper import WhisperModel
 
     ckpt = read_checkpoint(path)
-    with torch.random.fork_rng(devices=[]):  # the random init is overwritten: keep the caller's RNG as it was
+    device = torch.device(device)
+    gpu = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    # the model is made on its device (a random init of a billion weights takes seconds on a CPU, milliseconds on a
+    # GPU), and its init is overwritten: the caller's RNGs are kept as they were
+    with torch.random.fork_rng(devices=gpu), device:
         if ckpt.architecture == WHISPER:
             adapter = WhisperAdapter(ckpt.name, WhisperModel(ckpt.config))
         else:

@@ -13,7 +13,24 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+try:
+    from tokenizers.decoders import DecodeStream
+except ImportError:  # tokenizers before 0.21
+    DecodeStream = None
+
 REPLACEMENT = "\ufffd"  # what a decoder gives for an incomplete UTF-8 sequence
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet inverted: the printable character standing for each byte, to the byte."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, n = list(keep), 0
+    for b in range(256):
+        if b not in keep:
+            keep.append(b)
+            chars.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(keep, chars, strict=True)}
 
 
 class TokenizerError(ValueError):
@@ -25,6 +42,7 @@ class Tokenizer:
 
     def __init__(self, hf) -> None:
         self.hf = hf  # a transformers tokenizer
+        self._byte_of: dict[str, int] | None = None  # a byte-level vocabulary's characters to bytes, once asked
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> Tokenizer:
@@ -54,7 +72,27 @@ class Tokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=True)
 
-    def detokenizer(self) -> Detokenizer:
+    def piece(self, token: int) -> str:
+        """One token's own text, special tokens included (a part of a character decodes as U+FFFD)."""
+        return self.hf.decode([int(token)], skip_special_tokens=False)
+
+    def piece_bytes(self, token: int) -> bytes:
+        """One token's own bytes: a byte-level tokenizer's raw bytes (a part of a character is its bytes, not U+FFFD),
+        else the UTF-8 of its text."""
+        if self._byte_of is None:
+            decoder = getattr(getattr(self.hf, "backend_tokenizer", None), "decoder", None)
+            self._byte_of = _byte_decoder() if type(decoder).__name__ == "ByteLevel" else {}
+        raw = self.hf.convert_ids_to_tokens(int(token))
+        if self._byte_of and raw is not None and all(ch in self._byte_of for ch in raw):
+            return bytes(self._byte_of[ch] for ch in raw)
+        return self.piece(token).encode()
+
+    def detokenizer(self) -> Detokenizer | StreamDetokenizer:
+        """One request's streamed text: the tokenizers library's incremental decoder (Rust, a step a token) for a
+        fast tokenizer, else the window decoder."""
+        backend = getattr(self.hf, "backend_tokenizer", None)
+        if backend is not None and DecodeStream is not None:
+            return StreamDetokenizer(self, backend)
         return Detokenizer(self)
 
 
@@ -83,3 +121,28 @@ class Detokenizer:
         text = self.tok.decode(self.ids[self.prefix :])
         self.prefix = self.read = len(self.ids)
         return text[len(done) :]
+
+
+class StreamDetokenizer:
+    """``Detokenizer``'s contract on the tokenizers library's ``DecodeStream``: ``push`` returns the text a token
+    completes (a step in Rust, not two decodes of a window); ``flush`` what an incomplete last character leaves,
+    from one decode of all the tokens."""
+
+    def __init__(self, tokenizer: Tokenizer, backend) -> None:
+        self.tok, self.backend = tokenizer, backend
+        self.stream = DecodeStream(skip_special_tokens=True)
+        self.ids: list[int] = []
+        self.sent = 0  # characters returned
+
+    def push(self, token: int) -> str:
+        self.ids.append(int(token))
+        piece = self.stream.step(self.backend, int(token))
+        if not piece:
+            return ""
+        self.sent += len(piece)
+        return piece
+
+    def flush(self) -> str:
+        rest = self.tok.decode(self.ids)[self.sent :]
+        self.sent += len(rest)
+        return rest
