@@ -10,9 +10,9 @@ import torch
 
 from kernels.runtime import interpreted
 
-CLIS = ["models.demo", "models.generate", *(f"models.bench.{m}" for m in (
+CLIS = ["models.demo", "models.generate", "models.server", *(f"models.bench.{m}" for m in (
     "attention", "decode_profile", "gemv", "planner", "prefill_profile", "prefill_ops", "serve", "traffic",
-    "pool_probe", "prefill_pass", "prefill_kernels", "sampler", "step_profile"))]  # fmt: skip
+    "pool_probe", "prefill_pass", "prefill_kernels", "sampler", "step_profile", "make_checkpoint"))]  # fmt: skip
 
 
 @pytest.mark.parametrize("module", CLIS)
@@ -66,3 +66,37 @@ def test_the_demo_serves_whisper_with_its_default_lengths(capsys):
     assert main(["--model", "whisper-test", "-n", "4", "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "16-40 new tokens" in out and "same tokens in resident and host: 4/4 requests" in out, out
+
+
+GENERATE_ERRORS = [  # refused from the arguments alone, before anything is loaded (the model directory is not read)
+    (["--temperature", "-1"], "argument --temperature: must be a finite number >= 0"),
+    (["--temperature", "nan"], "argument --temperature: must be a finite number >= 0"),
+    (["--top-p", "1.5"], "argument --top-p: must be in (0, 1]"),
+    (["--top-p", "0"], "argument --top-p: must be in (0, 1]"),
+    (["--top-k", "1000"], "argument --top-k: must be in [0, 256]"),
+    (["--seed", str(2**31)], "argument --seed: must be an int32"),
+    (["--seed", "x"], "argument --seed: 'x' is not an integer"),
+    (["--system", "be brief"], "argument --system: only with --chat"),
+    (["--device", "tpu"], "argument --device: 'tpu': cuda, cuda:N or cpu"),
+    *([(["--device", "cuda"], "argument --device: cuda: no CUDA GPU here")] if not torch.cuda.is_available() else []),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("args, words", GENERATE_ERRORS, ids=[" ".join(a) for a, _ in GENERATE_ERRORS])
+def test_generate_refuses_a_bad_argument_before_loading(args, words, capsys, tmp_path):
+    from models.generate import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["--model-dir", str(tmp_path / "nowhere"), "--prompt", "hi", *args])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.count("\n") == 1 and words in err, err  # (no "loading" line before it)
+
+
+def test_a_cuda_only_attention_on_the_cpu_names_the_values_a_user_types():
+    from models.engine import EngineConfig
+    from models.layers.decode_attention import Backend
+
+    with pytest.raises(ValueError) as info:
+        EngineConfig(device="cpu", attention=Backend.FA2)
+    assert "attention fa2 runs on CUDA only; on cpu use torch or triton (Backend.TORCH / Backend.TRITON)" in str(
+        info.value)  # fmt: skip

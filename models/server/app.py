@@ -1,0 +1,545 @@
+"""The HTTP front end: FastAPI routes in OpenAI's shapes over an ``EngineClient``.
+
+The front end tokenizes prompts (or a chat's messages through the checkpoint's template), checks every field before
+the engine sees a request (a 400 in OpenAI's error object naming the field; the engine and every other request go on
+undisturbed), sends one engine request per prompt and choice (``n``), and turns the tokens that come back into text
+(``ChoiceText``: incremental, stop strings) and into server-sent events or one response. A client that disconnects has
+its requests aborted in the engine, which drops them at its next step. Beyond ``max_waiting`` requests not yet
+started, or once shutdown has begun, requests are answered 503 with ``Retry-After``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import attrs
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+
+from models.engine.requests import FinishReason
+from models.engine.text import Tokenizer, TokenizerError
+from models.server.client import EngineClient, EngineFailed, RequestStream
+from models.server.metrics import Metrics
+from models.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    SamplingFields,
+    error_body,
+    now,
+    unsupported,
+    usage,
+)
+from models.server.text import ChoiceText
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to the rest of the context
+
+
+class HTTPError(Exception):
+    """Answered as OpenAI's error object with ``status``."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, headers: dict | None = None) -> None:
+        super().__init__(message)
+        self.status, self.param, self.headers = status, param, headers or {}
+
+
+@attrs.frozen
+class AudioFront:
+    """What the front end needs of a Whisper checkpoint to turn a WAV upload into an engine request."""
+
+    extractor: object  # transformers' WhisperFeatureExtractor with the checkpoint's settings
+    n_frames: int  # mel frames the encoder reads
+    generation: dict  # generation_config.json: the language and task tokens
+    decoder_start: int
+
+    @classmethod
+    def of(cls, model_dir) -> AudioFront | None:
+        """A Whisper directory's, or None for a text model."""
+        from models.engine.audio import feature_extractor
+        from models.engine.checkpoint import WHISPER, read_checkpoint
+
+        ckpt = read_checkpoint(model_dir)
+        if ckpt.architecture != WHISPER:
+            return None
+        cfg = ckpt.config
+        return cls(feature_extractor(model_dir, cfg.num_mel_bins), cfg.n_frames, ckpt.generation,
+                   cfg.decoder_start_token_id)  # fmt: skip
+
+
+@attrs.define
+class ServerState:
+    client: EngineClient
+    tokenizer: Tokenizer
+    model: str  # the served model's name (its directory's)
+    max_waiting: int
+    audio: AudioFront | None = None  # a Whisper checkpoint's: the server transcribes
+    draining: bool = False
+    active: int = 0  # HTTP generation requests being served
+    metrics: Metrics | None = None
+
+
+@attrs.define(eq=False)
+class Choice:
+    index: int
+    prompt_len: int
+    stream: RequestStream
+    text: ChoiceText
+    arrived: float
+    done: bool = False
+    finish_reason: str | None = None
+    read: int = 0  # tokens of the stream taken into ``text``
+    offsets: list[int] = attrs.Factory(list)  # each token's first character in ``text`` (logprobs' text_offset)
+    asked: int | None = None  # the alternatives each token's logprobs list (None: no logprobs)
+
+
+def build_app(state: ServerState) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        reader = asyncio.get_running_loop().create_task(state.client.run_reader())
+        yield
+        reader.cancel()
+
+    app = FastAPI(title="resplan", docs_url=None, redoc_url=None, lifespan=lifespan)
+    app.state.server = state
+    state.metrics = Metrics(lambda: state.client.load)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        err = exc.errors()[0]
+        loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+        param = ".".join(loc) or None
+        msg = err.get("msg", "invalid request")
+        if err.get("type") == "json_invalid":
+            msg, param = f"the body is not valid JSON: {err.get('ctx', {}).get('error', msg)}", None
+        return JSONResponse(error_body(f"{param}: {msg}" if param else msg, param), status_code=400)
+
+    @app.exception_handler(HTTPError)
+    async def _http_error(request: Request, exc: HTTPError):
+        kind = "invalid_request_error" if exc.status < 500 else "server_error"
+        return JSONResponse(error_body(str(exc), exc.param, exc.status, kind), status_code=exc.status,
+                            headers=exc.headers)  # fmt: skip
+
+    @app.get("/health")
+    async def health():
+        if state.client.failed is not None:
+            return JSONResponse(error_body("the engine failed", code=503, kind="server_error"), status_code=503)
+        return Response(status_code=503 if state.draining else 200)
+
+    @app.get("/v1/models")
+    async def models():
+        served = state.client.served
+        return {"object": "list", "data": [{"id": state.model, "object": "model", "created": now(),
+                                            "owned_by": "resplan", "max_model_len": served.max_seq_len}]}  # fmt: skip
+
+    @app.get("/metrics")
+    async def metrics():
+        return PlainTextResponse(state.metrics.exposition(), media_type="text/plain; version=0.0.4")
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        _check(state, body)
+        prompts = _completion_prompts(state, body.prompt)
+        return await _serve(state, body, prompts, request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        _check(state, body)
+        messages = [_message(m, i) for i, m in enumerate(body.messages)]
+        try:
+            ids = state.tokenizer.chat(messages)
+        except TokenizerError as e:
+            raise HTTPError(400, str(e), "messages") from None
+        except Exception as e:  # the template's own checks (a role it does not take, a raise_exception)
+            raise HTTPError(400, f"the chat template refused the messages: {e}", "messages") from None
+        return await _serve(state, body, [ids], request, chat=True)
+
+    @app.post("/v1/audio/transcriptions")
+    async def transcriptions(request: Request):
+        return await _transcribe(state, request)
+
+    return app
+
+
+async def _transcribe(state: ServerState, request: Request) -> Response:
+    """OpenAI's transcription endpoint: a multipart form with ``file`` (a 16 kHz PCM WAV file of at most the encoder's
+    window), ``language`` (default en), ``temperature`` (default 0) and ``response_format`` (json, text or
+    verbose_json); the text the model decodes until its end token or its context."""
+    from models.engine.audio import AudioError, decode_wav, decoder_prompt, log_mel
+
+    audio = state.audio
+    if audio is None:
+        raise HTTPError(404, f"{state.model} is a text model: use /v1/completions or /v1/chat/completions")
+    if state.draining:
+        raise HTTPError(503, "the server is shutting down", headers={"Retry-After": "5"})
+    try:
+        form = await request.form()
+    except Exception as e:  # the multipart parser's own errors
+        raise HTTPError(400, f"the body is not a multipart form: {e}") from None
+    upload, fmt = form.get("file"), form.get("response_format", "json")
+    if upload is None or isinstance(upload, str):
+        raise HTTPError(400, "file: a WAV file is required (multipart field 'file')", "file")
+    if form.get("model") not in (None, state.model):
+        raise HTTPError(404, f"the model {form.get('model')!r} does not exist; this server serves {state.model!r}",
+                        "model")  # fmt: skip
+    if fmt not in ("json", "text", "verbose_json"):
+        raise HTTPError(400, f"response_format {fmt!r}: json, text or verbose_json", "response_format")
+    try:
+        temperature = float(form.get("temperature", 0.0))
+    except ValueError:
+        raise HTTPError(400, f"temperature {form.get('temperature')!r} is not a number", "temperature") from None
+    if not 0 <= temperature <= 2:
+        raise HTTPError(400, f"temperature must be in [0, 2], got {temperature}", "temperature")
+    language = form.get("language") or "en"
+    data = await upload.read()
+    try:
+        wave = decode_wav(io.BytesIO(data), upload.filename or "file")
+        features = await asyncio.to_thread(log_mel, wave, audio.extractor, audio.n_frames)
+    except AudioError as e:
+        raise HTTPError(400, str(e), "file") from None
+    try:
+        prompt = decoder_prompt(audio.generation, audio.decoder_start, language, "transcribe", False)
+    except AudioError as e:
+        raise HTTPError(400, str(e), "language") from None
+    context = state.client.served.max_seq_len
+    sampling = dict(max_tokens=context - len(prompt), temperature=temperature, top_p=1.0, top_k=0,
+                    seed=random.randrange(2**31), stop_token_ids=[], ignore_eos=False)  # fmt: skip
+    rid = f"trsc-{uuid.uuid4().hex}"
+    try:
+        stream = state.client.add(rid, prompt, sampling, features)
+    except EngineFailed:
+        raise HTTPError(503, "the engine failed; the server cannot serve", headers={"Retry-After": "60"}) from None
+    choice = Choice(0, len(prompt), stream, ChoiceText(state.tokenizer, []), time.perf_counter())
+    state.active += 1
+    try:
+        await _until_done(state, [choice], request)
+    finally:
+        _release(state, [choice])
+    text = choice.text.text.strip()
+    if fmt == "text":
+        return PlainTextResponse(text)
+    if fmt == "verbose_json":
+        return JSONResponse({"task": "transcribe", "language": language, "duration": len(wave) / 16_000,
+                             "text": text, "segments": []})  # fmt: skip
+    return JSONResponse({"text": text})
+
+
+def _check(state: ServerState, body: SamplingFields) -> None:
+    """Refuse what no prompt can fix: shutdown, a model this server does not serve, an unsupported field."""
+    if state.draining:
+        raise HTTPError(503, "the server is shutting down", headers={"Retry-After": "5"})
+    if state.client.failed is not None:
+        raise HTTPError(503, "the engine failed; the server cannot serve", headers={"Retry-After": "60"})
+    if state.audio is not None:
+        raise HTTPError(404, f"{state.model} is a speech recognition model: use /v1/audio/transcriptions")
+    if body.model is not None and body.model != state.model:
+        raise HTTPError(404, f"the model {body.model!r} does not exist; this server serves {state.model!r}", "model")
+    bad = unsupported(body)
+    if bad is not None:
+        raise HTTPError(400, bad[1], bad[0])
+
+
+def _message(m, i: int) -> dict:
+    """A chat message as the template takes it: text content (a string, or its text parts joined)."""
+    content = m.content
+    if isinstance(content, list):
+        parts = []
+        for j, part in enumerate(content):
+            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise HTTPError(400, f"content part of type {part.get('type')!r}: this server takes text parts only",
+                                f"messages.{i}.content.{j}")  # fmt: skip
+            parts.append(part["text"])
+        content = "".join(parts)
+    role = "system" if m.role == "developer" else m.role
+    return {"role": role, "content": content or ""}
+
+
+def _completion_prompts(state: ServerState, prompt) -> list[list[int]]:
+    """The prompts of a completion request, as token ids: a string, strings, token ids, or lists of token ids."""
+    if isinstance(prompt, str) or prompt and all(isinstance(p, int) for p in prompt):
+        prompts = [prompt]
+    else:
+        prompts = list(prompt)
+    if not prompts:
+        raise HTTPError(400, "prompt: no prompt given", "prompt")
+    out = []
+    vocab = state.client.served.vocab_size
+    for i, p in enumerate(prompts):
+        ids = state.tokenizer.encode(p) if isinstance(p, str) else list(p)
+        if not ids:
+            raise HTTPError(400, f"prompt {i} is empty (no tokens)", "prompt")
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise HTTPError(400, f"prompt {i}: token {bad} is outside the vocabulary [0, {vocab})", "prompt")
+        out.append(ids)
+    return out
+
+
+def _sampling(state: ServerState, body: SamplingFields, prompt_len: int, chat: bool, index: int) -> dict:
+    """The engine's sampling fields for one choice; HTTPError for a length that does not fit the context."""
+    served = state.client.served
+    gen = served.generation
+    context = served.max_seq_len
+    param = "messages" if chat else "prompt"
+    if prompt_len >= context:
+        raise HTTPError(400, f"the prompt is {prompt_len} tokens; the context is {context} tokens, which must also "
+                             "hold at least one generated token", param)  # fmt: skip
+    max_tokens = body.max_completion_tokens if chat and body.max_completion_tokens is not None else body.max_tokens
+    which = "max_completion_tokens" if chat and body.max_completion_tokens is not None else "max_tokens"
+    if max_tokens is None:
+        max_tokens = context - prompt_len if chat else min(COMPLETIONS_DEFAULT_MAX_TOKENS, context - prompt_len)
+    if max_tokens < 1:
+        raise HTTPError(400, f"{which} must be at least 1, got {max_tokens}", which)
+    if prompt_len + max_tokens > context:
+        raise HTTPError(400, f"the context is {context} tokens, but the prompt is {prompt_len} tokens and "
+                             f"{which} asks for {max_tokens} more", which)  # fmt: skip
+    if body.min_tokens:
+        raise HTTPError(400, "min_tokens is not supported by this server (stop tokens are not masked)", "min_tokens")
+    logprobs = _logprobs_asked(body, chat)
+    temperature = body.temperature if body.temperature is not None else float(gen.get("temperature", 1.0))
+    top_p = body.top_p if body.top_p is not None else float(gen.get("top_p", 1.0))
+    top_k = body.top_k if body.top_k is not None else int(gen.get("top_k", 0) or 0)
+    seed = body.seed + index if body.seed is not None else random.randrange(2**31)
+    return dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=max(top_k, 0), seed=seed,
+                stop_token_ids=list(body.stop_token_ids or ()), ignore_eos=body.ignore_eos, logprobs=logprobs)
+
+
+def _logprobs_asked(body: SamplingFields, chat: bool) -> int | None:
+    """The engine's ``logprobs`` (alternatives a token comes with, or None) for completions' ``logprobs: k`` or
+    chat's ``logprobs: true`` with ``top_logprobs: k``."""
+    if not chat:
+        if body.logprobs is not None and body.echo:
+            raise HTTPError(400, "echo with logprobs would need the prompt's logprobs, which this server does not "
+                                 "compute", "echo")  # fmt: skip
+        return body.logprobs
+    if body.top_logprobs is not None and not body.logprobs:
+        raise HTTPError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+    return (body.top_logprobs or 0) if body.logprobs else None
+
+
+def _logprobs(state: ServerState, c: Choice, lo: int, hi: int, chat: bool) -> dict | None:
+    """The choice's tokens lo .. hi-1 with their logprobs, in OpenAI's shape (chat's ``content`` list, or
+    completions' parallel lists); None when the request did not ask."""
+    lps = c.stream.logprobs
+    if not lps:
+        return None
+    k = c.asked or 0
+    tok, ids = state.tokenizer, c.stream.tokens
+    if chat:
+        content = []
+        for i in range(lo, min(hi, len(lps))):
+            lp, top_ids, top_lps = lps[i]
+            content.append({"token": tok.piece(ids[i]), "logprob": lp, "bytes": list(tok.piece_bytes(ids[i])),
+                            "top_logprobs": [{"token": tok.piece(j), "logprob": float(v),
+                                              "bytes": list(tok.piece_bytes(j))}
+                                             for j, v in zip(top_ids[:k].tolist(), top_lps[:k].tolist(),
+                                                             strict=True)]})  # fmt: skip
+        return {"content": content}
+    idx = range(lo, min(hi, len(lps)))
+    return {"tokens": [tok.piece(ids[i]) for i in idx], "token_logprobs": [lps[i][0] for i in idx],
+            "top_logprobs": [{tok.piece(j): float(v) for j, v in zip(lps[i][1][:k].tolist(), lps[i][2][:k].tolist(),
+                                                                        strict=True)} for i in idx],
+            "text_offset": [c.offsets[i] for i in idx]}  # fmt: skip
+
+
+async def _serve(state: ServerState, body: SamplingFields, prompts: list[list[int]], request: Request,
+                 chat: bool) -> Response:  # fmt: skip
+    """Send every choice to the engine and answer with its stream of events or its whole response."""
+    client = state.client
+    if client.load.waiting >= state.max_waiting:
+        raise HTTPError(503, f"{client.load.waiting} requests are waiting for the engine (--max-waiting "
+                             f"{state.max_waiting}); retry later", headers={"Retry-After": "1"})  # fmt: skip
+    arrived = time.perf_counter()
+    rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+    n = body.n
+    settings = [_sampling(state, body, len(p), chat, j) for p in prompts for j in range(n)]  # (all checked first)
+    stops = body.stops()
+    choices = []
+    try:
+        for i, (p, sp) in enumerate(zip((p for p in prompts for _ in range(n)), settings, strict=True)):
+            stream = client.add(f"{rid}-{i}", p, sp)
+            choices.append(Choice(i, len(p), stream, ChoiceText(state.tokenizer, stops), arrived,
+                                  asked=sp["logprobs"]))  # fmt: skip
+    except EngineFailed:
+        raise HTTPError(503, "the engine failed; the server cannot serve", headers={"Retry-After": "60"}) from None
+    echo = [state.tokenizer.decode(p) for p in prompts] if not chat and body.echo else None
+    state.active += 1
+    if body.stream:
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
+        events = _events(state, rid, choices, chat, echo, n, include_usage)
+        return StreamingResponse(_finally(events, state, choices), media_type="text/event-stream")
+    try:
+        await _until_done(state, choices, request)
+    finally:
+        _release(state, choices)
+    return JSONResponse(_whole(state, rid, choices, chat, echo, n))
+
+
+async def _finally(events: AsyncIterator[str], state: ServerState, choices: list[Choice]) -> AsyncIterator[str]:
+    """The events, then (however the stream ends: done, or the client gone) every unfinished choice aborted."""
+    try:
+        async for e in events:
+            yield e
+    finally:
+        _release(state, choices)
+
+
+def _release(state: ServerState, choices: list[Choice]) -> None:
+    state.active -= 1
+    for c in choices:
+        if c.done:
+            state.client.forget(c.stream.rid)
+        else:
+            state.client.abort(c.stream.rid)
+
+
+def _advance(state: ServerState, c: Choice) -> str:
+    """Take the choice's new tokens into its text; returns the text they release. Marks the choice done when the
+    engine finished it or a stop string did (then aborting it in the engine)."""
+    s = c.stream
+    out = []
+    while c.read < len(s.tokens) and not c.text.stopped:
+        c.offsets.append(len(c.text.text))
+        out.append(c.text.push(s.tokens[c.read]))
+        c.read += 1
+    if c.text.stopped:
+        _done(state, c, FinishReason.STOP.value)
+        state.client.abort(s.rid)  # the engine may still be generating it
+    elif s.finish is not None and c.read == len(s.tokens):
+        if s.finish in ("rejected", "failed"):
+            raise HTTPError(400 if s.finish == "rejected" else 500, s.error or "the engine failed", s.error_field)
+        out.append(c.text.flush())
+        _done(state, c, s.finish)
+    return "".join(out)
+
+
+def _done(state: ServerState, c: Choice, reason: str) -> None:
+    if not c.done:
+        c.done, c.finish_reason = True, reason
+        state.metrics.request_done(c.arrived, c.stream.token_times[: c.text.tokens], c.prompt_len, reason)
+
+
+async def _wait_any(choices: list[Choice]) -> None:
+    """Until one of the unfinished choices has news."""
+    pending = [c for c in choices if not c.done]
+    if any(c.stream.wake.is_set() for c in pending):
+        return
+    waits = [asyncio.ensure_future(c.stream.wake.wait()) for c in pending]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+
+
+async def _until_done(state: ServerState, choices: list[Choice], request: Request) -> None:
+    """Every choice finished; returns early (choices unfinished) if the client disconnects."""
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        while not all(c.done for c in choices):
+            waiter = asyncio.ensure_future(_wait_any(choices))
+            await asyncio.wait([waiter, gone], return_when=asyncio.FIRST_COMPLETED)
+            if gone.done():
+                waiter.cancel()
+                return
+            for c in choices:
+                c.stream.wake.clear()
+                if not c.done:
+                    _advance(state, c)
+    finally:
+        gone.cancel()
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client has gone away."""
+    while True:
+        msg = await request.receive()
+        if msg["type"] == "http.disconnect":
+            return
+
+
+def _usage(choices: list[Choice], prompts_counted: list[int]) -> dict:
+    return usage(sum(prompts_counted), sum(c.text.tokens for c in choices))
+
+
+def _prompt_tokens(choices: list[Choice], n: int) -> list[int]:
+    """Each prompt's length, once (``n`` choices share a prompt)."""
+    return [c.prompt_len for c in choices[::n]]
+
+
+def _whole(state: ServerState, rid: str, choices: list[Choice], chat: bool, echo: list[str] | None, n: int) -> dict:
+    """The response of a request that did not stream."""
+    out = []
+    for c in choices:
+        text = c.text.text
+        if echo is not None:
+            text = echo[c.index // n] + text
+        lp = _logprobs(state, c, 0, c.text.tokens, chat)
+        if chat:
+            out.append({"index": c.index, "message": {"role": "assistant", "content": text}, "logprobs": lp,
+                        "finish_reason": c.finish_reason})  # fmt: skip
+        else:
+            out.append({"index": c.index, "text": text, "logprobs": lp, "finish_reason": c.finish_reason})
+    return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": now(),
+            "model": state.model, "choices": out, "usage": _usage(choices, _prompt_tokens(choices, n))}  # fmt: skip
+
+
+def _sse(obj: dict) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'), ensure_ascii=False)}\n\n"
+
+
+async def _events(state: ServerState, rid: str, choices: list[Choice], chat: bool, echo: list[str] | None, n: int,
+                  include_usage: bool) -> AsyncIterator[str]:  # fmt: skip
+    """The response as server-sent events: one chunk per choice per wake-up with new text, a chunk with each choice's
+    finish reason, then (``include_usage``) the usage, then ``[DONE]``."""
+    created, obj = now(), "chat.completion.chunk" if chat else "text_completion"
+    extra = {"usage": None} if include_usage else {}
+
+    # a text chunk without logprobs, the common one, is this frame around its JSON-quoted text (one json.dumps of a
+    # string a chunk, not of the whole object: the front end's CPU a token is what bounds a server's tokens/s)
+    frame = _sse({"id": rid, "object": obj, "created": created, "model": state.model, "choices": [
+        {"index": -1, "delta": {"content": "\0"}, "logprobs": None, "finish_reason": None} if chat else
+        {"index": -1, "text": "\0", "logprobs": None, "finish_reason": None}], **extra})  # fmt: skip
+    head, tail = frame.split('"\\u0000"')
+    heads = {c.index: head.replace('"index":-1', f'"index":{c.index}') for c in choices}
+
+    def chunk(c: Choice, text: str | None, finish: str | None, lp: dict | None = None) -> str:
+        if text and finish is None and lp is None:
+            return heads[c.index] + json.dumps(text, ensure_ascii=False) + tail
+        if chat:
+            delta = {} if text is None else {"content": text}
+            body = {"index": c.index, "delta": delta, "logprobs": lp, "finish_reason": finish}
+        else:
+            body = {"index": c.index, "text": text or "", "logprobs": lp, "finish_reason": finish}
+        return _sse({"id": rid, "object": obj, "created": created, "model": state.model, "choices": [body], **extra})
+
+    for c in choices:
+        if chat:
+            yield _sse({"id": rid, "object": obj, "created": created, "model": state.model, "choices": [
+                {"index": c.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                 "finish_reason": None}], **extra})  # fmt: skip
+        elif echo is not None:
+            yield chunk(c, echo[c.index // n], None)
+    while not all(c.done for c in choices):
+        await _wait_any(choices)
+        for c in choices:
+            if c.done:
+                continue
+            c.stream.wake.clear()
+            lo = c.text.tokens
+            text = _advance(state, c)
+            lp = _logprobs(state, c, lo, c.text.tokens, chat) if c.text.tokens > lo else None
+            if text or lp is not None:
+                yield chunk(c, text, None, lp)
+            if c.done:
+                yield chunk(c, None, c.finish_reason)
+    if include_usage:
+        yield _sse({"id": rid, "object": obj, "created": created, "model": state.model, "choices": [],
+                    "usage": _usage(choices, _prompt_tokens(choices, n))})  # fmt: skip
+    yield "data: [DONE]\n\n"

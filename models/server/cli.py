@@ -1,0 +1,197 @@
+"""An OpenAI-compatible server: ``python -m models.server --model-dir DIR [--host 127.0.0.1 --port 8000]``.
+
+The engine core runs in a process of its own (``engine_core.py``), fed over ZMQ with msgpack; this process is the HTTP
+front end (FastAPI on uvicorn): it tokenizes, detokenizes and writes the streams. Start-up loads the weights, builds
+the engine (pools, captured graphs) and serves a few warm-up requests (compiling every kernel) before it prints
+"ready" with the URL, so no request pays for a compile. Triton and FlashInfer keep their compile caches on disk
+(``~/.triton/cache``, ``~/.cache/flashinfer``): a second start skips the compiles.
+
+Endpoints: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions`` (the checkpoint's chat template),
+``/v1/audio/transcriptions`` (a Whisper checkpoint: a WAV upload), ``/health``, ``/metrics`` (Prometheus). SIGTERM
+(or Ctrl-C) drains: new requests get 503, running ones finish, then the server exits; a second signal exits at once.
+
+Defaults on CUDA are the fastest engine the benchmarks measured (Triton attention that needs no host plan, overlapped
+resident decode steps, captured prefill passes beside the decode steps); on a CPU, the engine that runs there. The
+start-up log says what each default chose.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from models.cli import OneLineParser, positive_int
+
+DRAIN_TIMEOUT_S = 60.0
+
+
+def parser() -> OneLineParser:
+    ap = OneLineParser(prog="python -m models.server", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap.add_argument("--model-dir", type=Path, required=True, help="a Hugging Face model directory (local files)")
+    ap.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1, this machine only)")
+    ap.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    ap.add_argument("--served-model-name", default=None, help="the model's name in the API (default: the directory's)")
+    ap.add_argument("--max-waiting", type=positive_int, default=1024,
+                    help="requests waiting for the engine beyond which new ones get 503 (default 1024)")
+    ap.add_argument("--in-process", action="store_true",
+                    help="run the engine core in a thread of this process, not a process of its own (debugging)")
+    ap.add_argument("--drain-timeout", type=float, default=DRAIN_TIMEOUT_S,
+                    help=f"seconds a shutdown waits for running requests (default {DRAIN_TIMEOUT_S:.0f})")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar while starting")
+    e = ap.add_argument_group("engine (defaults: the fastest measured engine on CUDA, see above)")
+    e.add_argument("--device", default=None, help="cuda or cpu (default: cuda where there is one)")
+    e.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                   help="weights and KV caches (default: the checkpoint's)")
+    e.add_argument("--max-running", type=positive_int, default=None,
+                   help="requests decoded at once (default 64 on CUDA, 8 on a CPU)")
+    e.add_argument("--max-seq-len", type=positive_int, default=None,
+                   help="context a request may fill, prompt and output (default: the model's)")
+    e.add_argument("--kv-memory-gib", type=float, default=None,
+                   help="memory for the KV pages (default: half the GPU memory free after the weights; 2 GiB on a "
+                        "CPU); never more than every running request at the full context")
+    e.add_argument("--attention", choices=["torch", "triton", "fa2", "xqa"], default=None,
+                   help="decode attention (default: triton on CUDA, torch on a CPU)")
+    e.add_argument("--no-overlap", action="store_true", help="read each step's tokens before launching the next")
+    e.add_argument("--prefill-graphs", type=int, default=None,
+                   help="token buckets of captured prefill passes (default 6 where the pass can be captured: bf16 or "
+                        "fp16 on CUDA; else 0, eager)")
+    e.add_argument("--prefill", choices=["in-step", "in-pass", "beside", "beside-priority"], default=None,
+                   help="where a prefill pass runs relative to the decode steps (default: beside on CUDA)")
+    return ap
+
+
+def _check_args(ap: OneLineParser, args) -> str:
+    """The device; one-line errors for what can be told before anything loads."""
+    import torch
+
+    from models.engine.checkpoint import CheckpointError, read_checkpoint
+
+    if not 0 <= args.port < 65536:
+        ap.error(f"argument --port: must be in [0, 65535], got {args.port}")
+    if args.prefill_graphs is not None and args.prefill_graphs < 0:
+        ap.error("argument --prefill-graphs: must be >= 0")
+    if args.kv_memory_gib is not None and args.kv_memory_gib <= 0:
+        ap.error("argument --kv-memory-gib: must be > 0")
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        ap.error("argument --device: cuda asked for, but this machine has no CUDA GPU (use --device cpu)")
+    try:
+        read_checkpoint(args.model_dir)
+    except CheckpointError as e:
+        ap.error(str(e))
+    return device
+
+
+def raise_open_files_limit() -> None:
+    """Let this process hold as many sockets as the system allows (a thousand streaming clients need more than the
+    soft limit of 1024 descriptors many systems start with)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20, hard))
+
+
+class _Progress:
+    """The start-up stages on stderr: a bar when stderr is a terminal (and wanted), else a line each."""
+
+    def __init__(self, show_bar: bool) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=4, desc="starting", file=sys.stderr, leave=False,
+                        bar_format="{desc} {bar} {elapsed}") if show_bar else None  # fmt: skip
+
+    def __call__(self, stage: str, seconds: float) -> None:
+        if self.bar is not None:
+            self.bar.set_description_str(stage)
+            self.bar.update(1)
+            if stage == "ready":
+                self.bar.close()
+        else:
+            print(f"[{seconds:6.1f} s] {stage}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
+    args = ap.parse_args(argv)
+    device = _check_args(ap, args)
+
+    from models.server.client import EngineClient, EngineFailed
+    from models.server.engine_core import EngineSpec
+
+    choices = {k: v for k, v in dict(max_running=args.max_running, max_seq_len=args.max_seq_len,
+                                     kv_memory_gib=args.kv_memory_gib, attention=args.attention,
+                                     overlap=False if args.no_overlap else None, prefill_graphs=args.prefill_graphs,
+                                     prefill=args.prefill).items() if v is not None}  # fmt: skip
+    spec = EngineSpec(str(args.model_dir), device=device, dtype=args.dtype, choices=choices)
+    client = EngineClient(spec, in_process=args.in_process)
+    t0 = time.perf_counter()
+    raise_open_files_limit()
+    client.launch()  # the engine loads while this process loads the tokenizer and the HTTP stack
+    try:
+        import uvicorn
+
+        from models.engine.text import Tokenizer, TokenizerError
+        from models.server.app import AudioFront, ServerState, build_app
+
+        try:
+            tokenizer, audio = Tokenizer.from_pretrained(args.model_dir), AudioFront.of(args.model_dir)
+        except (TokenizerError, ValueError) as e:
+            client.shutdown()
+            ap.error(str(e))
+        served = client.wait_ready(_Progress(not args.no_progress and sys.stderr.isatty()))
+    except EngineFailed as e:
+        print(f"python -m models.server: error: the engine could not start:\n{e}", file=sys.stderr)
+        client.shutdown()
+        return 1
+    except KeyboardInterrupt:
+        print("python -m models.server: interrupted while starting", file=sys.stderr)
+        client.shutdown()
+        return 130
+    for note in served.notes:
+        print(f"  {note}", file=sys.stderr)
+    state = ServerState(client, tokenizer, args.served_model_name or served.name, args.max_waiting, audio)
+    app = build_app(state)
+    server = _DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+                                            timeout_graceful_shutdown=5), state, args.drain_timeout)  # fmt: skip
+    server.on_ready = lambda port: print(f"ready: http://{args.host}:{port} (model {state.model}, "
+                                         f"{time.perf_counter() - t0:.1f} s)", flush=True)  # fmt: skip
+    try:
+        server.run()
+    finally:
+        client.shutdown()
+    return 0
+
+
+class _DrainingServer:
+    """uvicorn's server, whose first SIGTERM or SIGINT drains (new requests 503, running ones finish, at most
+    ``drain_timeout`` seconds) before it exits; a second exits at once."""
+
+    def __new__(cls, config, state, drain_timeout: float):
+        import uvicorn
+
+        class Server(uvicorn.Server):
+            on_ready = None
+
+            def handle_exit(self, sig, frame) -> None:
+                if state.draining:
+                    return super().handle_exit(sig, frame)
+                state.draining = True
+                self.drain_deadline = time.monotonic() + drain_timeout
+                print("draining: new requests get 503; waiting for the running ones", file=sys.stderr, flush=True)
+
+            async def startup(self, sockets=None) -> None:
+                await super().startup(sockets)
+                if self.on_ready is not None and self.servers:
+                    self.on_ready(self.servers[0].sockets[0].getsockname()[1])
+
+            async def on_tick(self, counter: int) -> bool:
+                if state.draining and (state.active == 0 or time.monotonic() > self.drain_deadline):
+                    return True
+                return await super().on_tick(counter)
+
+        return Server(config)
+

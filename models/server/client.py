@@ -1,0 +1,208 @@
+"""The front end's side of the engine core: it starts the engine process (or, for debugging, a thread), sends it
+requests and aborts, and hands each request's tokens to the coroutine serving it (``RequestStream``).
+
+One reader task takes the engine's STEP messages off the socket and appends each token to its request's stream, then
+wakes the streams it touched once; a stream whose client went away is aborted in the engine and forgotten."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+
+import attrs
+import numpy as np
+import zmq
+import zmq.asyncio
+
+from models.server.engine_core import EngineSpec, Kind, ServedModel, main, pack, pack_features, unpack
+
+
+def _logprobs(streams: dict[str, RequestStream], rids: list[str], lp: tuple[bytes, bytes, bytes]) -> None:
+    """A STEP message's logprobs to the streams of the tokens that have them (a logprob that is not NaN)."""
+    logprob = np.frombuffer(lp[0], np.float32)
+    top_ids = np.frombuffer(lp[1], np.int32).reshape(len(rids), -1)
+    top_lps = np.frombuffer(lp[2], np.float32).reshape(len(rids), -1)
+    for i in np.flatnonzero(~np.isnan(logprob)).tolist():
+        s = streams.get(rids[i])
+        if s is not None:
+            s.logprobs.append((float(logprob[i]), top_ids[i], top_lps[i]))
+
+
+class EngineFailed(RuntimeError):
+    """The engine core could not start, or stopped with an error (its traceback is the message)."""
+
+
+@attrs.define(eq=False)
+class RequestStream:
+    """One engine request's tokens as they come: ``tokens`` grows, ``finish`` is set once (a FinishReason value, or
+    "rejected" / "failed" with ``error``), ``wake`` is set whenever either changes."""
+
+    rid: str
+    tokens: list[int] = attrs.Factory(list)
+    token_times: list[float] = attrs.Factory(list)
+    logprobs: list[tuple[float, np.ndarray, np.ndarray]] = attrs.Factory(list)  # per token, when it asked: (logprob,
+    # top ids [5], top logprobs [5])
+    finish: str | None = None
+    error: str | None = None
+    error_field: str | None = None
+    wake: asyncio.Event = attrs.Factory(asyncio.Event)
+
+
+@attrs.define
+class Load:
+    """The engine's load and step counters as its last STEP message said (``waiting`` also counts what the front end
+    has sent since)."""
+
+    waiting: int = 0
+    running: int = 0
+    pages_used: int = 0
+    pages_total: int = 0
+    steps: int = 0  # the engine's steps so far
+    decode_steps: int = 0  # of which decode steps
+    decode_ns: int = 0  # their wall time in the engine's step(), summed
+
+
+class EngineClient:
+    """Starts and drives the engine core (module doc). ``start`` blocks until it is ready; ``run_reader`` is the
+    task that delivers its outputs; ``add`` / ``abort`` / ``shutdown`` talk to it."""
+
+    def __init__(self, spec: EngineSpec, in_process: bool = False) -> None:
+        self.spec = spec
+        self.in_process = in_process
+        self.ctx = zmq.Context()
+        base = f"resplan-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        if in_process:
+            self.to_engine_addr, self.from_engine_addr = f"inproc://{base}-in", f"inproc://{base}-out"
+        else:
+            d = tempfile.gettempdir()
+            self.to_engine_addr, self.from_engine_addr = f"ipc://{d}/{base}-in", f"ipc://{d}/{base}-out"
+        self.to_engine = self.ctx.socket(zmq.PUSH)
+        self.to_engine.bind(self.to_engine_addr)
+        self.from_engine = self.ctx.socket(zmq.PULL)
+        self.from_engine.bind(self.from_engine_addr)
+        self.streams: dict[str, RequestStream] = {}
+        self.load = Load()
+        self.served: ServedModel | None = None
+        self.failed: str | None = None
+        self._proc = None
+        self.on_step: Callable[[list, list, list], None] | None = None  # metrics: (tokens' rids, tokens, finished)
+
+    # -- start and stop ------------------------------------------------------------------------------------------
+    def start(self, on_progress: Callable[[str, float], None] = lambda stage, t: None,
+              timeout_s: float = 1800.0) -> ServedModel:  # fmt: skip
+        """Start the engine core and wait until it is ready (``on_progress(stage, seconds)`` as it goes)."""
+        self.launch()
+        return self.wait_ready(on_progress, timeout_s)
+
+    def launch(self) -> None:
+        """Start the engine core (it loads and builds while the caller goes on)."""
+        args = (self.spec, self.to_engine_addr, self.from_engine_addr, os.getpid())
+        if self.in_process:
+            self._proc = threading.Thread(target=main, args=(*args, self.ctx), name="engine-core", daemon=True)
+        else:
+            self._proc = multiprocessing.get_context("spawn").Process(target=main, args=args, name="engine-core",
+                                                                      daemon=True)  # fmt: skip
+        self._proc.start()
+
+    def wait_ready(self, on_progress: Callable[[str, float], None] = lambda stage, t: None,
+                   timeout_s: float = 1800.0) -> ServedModel:  # fmt: skip
+        """Wait until the launched engine core is ready (``on_progress(stage, seconds)`` as it goes)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if not self.from_engine.poll(1000):
+                if not self._proc.is_alive():
+                    raise EngineFailed(f"the engine process exited (code {getattr(self._proc, 'exitcode', '?')}) "
+                                       "before it was ready")  # fmt: skip
+                if time.monotonic() > deadline:
+                    raise EngineFailed(f"the engine was not ready after {timeout_s:.0f} s")
+                continue
+            msg = unpack(self.from_engine.recv())
+            if msg[0] == Kind.PROGRESS:
+                on_progress(msg[1], msg[2])
+            elif msg[0] == Kind.FAILED:
+                raise EngineFailed(msg[1])
+            elif msg[0] == Kind.READY:
+                d = msg[1]
+                d["eos_token_ids"], d["notes"] = tuple(d["eos_token_ids"]), tuple(d["notes"])
+                self.served = ServedModel(**d)
+                on_progress("ready", msg[2])
+                return self.served
+
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Tell the engine core to stop, and wait for it (then end it)."""
+        if self._proc is not None and self._proc.is_alive():
+            self.to_engine.send(pack(Kind.SHUTDOWN))
+            self._proc.join(timeout_s)
+            if self._proc.is_alive() and not self.in_process:
+                self._proc.terminate()
+                self._proc.join(5)
+        self.to_engine.close(linger=0)
+        self.from_engine.close(linger=0)
+        self.ctx.term()
+
+    # -- requests ------------------------------------------------------------------------------------------------
+    def add(self, rid: str, prompt: list[int], sampling: dict, features=None) -> RequestStream:
+        """Send a request to the engine (``features``: Whisper's log-mel features, a tensor); its stream."""
+        if self.failed is not None:
+            raise EngineFailed(self.failed)
+        stream = self.streams[rid] = RequestStream(rid)
+        self.load.waiting += 1  # (the engine's next STEP message says the truth again)
+        self.to_engine.send(pack(Kind.ADD, rid, prompt, sampling, pack_features(features)))
+        return stream
+
+    def abort(self, rid: str) -> None:
+        """End a request in the engine (a client went away, or a stop string ended it); its stream is forgotten."""
+        if self.streams.pop(rid, None) is not None:
+            self.to_engine.send(pack(Kind.ABORT, rid))
+
+    def forget(self, rid: str) -> None:
+        """A finished request's stream is no longer wanted."""
+        self.streams.pop(rid, None)
+
+    async def run_reader(self) -> None:
+        """Deliver the engine's outputs to the streams until the engine stops (a task of the server's loop)."""
+        sock = zmq.asyncio.Socket.from_socket(self.from_engine)
+        streams = self.streams
+        while True:
+            msg = unpack(await sock.recv())
+            kind = msg[0]
+            if kind == Kind.STEP:
+                _, rids, tokens, finished, load, lp = msg
+                now = time.perf_counter()
+                touched = set()
+                for rid, tok in zip(rids, tokens, strict=True):
+                    s = streams.get(rid)
+                    if s is not None:
+                        s.tokens.append(tok)
+                        s.token_times.append(now)
+                        touched.add(s)
+                if lp is not None:
+                    _logprobs(streams, rids, lp)
+                for rid, reason in finished:
+                    s = streams.get(rid)
+                    if s is not None:
+                        s.finish = reason
+                        touched.add(s)
+                for s in touched:
+                    s.wake.set()
+                self.load = Load(*load)
+                if self.on_step is not None:
+                    self.on_step(rids, tokens, finished)
+            elif kind == Kind.REJECTED:
+                s = streams.pop(msg[1], None)
+                if s is not None:
+                    s.finish, s.error_field, s.error = "rejected", msg[2], msg[3]
+                    s.wake.set()
+            elif kind == Kind.FAILED:
+                self.failed = msg[1]
+                for s in list(streams.values()):
+                    s.finish, s.error = "failed", "the engine failed"
+                    s.wake.set()
+                streams.clear()
+                return

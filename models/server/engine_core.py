@@ -1,0 +1,214 @@
+"""The engine core in a process of its own: it builds the engine, warms it up, and then only steps it.
+
+The front end (``client.EngineClient``) and this process talk over two ZMQ sockets, one each way, every message one
+msgpack array whose first item is its kind (``Kind``). The front end sends ADD (request id, prompt ids, sampling fields,
+and Whisper's features or None), ABORT (request id) and SHUTDOWN. The engine sends PROGRESS while it starts, READY with
+what it serves (``ServedModel``), then a STEP message for every step that gave tokens or results: the request id of each
+new token and the token, the finished requests with their finish reasons, the engine's load and step counters, and (when
+a token of the step asked) the tokens' logprobs: float32 logprob [n], int32 top ids and float32 top logprobs [n, 5], as
+bytes. A request the engine refuses comes back as REJECTED (its field and message); FAILED carries a fatal error's
+traceback before the process exits.
+
+Between steps the loop takes every message waiting, then steps; with nothing to run it blocks on its inbox (waking every
+second to see whether the front end still lives). Nothing else runs in this process: no tokenizer, no HTTP.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import signal
+import time
+import traceback
+
+import attrs
+import msgpack
+import zmq
+
+ALIVE_CHECK_MS = 1000  # an idle engine looks this often whether its parent process is still there
+
+
+class Kind(enum.IntEnum):
+    ADD = 1
+    ABORT = 2
+    SHUTDOWN = 3
+    PROGRESS = 10
+    READY = 11
+    FAILED = 12
+    STEP = 13
+    REJECTED = 14
+
+
+@attrs.frozen
+class EngineSpec:
+    """What the engine process builds (picklable): a model directory (or a random-weight model by name), on a
+    device, with ``serving_config``'s keyword choices; ``warmup``: serve a few requests before READY."""
+
+    model_dir: str | None
+    model: str | None = None  # a models.engine.adapters name (random weights), when there is no model_dir
+    device: str = "cpu"
+    dtype: str | None = None  # float32 / bfloat16 / float16; None: the checkpoint's
+    choices: dict = attrs.Factory(dict)  # serving_config keywords (enums by value)
+    warmup: bool = True
+    seed: int = 0
+
+
+@attrs.frozen
+class ServedModel:
+    """What a built engine serves, as the front end needs it to check and shape requests."""
+
+    name: str
+    vocab_size: int
+    max_seq_len: int
+    eos_token_ids: tuple[int, ...]
+    notes: tuple[str, ...]  # what the serving defaults chose (printed at start-up)
+    generation: dict  # the checkpoint's generation_config.json (default sampling)
+
+
+def pack(*items) -> bytes:
+    return msgpack.packb(items, use_bin_type=True)
+
+
+def unpack(data: bytes) -> list:
+    return msgpack.unpackb(data, raw=False)
+
+
+def build_engine(spec: EngineSpec, progress):
+    """The engine ``spec`` describes and what it serves; ``progress(stage)`` is told each stage as it starts."""
+    import torch
+
+    from models.engine.adapters import build_adapter
+    from models.engine.config import PrefillPlacement
+    from models.engine.driver import Engine
+    from models.engine.serving import serving_config
+    from models.layers.decode_attention import Backend
+
+    dtype = getattr(torch, spec.dtype) if spec.dtype else None
+    progress("loading weights")
+    if spec.model_dir is not None:
+        from models.engine.checkpoint import load_adapter
+
+        adapter = load_adapter(spec.model_dir, spec.device, dtype)
+        generation = adapter.checkpoint.generation
+    else:
+        adapter = build_adapter(spec.model, spec.seed, spec.device, dtype or torch.float32)
+        generation = {}
+    choices = dict(spec.choices)
+    if choices.get("attention") is not None:
+        choices["attention"] = Backend(choices["attention"])
+    if choices.get("prefill") is not None:
+        choices["prefill"] = PrefillPlacement(choices["prefill"])
+    plan = serving_config(adapter, spec.device, **choices)
+    progress("building the engine (pools, graphs)")
+    engine = Engine(adapter, plan.config)
+    served = ServedModel(adapter.name, adapter.vocab_size, plan.config.max_seq_len, tuple(adapter.eos_token_ids),
+                         plan.notes, generation)  # fmt: skip
+    if spec.warmup:
+        progress("warming up (compiling kernels)")
+        warm_up(engine, adapter.vocab_size, plan.config.max_seq_len)
+    return engine, served
+
+
+def warm_up(engine, vocab: int, context: int) -> None:
+    """Serve requests that run every kind of step once (greedy and sampled, short and chunked prompts; Whisper's on
+    silence), so that no client's request pays for a first-use compile."""
+    import torch
+
+    from models.engine.requests import Request, SamplingParams
+
+    sampled = SamplingParams(max_tokens=3, temperature=0.8, top_p=0.9, top_k=20, seed=1, ignore_eos=True)
+    greedy = SamplingParams(max_tokens=3, ignore_eos=True)
+    cfg = engine.adapter.model.cfg
+    if hasattr(cfg, "num_mel_bins"):  # Whisper: a decoder start token and the features of silence
+        silence = torch.zeros(cfg.num_mel_bins, cfg.n_frames)
+        requests = [Request((cfg.decoder_start_token_id,), sp, features=silence, request_id=f"warmup-{i}")
+                    for i, sp in enumerate((greedy, sampled))]  # fmt: skip
+    else:
+        n = max(1, min(context - 4, 2 * (engine.config.token_budget or 64)))
+        prompts = [(1, 2, 3, 4), (5, 6, 7, 8), tuple(i % vocab for i in range(n))]
+        requests = [Request(p, sampled if i == 1 else greedy, request_id=f"warmup-{i}")
+                    for i, p in enumerate(prompts)]  # fmt: skip
+    engine.run(requests)
+
+
+def pack_features(features) -> tuple[list[int], bytes] | None:
+    """Whisper's log-mel features [n_mels, frames] as an ADD message carries them: (shape, float32 bytes)."""
+    return None if features is None else (list(features.shape), features.float().numpy().tobytes())
+
+
+def request_of(prompt: list[int], sampling: dict, rid: str, features: tuple[list[int], bytes] | None):
+    """The engine's Request for an ADD message's fields."""
+    import numpy as np
+    import torch
+
+    from models.engine.requests import Request, SamplingParams
+
+    sp = dict(sampling)
+    if "stop_token_ids" in sp:
+        sp["stop_token_ids"] = tuple(sp["stop_token_ids"])
+    feats = None
+    if features is not None:
+        shape, data = features
+        feats = torch.from_numpy(np.frombuffer(data, np.float32).reshape(shape).copy())
+    return Request(tuple(prompt), SamplingParams(**sp), features=feats, request_id=rid)
+
+
+def serve(engine, inbox: zmq.Socket, outbox: zmq.Socket, parent: int) -> None:
+    """The loop: take what the front end sent, step, send what the step gave; until SHUTDOWN or the parent dies."""
+    import numpy as np
+
+    from models.engine.requests import InvalidRequest
+
+    while True:
+        busy = engine.has_work()
+        while inbox.poll(0 if busy else ALIVE_CHECK_MS):
+            msg = unpack(inbox.recv())
+            kind = msg[0]
+            if kind == Kind.ADD:
+                _, rid, prompt, sampling, features = msg
+                try:
+                    engine.submit(request_of(prompt, sampling, rid, features))
+                except (InvalidRequest, TypeError) as e:
+                    outbox.send(pack(Kind.REJECTED, rid, getattr(e, "field", "request"), str(e)))
+            elif kind == Kind.ABORT:
+                engine.abort(msg[1])
+            elif kind == Kind.SHUTDOWN:
+                return
+            busy = True
+        if not busy and os.getppid() != parent:
+            return  # the front end is gone
+        if engine.has_work():
+            out = engine.step()
+            if out.tokens.size or out.finished:
+                load, st = engine.load(), engine.stats
+                lp = None if out.logprob is None else (out.logprob.astype(np.float32).tobytes(),
+                                                       out.top_ids.astype(np.int32).tobytes(),
+                                                       out.top_logprobs.astype(np.float32).tobytes())  # fmt: skip
+                outbox.send(pack(Kind.STEP, out.request_ids.tolist(), out.tokens.tolist(),
+                                 [(r.request_id, r.finish_reason.value) for r in out.finished],
+                                 (load.waiting, load.running, load.pages_used, load.pages_total, st.steps,
+                                  st.decode_steps, st.decode_ns), lp))  # fmt: skip
+
+
+def main(spec: EngineSpec, inbox_addr: str, outbox_addr: str, parent: int, context: zmq.Context | None = None) -> None:
+    """The engine process's body (or, with ``context``, a thread's in the front end's process)."""
+    if context is None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the front end decides
+    ctx = context or zmq.Context()
+    inbox, outbox = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    inbox.connect(inbox_addr)
+    outbox.connect(outbox_addr)
+    t0 = time.perf_counter()
+    try:
+        engine, served = build_engine(spec, lambda stage: outbox.send(pack(Kind.PROGRESS, stage,
+                                                                           time.perf_counter() - t0)))  # fmt: skip
+        outbox.send(pack(Kind.READY, attrs.asdict(served), time.perf_counter() - t0))
+        serve(engine, inbox, outbox, parent)
+    except BaseException:
+        outbox.send(pack(Kind.FAILED, traceback.format_exc()))
+        raise
+    finally:
+        outbox.close(linger=1000)
+        inbox.close(linger=0)
+        if context is None:
+            ctx.term()

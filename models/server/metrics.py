@@ -1,0 +1,53 @@
+"""The server's Prometheus metrics (``GET /metrics``): requests running and waiting and KV pages in use, as the engine's
+last step left them; time to first token, inter-token latency and end-to-end latency histograms; prompt and generated
+tokens; finished requests by finish reason; the engine's step counters; this (front-end) process's CPU time. Times are
+the front end's: from a request's arrival at the server to each token's arrival from the engine."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
+                   20.0, 40.0, 80.0)  # fmt: skip
+ITL_BUCKETS = (0.0005, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class Metrics:
+    def __init__(self, load) -> None:
+        """``load()``: the engine's last (waiting, running, pages used, pages total)."""
+        r = self.registry = CollectorRegistry()
+        Gauge("resplan_requests_running", "Requests admitted by the engine", registry=r).set_function(
+            lambda: load().running)
+        Gauge("resplan_requests_waiting", "Requests waiting for admission", registry=r).set_function(
+            lambda: load().waiting)
+        Gauge("resplan_kv_pages_used", "KV pages held by requests", registry=r).set_function(lambda: load().pages_used)
+        Gauge("resplan_kv_pages_total", "KV pages the pools hold", registry=r).set_function(lambda: load().pages_total)
+        Gauge("resplan_engine_steps", "Steps the engine ran", registry=r).set_function(lambda: load().steps)
+        Gauge("resplan_engine_decode_steps", "Decode steps the engine ran", registry=r).set_function(
+            lambda: load().decode_steps)
+        Gauge("resplan_engine_decode_step_seconds", "Wall time of the engine's decode steps, summed",
+              registry=r).set_function(lambda: load().decode_ns * 1e-9)  # fmt: skip
+        ProcessCollector(registry=r)  # process_cpu_seconds_total: the front end's CPU (the engine's is its own)
+        self.ttft = Histogram("resplan_time_to_first_token_seconds", "Arrival to first token", registry=r,
+                              buckets=LATENCY_BUCKETS)  # fmt: skip
+        self.itl = Histogram("resplan_inter_token_latency_seconds", "Gap between a request's consecutive tokens",
+                             registry=r, buckets=ITL_BUCKETS)  # fmt: skip
+        self.e2e = Histogram("resplan_e2e_request_latency_seconds", "Arrival to the last token", registry=r,
+                             buckets=LATENCY_BUCKETS)  # fmt: skip
+        self.prompt_tokens = Counter("resplan_prompt_tokens", "Prompt tokens of finished requests", registry=r)
+        self.generation_tokens = Counter("resplan_generation_tokens", "Tokens generated", registry=r)
+        self.finished = Counter("resplan_requests_finished", "Requests finished", ["finish_reason"], registry=r)
+
+    def request_done(self, arrived: float, token_times: list[float], prompt_tokens: int, reason: str) -> None:
+        """A choice ended: its latencies (``token_times``: each token's arrival, perf_counter seconds) and counts."""
+        if token_times:
+            self.ttft.observe(token_times[0] - arrived)
+            self.e2e.observe(token_times[-1] - arrived)
+            for a, b in zip(token_times, token_times[1:], strict=False):
+                self.itl.observe(b - a)
+        self.prompt_tokens.inc(prompt_tokens)
+        self.generation_tokens.inc(len(token_times))
+        self.finished.labels(reason).inc()
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,349 @@
+"""The OpenAI-compatible server, live: ``python -m models.server`` on a tiny checkpoint directory (made here with
+transformers and tokenizers), its engine core in a process of its own, driven by the real ``openai`` client and by
+raw HTTP. Text equals ``generate``'s for the same seed (whole and streamed, completions and chat), usage counts, stop
+strings split across tokens, ``n``, a disconnect that frees the request's pages within a step, 50 concurrent streams,
+every bad input answered 400 (or 404) in OpenAI's error object with the server still serving, ``/metrics`` parsed by
+prometheus_client, ``--max-waiting`` answered 503 with Retry-After, and SIGTERM draining the running requests.
+
+Every server binds 127.0.0.1 on a free port and is stopped by the test that started it; every wait is bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from checkpoints import save_qwen, save_whisper, tone, write_wav
+
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("fastapi")
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from models.engine.text import Tokenizer  # noqa: E402
+
+START_TIMEOUT_S = 120
+PROMPT = "the quick brown fox"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A ``python -m models.server`` subprocess on 127.0.0.1."""
+
+    def __init__(self, model_dir, *extra: str) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen([sys.executable, "-m", "models.server", "--model-dir", str(model_dir), "--port",
+                                      str(self.port), "--no-progress", *extra], env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited: {self.stop()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError("the server did not become healthy in time")
+
+    def stop(self) -> str:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        if self.proc.stdout.closed:
+            return ""
+        out = self.proc.stdout.read()
+        self.proc.stdout.close()
+        return out
+
+    def metrics(self) -> dict[str, float]:
+        text = httpx.get(self.url + "/metrics", timeout=5).text
+        return {s.name + ("" if not s.labels else str(sorted(s.labels.items()))): s.value
+                for fam in text_string_to_metric_families(text) for s in fam.samples}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return save_qwen(tmp_path_factory.mktemp("server") / "qwen", eos=0)
+
+
+@pytest.fixture(scope="module")
+def server(ckpt):
+    s = Server(ckpt)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def api(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def tok(ckpt):
+    return Tokenizer.from_pretrained(ckpt)
+
+
+def _generate(ckpt, capsys, *args: str) -> str:
+    """``python -m models.generate``'s text for one prompt (it streams the text to stdout, then a newline)."""
+    from models.generate import main
+
+    assert main(["--model-dir", str(ckpt), "--ignore-eos", *args]) == 0
+    return capsys.readouterr().out[:-1]
+
+
+@pytest.mark.parametrize("sampling", [[], ["--temperature", "0.8", "--seed", "7"]], ids=["greedy", "seeded"])
+def test_completions_text_equals_generates(server, api, ckpt, capsys, sampling):
+    want = _generate(ckpt, capsys, "--prompt", PROMPT, "--max-tokens", "12", *sampling)
+    kw = dict(temperature=0.8, seed=7) if sampling else dict(temperature=0.0)
+    whole = api.completions.create(model="qwen", prompt=PROMPT, max_tokens=12, extra_body={"ignore_eos": True}, **kw)
+    assert whole.choices[0].text == want and whole.choices[0].finish_reason == "length"
+    stream = api.completions.create(model="qwen", prompt=PROMPT, max_tokens=12, stream=True,
+                                    extra_body={"ignore_eos": True}, **kw)  # fmt: skip
+    assert "".join(c.choices[0].text for c in stream if c.choices) == want
+
+
+def test_chat_completions_text_equals_generates_and_usage_counts(server, api, ckpt, capsys, tok):
+    want = _generate(ckpt, capsys, "--chat", "--prompt", "hello there", "--max-tokens", "10")
+    msgs = [{"role": "user", "content": "hello there"}]
+    whole = api.chat.completions.create(model="qwen", messages=msgs, max_tokens=10, temperature=0,
+                                        extra_body={"ignore_eos": True})  # fmt: skip
+    assert whole.choices[0].message.content == want and whole.choices[0].message.role == "assistant"
+    assert whole.usage.prompt_tokens == len(tok.chat(msgs)) and whole.usage.completion_tokens == 10
+    assert whole.usage.total_tokens == whole.usage.prompt_tokens + 10
+    chunks = list(api.chat.completions.create(model="qwen", messages=msgs, max_completion_tokens=10, temperature=0,
+                                              stream=True, stream_options={"include_usage": True},
+                                              extra_body={"ignore_eos": True}))  # fmt: skip
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_a_stop_string_split_across_tokens_ends_the_text_before_it(server, api, tok):
+    ids = tok.encode(PROMPT)
+    full = api.completions.create(model="qwen", prompt=ids, max_tokens=24, temperature=0,
+                                  extra_body={"ignore_eos": True})  # fmt: skip
+    text = full.choices[0].text
+    # the tokens' texts, to find a stop string that begins in one token and ends in the next
+    gen = api.completions.create(model="qwen", prompt=ids, max_tokens=24, temperature=0,
+                                 extra_body={"ignore_eos": True}, stream=True)  # fmt: skip
+    pieces = [c.choices[0].text for c in gen if c.choices and c.choices[0].text]
+    bounds = [sum(map(len, pieces[:i])) for i in range(1, len(pieces))]
+    cut = next(b for b in bounds if 2 <= b <= len(text) - 2 and text.find(text[b - 2 : b + 2]) == b - 2)
+    stop = text[cut - 2 : cut + 2]
+    for stream in (False, True):
+        r = api.completions.create(model="qwen", prompt=ids, max_tokens=24, temperature=0, stop=[stop, "\x00zz"],
+                                   stream=stream, extra_body={"ignore_eos": True})  # fmt: skip
+        if stream:
+            chunks = [c for c in r if c.choices]
+            got, reason = "".join(c.choices[0].text for c in chunks), chunks[-1].choices[0].finish_reason
+        else:
+            got, reason = r.choices[0].text, r.choices[0].finish_reason
+        assert (got, reason) == (text[: cut - 2], "stop"), stream
+
+
+def test_n_choices_are_the_seeds_of_generate(server, api, ckpt, capsys):
+    r = api.completions.create(model="qwen", prompt=PROMPT, max_tokens=8, n=2, temperature=0.9, seed=11,
+                               extra_body={"ignore_eos": True})  # fmt: skip
+    assert [c.index for c in r.choices] == [0, 1]
+    for c, seed in zip(r.choices, (11, 12), strict=True):
+        assert c.text == _generate(ckpt, capsys, "--prompt", PROMPT, "--max-tokens", "8", "--temperature", "0.9",
+                                   "--seed", str(seed))  # fmt: skip
+    assert r.usage.completion_tokens == 16
+
+
+def test_logprobs_are_a_torch_log_softmax_of_the_models_logits(server, api, ckpt, tok):
+    """Completions' logprobs=5 and chat's top_logprobs=3, whole and streamed: each token's logprob and its
+    alternatives equal log_softmax of transformers' logits for the same checkpoint and tokens (float32, within 1e-4)."""
+    import torch
+    import transformers
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(ckpt).eval()
+    ids = tok.encode(PROMPT)
+    r = api.completions.create(model="qwen", prompt=ids, max_tokens=6, temperature=0.7, seed=3, logprobs=5,
+                               extra_body={"ignore_eos": True})  # fmt: skip
+    lp = r.choices[0].logprobs
+    streamed = [c.choices[0].logprobs for c in api.completions.create(
+        model="qwen", prompt=ids, max_tokens=6, temperature=0.7, seed=3, logprobs=5, stream=True,
+        extra_body={"ignore_eos": True}) if c.choices and c.choices[0].logprobs]  # fmt: skip
+    assert sum((s.token_logprobs for s in streamed), []) == lp.token_logprobs
+    assert "".join(lp.tokens) == r.choices[0].text and lp.text_offset[0] == 0
+    # the generated ids, from the tokens' texts: each top-5 list names its tokens by text; find each drawn id
+    with torch.no_grad():
+        seq = list(ids)
+        for i, (text, got) in enumerate(zip(lp.tokens, lp.token_logprobs, strict=True)):
+            want = torch.log_softmax(hf(torch.tensor([seq])).logits[0, -1].float(), -1)
+            cands = [t for t in range(want.numel()) if tok.piece(t) == text]
+            t = max(cands, key=lambda t: want[t].item() if abs(want[t].item() - got) < 1e-3 else -1e9)
+            assert abs(want[t].item() - got) < 1e-4, (i, text)
+            top = torch.topk(want, 5)  # (keyed by text, as OpenAI's completions are: two pieces alike share a key)
+            expect = {tok.piece(j): v for j, v in zip(top.indices.tolist(), top.values.tolist(), strict=True)}
+            assert lp.top_logprobs[i] == pytest.approx(expect, abs=1e-4)
+            seq.append(t)
+    msgs = [{"role": "user", "content": "hello"}]
+    chat = api.chat.completions.create(model="qwen", messages=msgs, max_tokens=4, temperature=0, logprobs=True,
+                                       top_logprobs=3, extra_body={"ignore_eos": True})  # fmt: skip
+    content = chat.choices[0].logprobs.content
+    assert len(content) == 4 and all(len(c.top_logprobs) == 3 for c in content)
+    assert "".join(c.token for c in content) == chat.choices[0].message.content
+    assert all(c.logprob == pytest.approx(c.top_logprobs[0].logprob) for c in content)  # greedy: the top token
+    assert bytes(sum((c.bytes for c in content), [])).decode(errors="replace") == chat.choices[0].message.content
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_request(server):
+    before = server.metrics()
+    body = {"prompt": PROMPT, "max_tokens": 480, "temperature": 0, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=30) as r:
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: ")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        m = server.metrics()
+        if m["resplan_requests_running"] == 0 and m["resplan_kv_pages_used"] == 0:
+            break
+        time.sleep(0.05)
+    assert m["resplan_requests_running"] == 0 and m["resplan_kv_pages_used"] == 0
+    assert m["resplan_generation_tokens_total"] - before["resplan_generation_tokens_total"] < 480
+
+
+def test_50_concurrent_streams_each_get_every_token(server):
+    async def one(client, i):
+        stream = await client.completions.create(model="qwen", prompt=f"{PROMPT} {i}", max_tokens=6, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True},
+                                                 extra_body={"ignore_eos": True})  # fmt: skip
+        chunks = [c async for c in stream]
+        return chunks[-1].usage.completion_tokens, [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+
+    async def all_of_them():
+        async with openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60) as c:
+            return await asyncio.wait_for(asyncio.gather(*(one(c, i) for i in range(50))), 120)
+
+    assert asyncio.run(all_of_them()) == [(6, "length")] * 50
+
+
+BAD = [
+    ("completions", {"prompt": "x", "temperature": -1}, 400, "temperature"),
+    ("completions", {"prompt": "x", "top_p": 1.5}, 400, "top_p"),
+    ("completions", {"prompt": "x", "top_k": 1000}, 400, "top_k"),
+    ("completions", {"prompt": "x", "max_tokens": "many"}, 400, "max_tokens"),
+    ("completions", {"prompt": "x", "max_tokens": 100000}, 400, "max_tokens"),
+    ("completions", {"prompt": [5] * 600}, 400, "prompt"),
+    ("completions", {"prompt": [1, 2, 99999]}, 400, "prompt"),
+    ("completions", {"prompt": "x", "n": 0}, 400, "n"),
+    ("completions", {"prompt": "x", "logit_bias": {"1": 5}}, 400, "logit_bias"),
+    ("completions", {"prompt": "x", "frobnicate": 1}, 400, "frobnicate"),
+    ("completions", {"prompt": "x", "stop": [""]}, 400, "stop"),
+    ("completions", {"prompt": "x", "seed": 2**40}, 400, "seed"),
+    ("completions", {"prompt": "x", "logprobs": 6}, 400, "logprobs"),
+    ("completions", {"prompt": "x", "logprobs": 1, "echo": True}, 400, "echo"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, 400, "top_logprobs"),
+    ("completions", {"prompt": "x", "min_tokens": 3}, 400, "min_tokens"),
+    ("completions", {"max_tokens": 3}, 400, "prompt"),
+    ("completions", {"prompt": "x", "model": "gpt-9"}, 404, "model"),
+    ("chat/completions", {"messages": []}, 400, "messages"),
+    ("chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages.0.role"),
+    ("chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
+     "messages.0.content.0"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("path, body, status, param", BAD, ids=[f"{p}-{next(iter(b.items()))}" for p, b, _, _ in BAD])
+def test_bad_input_is_answered_in_openais_error_object_and_the_server_serves_on(server, path, body, status, param):
+    r = httpx.post(f"{server.url}/v1/{path}", json=body, timeout=10)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["code"] == status and err["message"], err
+    ok = httpx.post(f"{server.url}/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=10)
+    assert ok.status_code == 200
+
+
+def test_bad_json_is_a_400(server):
+    r = httpx.post(server.url + "/v1/completions", content=b"{not json", headers={"content-type": "application/json"},
+                   timeout=10)  # fmt: skip
+    assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+
+
+def test_metrics_parse_and_count(server, api):
+    before = server.metrics()
+    api.completions.create(model="qwen", prompt=PROMPT, max_tokens=5, temperature=0, extra_body={"ignore_eos": True})
+    m = server.metrics()
+    assert m["resplan_generation_tokens_total"] - before["resplan_generation_tokens_total"] == 5
+    assert m["resplan_time_to_first_token_seconds_count"] > before.get("resplan_time_to_first_token_seconds_count", 0)
+    assert m["resplan_kv_pages_total"] > 0 and "resplan_requests_waiting" in m
+    assert m["resplan_requests_finished_total[('finish_reason', 'length')]"] >= 1
+
+
+def test_max_waiting_answers_503_and_sigterm_drains(ckpt):
+    """A server with room for 2 running and 2 waiting requests: a burst of 12 gets some 503s with Retry-After, the
+    others finish; then SIGTERM with a long request running: a new request gets 503, the running one finishes whole,
+    and the server exits 0. (The engine core runs in a thread here: ``--in-process``.)"""
+    s = Server(ckpt, "--max-running", "2", "--max-waiting", "2", "--in-process")
+    try:
+
+        async def burst():
+            async with httpx.AsyncClient(timeout=60) as c:
+                body = {"prompt": PROMPT, "max_tokens": 30, "temperature": 0, "ignore_eos": True}
+                return await asyncio.gather(*(c.post(s.url + "/v1/completions", json=body) for _ in range(12)))
+
+        codes = [r.status_code for r in asyncio.run(burst())]
+        assert set(codes) == {200, 503} and codes.count(200) >= 2, codes
+        refused = next(r for r in asyncio.run(burst()) if r.status_code == 503)
+        assert refused.headers["retry-after"] and refused.json()["error"]["code"] == 503
+        body = {"prompt": PROMPT, "max_tokens": 200, "temperature": 0, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", s.url + "/v1/completions", json=body, timeout=60) as r:
+            lines = r.iter_lines()
+            next(lines)
+            s.proc.send_signal(signal.SIGTERM)
+            time.sleep(0.3)
+            late = httpx.post(s.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=10)
+            assert late.status_code == 503
+            events = [ln for ln in lines if ln.startswith("data: ")]
+        assert events[-1] == "data: [DONE]"
+        assert json.loads(events[-2][len("data: ") :])["choices"][0]["finish_reason"] == "length"
+        assert s.proc.wait(30) == 0
+    finally:
+        s.stop()
+
+
+def test_a_whisper_server_transcribes_a_wav_upload_as_generate_does(tmp_path, capsys):
+    from models.generate import main
+
+    path, wav = save_whisper(tmp_path / "whisper"), write_wav(tmp_path / "a.wav", tone(0.4))
+    assert main(["--model-dir", str(path), "--audio", str(wav), "--max-tokens", "60", "--quiet"]) == 0
+    want = capsys.readouterr().out.strip()
+    s = Server(path, "--in-process")
+    try:
+        api = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0, timeout=60)
+        with open(wav, "rb") as f:
+            got = api.audio.transcriptions.create(model="whisper", file=f)
+        assert got.text == want
+        with open(wav, "rb") as f:
+            text = api.audio.transcriptions.create(model="whisper", file=f, response_format="text")
+        assert text.strip() == want
+        bad = httpx.post(s.url + "/v1/audio/transcriptions", files={"file": ("x.wav", b"not a wav")}, timeout=10)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "file"
+        text_only = httpx.post(s.url + "/v1/completions", json={"prompt": "x"}, timeout=10)
+        assert text_only.status_code == 404 and "transcriptions" in text_only.json()["error"]["message"]
+    finally:
+        s.stop()
