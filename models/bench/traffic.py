@@ -33,6 +33,16 @@ engine is tensor-parallel over the group (models.engine.tensor_parallel). Rank 0
 report; the other ranks follow its steps. Its passes run in the step (``--prefill`` in-step, the default there, or
 in-pass): a pass beside the decode steps would land when each rank's GPU has run it, and the ranks would batch
 differently (``RankEngine`` refuses it).
+
+With ``--url http://HOST:PORT`` no engine is built: the same traffic (the same rounds, arrivals, lengths, trace and
+prompt ids, drawn from the same seeds; prompt ids from ``--model``'s vocabulary, by default the served model where
+its id is one of ``--model``'s names) is sent as streaming completions to an OpenAI-compatible server, as ``vllm
+bench serve`` does (``models/bench/remote.py``: the requests, how they are timed, what fails): the warm-up once, then
+each round, served once untimed first (``--prerun``, with other prompt ids) and then timed. The report names the URL
+and the server's model: requests completed and failed (with their errors), output and total tok/s, req/s, goodput
+under ``--goodput ttft:MS,tpot:MS,itl:MS,e2el:MS`` (req/s and the share of the requests), TTFT, ITL, TPOT and E2EL
+(mean, p50, p90, p99), and the client's send lag; ``results.md``, ``results.json``, ``ttft_cdf.png`` and
+``itl_cdf.png`` under ``--out``. The engine options are refused with it.
 """
 
 from __future__ import annotations
@@ -61,6 +71,7 @@ from models.bench.arms import (
     parse_arms,
     planner_yardstick,
 )
+from models.bench.remote import goodput_targets, server_url
 from models.bench.workload import Lengths, Sampling, Workload, WorkloadError, arrival_times, read_trace
 from models.cli import OneLineParser, fraction, positive_int, rate
 from models.engine import Engine, EngineConfig, PrefillPlacement
@@ -100,7 +111,8 @@ def parser(prog: str = "python -m models.bench.traffic", description: str = __do
     g.add_argument("--stop-tokens", type=positive_int, default=4, help="stop tokens such a request carries")
     e = ap.add_argument_group("engine (as in models.bench.serve)")
     e.add_argument("--model", default="qwen3_5-0.8b", help="a text model: " + ", ".join(
-        m for m in MODEL_CONFIGS if m.startswith("qwen")) + " (random weights)")  # fmt: skip
+        m for m in MODEL_CONFIGS if m.startswith("qwen")) + " (random weights); with --url, the vocabulary and "
+        "context the prompts are drawn for (default: the served model where its id is one of these)")  # fmt: skip
     e.add_argument("--device", default=None, help="cuda or cpu (default: cuda where there is one)")
     e.add_argument("--dtype", default=None, help="bfloat16 or float32 (default: bfloat16 on cuda, float32 on cpu)")
     e.add_argument("--arms", default=None,
@@ -125,13 +137,33 @@ def parser(prog: str = "python -m models.bench.traffic", description: str = __do
     r = ap.add_argument_group("run")
     r.add_argument("--rounds", type=positive_int, default=2, help="rounds; the arm order reverses every other round")
     r.add_argument("--warmup", type=int, default=None,
-                   help="warm-up requests per arm, same distributions, at most 16 new tokens (default 2 x max-running)")
+                   help="warm-up requests per arm (with --url: sent once), same distributions, at most 16 new "
+                        "tokens (default 2 x max-running)")
     r.add_argument("--out", type=Path, required=True, help="folder for results.md, results.json and the plots")
     r.add_argument("--prerun", action=argparse.BooleanOptionalAction, default=True,
                    help="serve each round's traffic once, untimed, before timing it in every arm (default on): the "
                         "first arm to meet a round's prefill shapes pays the process's one-time costs for them (on "
                         "the H200 152-166 ms a pass, against 78-101 ms for the same passes in the arms after it)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    s = ap.add_argument_group("server (--url: the traffic sent to an OpenAI-compatible server instead of the arms)")
+    s.add_argument("--url", type=server_url, default=None,
+                   help="the server's root, e.g. http://127.0.0.1:8000: streaming POST /v1/completions, no engine "
+                        "built here (the engine options but --model are refused with it)")
+    s.add_argument("--served-model", default=None,
+                   help="the model the requests name (default: the first id of the server's /v1/models)")
+    s.add_argument("--goodput", type=goodput_targets, default=None, metavar="NAME:MS[,NAME:MS...]",
+                   help="latency targets a request must all meet to count toward goodput, NAME one of ttft, tpot, "
+                        "itl (every gap of the request), e2el, e.g. ttft:500,tpot:50 (with --url)")
+    s.add_argument("--max-connections", type=positive_int, default=None,
+                   help="connections to the server at most (default: no cap, one a request in flight; with a cap, "
+                        "requests past it wait for a connection, in their TTFT)")
+    s.add_argument("--client-procs", type=positive_int, default=None,
+                   help="client processes the requests are spread over (default 1): one Python process streams a "
+                        "few thousand events a second; past that the client, not the server, sets the pace")
+    s.add_argument("--ready-timeout", type=float, default=60.0,
+                   help="seconds to wait for the server's /health (or /v1/models) to answer (default 60)")
+    s.add_argument("--request-timeout", type=float, default=600.0,
+                   help="seconds a request may wait for the server's next bytes before it fails (default 600)")
     return ap
 
 
@@ -164,10 +196,15 @@ def setup_run(ap: argparse.ArgumentParser, args: argparse.Namespace, ranks: int 
     raise AssertionError("unreachable")
 
 
-def _setup_run(args: argparse.Namespace, ranks: int) -> Setup:
-    if args.model not in MODEL_CONFIGS or not args.model.startswith("qwen"):
-        raise WorkloadError("--model", f"{args.model!r}: the traffic benchmark serves the text models "
+def check_model(model: str) -> None:
+    """A text model of MODEL_CONFIGS, or a ``WorkloadError`` naming --model."""
+    if model not in MODEL_CONFIGS or not model.startswith("qwen"):
+        raise WorkloadError("--model", f"{model!r}: the traffic benchmark serves the text models "
                                        f"{', '.join(m for m in MODEL_CONFIGS if m.startswith('qwen'))}")  # fmt: skip
+
+
+def _setup_run(args: argparse.Namespace, ranks: int) -> Setup:
+    check_model(args.model)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device not in ("cuda", "cpu"):
         raise WorkloadError("--device", f"{device!r}: cuda or cpu")
@@ -183,6 +220,47 @@ def _setup_run(args: argparse.Namespace, ranks: int) -> Setup:
     except ValueError as e:
         raise WorkloadError("--arms", str(e)) from None
     arms = arms_for(names, args.prefill, args.token_budget, device, ranks)
+    traffic = draw_traffic(args, args.max_running)
+    rounds, warmup, longest = traffic.rounds, traffic.warmup, traffic.longest
+    context = model_context(args.model)
+    if args.max_seq_len is not None:
+        if args.max_seq_len > context:
+            raise WorkloadError("--max-seq-len", f"{args.max_seq_len} is over {args.model}'s context of {context}")
+        if longest > args.max_seq_len:
+            raise WorkloadError(traffic.lengths_arg, f"a request of {longest} tokens (prompt + output) does not fit "
+                                                     f"--max-seq-len {args.max_seq_len}")  # fmt: skip
+    elif longest > context:
+        raise WorkloadError(traffic.lengths_arg, f"a request of {longest} tokens (prompt + output) is over "
+                                                 f"{args.model}'s context of {context}")  # fmt: skip
+    max_seq_len = args.max_seq_len or longest
+    knobs = dict(device=device, dtype=getattr(torch, dtype), max_running=args.max_running, max_bucket=args.max_bucket,
+                 page_size=args.page_size, num_pages=args.num_pages, max_seq_len=max_seq_len,
+                 prefill_graphs=args.prefill_graphs if device == "cuda" else 0,
+                 prefill_graph_tokens=args.prefill_graph_tokens)  # fmt: skip
+    for arm in arms:  # each config built once here, so a refused one ends the run before any engine is built
+        try:
+            arm.config(**knobs)
+        except ValueError as e:
+            raise ValueError(f"arm {arm.label}: {e}") from None
+    return Setup(arms, device, knobs["dtype"], rounds, warmup, traffic.sampling, max_seq_len, traffic.description,
+                 knobs)  # fmt: skip
+
+
+@attrs.frozen(eq=False)
+class Traffic:
+    """A run's traffic, drawn before anything serves it: each round's workload, the warm-up's, and how they sample."""
+
+    rounds: list[Workload]
+    warmup: Workload
+    sampling: Sampling
+    description: str
+    longest: int  # the most tokens (prompt + output) a request of a round or of the warm-up holds
+    lengths_arg: str  # the argument the lengths came from: --trace or --prompt-len/--gen-len
+
+
+def draw_traffic(args: argparse.Namespace, max_running: int) -> Traffic:
+    """Every round's workload and the warm-up's (``max_running``: the warm-up's size by default, and how many of the
+    longest prompts it also runs), each drawn from its own seed, or a ``WorkloadError`` naming the argument."""
     sampling = Sampling(args.sampled_frac, args.temperature, args.top_p, args.top_k, args.stop_frac,
                         args.stop_tokens)  # fmt: skip
     n_rounds = getattr(args, "rounds", 1)
@@ -211,43 +289,21 @@ def _setup_run(args: argparse.Namespace, ranks: int) -> Setup:
         source = f"rate {rate:g} requests/s, prompts {p_text}, outputs {g_text}"
     rounds = [Workload.build(*d, sampling, g) for d, g in zip(draws, rngs, strict=True)]
     n_warm = getattr(args, "warmup", None)
-    n_warm = n_warm if n_warm is not None else 2 * args.max_running
+    n_warm = n_warm if n_warm is not None else 2 * max_running
     if n_warm < 0:
         raise WorkloadError("--warmup", f"must be >= 0, got {n_warm}")
     n_warm = min(n_warm, warm_prompt.size)
     # the warm-up also runs the longest prompts at once, so the passes with the largest temporaries have run (the
     # allocator holds their blocks, the kernels for their shapes are compiled) before anything is timed
-    n_long = args.max_running if n_warm else 0
+    n_long = max_running if n_warm else 0
     longest_prompt = max(int(w.prompt_len.max()) for w in rounds)
     warmup = Workload.build(np.zeros(n_warm + n_long), np.concatenate([warm_prompt[:n_warm],
                             np.full(n_long, longest_prompt)]), np.minimum(np.concatenate([warm_out[:n_warm],
                             np.full(n_long, 2)]), 16), sampling, warm_rng)  # fmt: skip
     longest = int(max(max((w.prompt_len + w.output_len).max() for w in rounds),
                       (warmup.prompt_len + warmup.output_len).max(initial=0)))  # fmt: skip
-    context = model_context(args.model)
-    if args.max_seq_len is not None:
-        if args.max_seq_len > context:
-            raise WorkloadError("--max-seq-len", f"{args.max_seq_len} is over {args.model}'s context of {context}")
-        if longest > args.max_seq_len:
-            arg = "--trace" if args.trace is not None else "--prompt-len/--gen-len"
-            raise WorkloadError(arg, f"a request of {longest} tokens (prompt + output) does not fit --max-seq-len "
-                                     f"{args.max_seq_len}")  # fmt: skip
-    elif longest > context:
-        arg = "--trace" if args.trace is not None else "--prompt-len/--gen-len"
-        raise WorkloadError(arg, f"a request of {longest} tokens (prompt + output) is over {args.model}'s context "
-                                 f"of {context}")  # fmt: skip
-    max_seq_len = args.max_seq_len or longest
-    knobs = dict(device=device, dtype=getattr(torch, dtype), max_running=args.max_running, max_bucket=args.max_bucket,
-                 page_size=args.page_size, num_pages=args.num_pages, max_seq_len=max_seq_len,
-                 prefill_graphs=args.prefill_graphs if device == "cuda" else 0,
-                 prefill_graph_tokens=args.prefill_graph_tokens)  # fmt: skip
-    for arm in arms:  # each config built once here, so a refused one ends the run before any engine is built
-        try:
-            arm.config(**knobs)
-        except ValueError as e:
-            raise ValueError(f"arm {arm.label}: {e}") from None
-    return Setup(arms, device, knobs["dtype"], rounds, warmup, sampling, max_seq_len,
-                 f"{source}: round 0 {rounds[0].describe()}", knobs)
+    return Traffic(rounds, warmup, sampling, f"{source}: round 0 {rounds[0].describe()}", longest,
+                   "--trace" if args.trace is not None else "--prompt-len/--gen-len")
 
 
 def arms_for(names: list[str], prefill: tuple[PrefillPlacement, ...] | None, budgets: tuple, device: str,
@@ -427,8 +483,9 @@ def summarize(runs: list[dict], arms: list[Arm]) -> tuple[str, list[dict]]:
     return "\n".join(lines), rows
 
 
-def plot(runs: list[dict], labels: list[str], out: Path) -> None:
-    """TTFT and ITL CDFs per arm (every round), and the last round's step timeline per arm (arms by label)."""
+def plot(runs: list[dict], labels: list[str], out: Path, timeline: bool = True) -> None:
+    """TTFT and ITL CDFs per arm (every round), and (``timeline``) the last round's step timeline per arm (arms by
+    label)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -449,6 +506,8 @@ def plot(runs: list[dict], labels: list[str], out: Path) -> None:
         fig.tight_layout()
         fig.savefig(out / f"{name.lower()}_cdf.png", dpi=110)
         plt.close(fig)
+    if not timeline:
+        return
     last = {arm: [r for r in runs if r["label"] == arm][-1] for arm in labels if any(r["label"] == arm for r in runs)}
     fig, axes = plt.subplots(3, len(last), figsize=(4.5 * len(last), 7), sharex="col", squeeze=False)
     for j, (arm, r) in enumerate(last.items()):
@@ -468,6 +527,11 @@ def plot(runs: list[dict], labels: list[str], out: Path) -> None:
 def main(argv: list[str] | None = None) -> list[dict]:
     ap = parser()
     args = ap.parse_args(argv)
+    if args.url is not None:
+        return main_url(ap, args, argv)
+    for name in ("served_model", "goodput", "max_connections", "client_procs"):  # --url's, refused without it
+        if getattr(args, name) is not None:
+            ap.error(f"argument --{name.replace('_', '-')}: applies to a server's traffic, with --url")
     ranks = int(os.environ.get("WORLD_SIZE", "1"))  # under torchrun, the group join_group joins below
     run = setup_run(ap, args, ranks)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -555,6 +619,72 @@ def main(argv: list[str] | None = None) -> list[dict]:
     (args.out / "results.json").write_text(json.dumps(dict(command=command, workload=run.description, rows=rows,
                                                            runs=keep), indent=1))  # fmt: skip
     plot(runs, [a.label for a in run.arms], args.out)
+    print(table)
+    return runs
+
+
+# -- a server's traffic (--url) ------------------------------------------------------------------------------------
+ENGINE_ONLY = ("device", "dtype", "arms", "prefill", "token_budget", "max_running", "max_bucket", "page_size",
+               "num_pages", "max_seq_len", "prefill_graphs", "prefill_graph_tokens")  # fmt: skip
+
+
+def given_options(ap: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] | None) -> set[str]:
+    """The options (dests) given on the command line, told apart from their defaults by parsing ``argv`` again into a
+    namespace whose every field is already set to a marker (argparse fills in only the fields a namespace lacks)."""
+    unset = object()
+    again = ap.parse_args(argv, argparse.Namespace(**dict.fromkeys(vars(args), unset)))
+    return {k for k, v in vars(again).items() if v is not unset}
+
+
+def main_url(ap: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] | None) -> list[dict]:
+    """``--url``: the traffic sent to an OpenAI-compatible server (module doc); returns each timed round's metrics."""
+    from models.bench import remote
+
+    given = given_options(ap, args, argv)
+    engine = [f"--{k.replace('_', '-')}" for k in ENGINE_ONLY if k in given]
+    if engine:
+        ap.error(f"argument --url: the server is measured, no engine is built here: drop {', '.join(engine)}")
+    for name in ("ready_timeout", "request_timeout"):
+        if not getattr(args, name) > 0:
+            ap.error(f"argument --{name.replace('_', '-')}: must be > 0 seconds, got {getattr(args, name)}")
+    try:
+        check_model(args.model)
+        traffic = draw_traffic(args, args.max_running)
+        server = remote.connect(args.url, args.served_model, args.ready_timeout)
+        if "model" not in given and server.model in MODEL_CONFIGS and server.model.startswith("qwen"):
+            args.model = server.model  # the prompt ids are drawn from the served model's vocabulary
+        context, whose = ((server.max_model_len, "the server's max_model_len") if server.max_model_len else
+                          (model_context(args.model), f"{args.model}'s context"))  # fmt: skip
+        if traffic.longest > context:
+            raise WorkloadError(traffic.lengths_arg, f"a request of {traffic.longest} tokens (prompt + output) is "
+                                                     f"over {whose} of {context}")  # fmt: skip
+    except ValueError as e:
+        ap.error(str(e))
+    args.out.mkdir(parents=True, exist_ok=True)
+    print(f"workload: {traffic.description}", flush=True)
+    print(f"server: {server.url}, model {server.model}; prompt ids from {args.model}'s vocabulary", flush=True)
+    targets = args.goodput or {}
+    runs = remote.run_rounds(server, traffic.rounds, traffic.warmup, traffic.sampling,
+                             MODEL_CONFIGS[args.model].vocab_size, args.seed, args.prerun, args.max_connections,
+                             args.request_timeout, targets, progress=not args.no_progress,
+                             client_procs=args.client_procs or 1)  # fmt: skip
+    table, summary = remote.summarize(runs, server)
+    command = "python -m models.bench.traffic " + " ".join(argv if argv is not None else sys.argv[1:])
+    head = (f"Traffic benchmark against the server at {server.url}, model {server.model} (prompt ids from "
+            f"{args.model}'s vocabulary). Workload: {traffic.description}. {args.rounds} rounds, each its own draw of "
+            f"the traffic, {'served once untimed first (other prompt ids), then ' if args.prerun else ''}timed; "
+            f"{traffic.warmup.n} warm-up requests before the first. Streaming completions, ignore_eos, each sent at "
+            f"its arrival over {'at most ' + str(args.max_connections) if args.max_connections else 'uncapped'} "
+            f"connections; times from the request's send (models/bench/remote.py). Goodput targets: "
+            f"{remote.targets_text(targets)}. Cells are median [min-max] over rounds.\n\n"
+            f"Command: `{command}`\n\n")  # fmt: skip
+    (args.out / "results.md").write_text(head + table + "\n")
+    keep = [{k: v for k, v in r.items() if not k.endswith("_ms") or not isinstance(v, list)} for r in runs]
+    (args.out / "results.json").write_text(json.dumps(dict(command=command, url=server.url, model=server.model,
+                                                           vocabulary=args.model, workload=traffic.description,
+                                                           goodput=targets, summary=summary, runs=keep),
+                                                      indent=1))  # fmt: skip
+    plot(runs, [runs[0]["label"]], args.out, timeline=False)
     print(table)
     return runs
 

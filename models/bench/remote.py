@@ -1,0 +1,537 @@
+"""The traffic benchmark's ``--url`` mode: its workload sent to an OpenAI-compatible server as streaming completions
+(as ``vllm bench serve`` sends it), every request timed chunk by chunk, and the report's metrics and goodput.
+
+A request is ``POST {url}/v1/completions`` with its prompt as token ids, ``max_tokens`` its drawn output length,
+``ignore_eos`` (vLLM's extension: it generates exactly that many tokens unless a stop token of its own fires), greedy
+(``temperature`` 0) or its sampling (``temperature``, ``top_p``, ``top_k``, ``seed``), its ``stop_token_ids`` if it
+carries them, and ``stream`` with ``stream_options.include_usage``. Bodies are encoded before a round starts; each
+is sent at its arrival (its offset from the round's start), and how late the client sent it is reported (send lag).
+Its times, from the moment it is sent, are read with ``time.perf_counter()`` as each network read arrives (the
+events of one read share its time; a read's lines are split on bytes and only ``data:`` lines are parsed):
+
+* TTFT: until the first chunk carrying a token: a choice with text, with token ids, or with no finish reason yet (a
+  token that decodes to no text still counts, as in vLLM; a closing chunk holding only a finish reason does not);
+* ITL: the gaps between the chunks carrying tokens, after the first;
+* E2EL: until the last chunk carrying a token;
+* TPOT: (E2EL - TTFT) / (output tokens - 1), the output tokens from the usage chunk's ``completion_tokens``, else
+  the chunks carrying tokens.
+
+A request fails, counted and reported with its error (never dropped), on an HTTP error status, a broken stream, a
+stream that ends before ``data: [DONE]``, an error event in the stream, or no token at all. Goodput
+(``--goodput ttft:MS,tpot:MS``, vLLM's; ``itl:MS`` and ``e2el:MS`` too): the requests that completed and met every
+target stated (ITL: every gap of the request; TPOT: 0 for a request of one token, as vLLM counts it), a second of the
+round's wall time and as a fraction of the requests sent. Request and token throughput count completed requests.
+
+What the client costs shows in the report: the send lag (a request sent late: the event loop was busy) and the
+client's CPU share of the round's wall time (this process's CPU time: near 100%, the client, not the server, set the
+pace; httpx spends tens to hundreds of microseconds of CPU a chunk, so at thousands of chunks a second run the client
+on a machine of its own, or on cores the server does not use).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import functools
+import json
+import math
+import re
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import attrs
+import numpy as np
+
+from models.bench.workload import WorkloadError
+from models.engine import Request
+
+GOODPUT_NAMES = ("ttft", "tpot", "itl", "e2el")
+# an event of one choice with text, no logprobs, no finish reason and no usage: a token's (read without parsing)
+_TOKEN_CHUNK = re.compile(rb'^\{[^{]*"choices":\[\{"index":\d+,"text":"(?:[^"\\]|\\.)+","logprobs":null,'
+                          rb'"finish_reason":null\}\](?:,"usage":null)?\}$')
+LATENCIES = (("TTFT", "ttft"), ("ITL", "itl"), ("TPOT", "tpot"), ("E2EL", "e2el"))  # (name, key prefix)
+STATS = (("mean", "mean"), ("p50", "p50"), ("p90", "p90"), ("p99", "p99"))
+
+
+def goodput_targets(text: str) -> dict[str, float]:
+    """``--goodput``'s ``NAME:MS[,NAME:MS...]``: the latency targets in ms by name (ttft, tpot, itl, e2el)."""
+    hint = "targets are NAME:MS, comma-separated, NAME one of ttft, tpot, itl, e2el (e.g. ttft:500,tpot:50)"
+    out: dict[str, float] = {}
+    for part in text.split(","):
+        name, colon, value = part.strip().partition(":")
+        if not colon or name not in GOODPUT_NAMES:
+            raise argparse.ArgumentTypeError(f"{part.strip()!r}: {hint}")
+        try:
+            ms = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{part.strip()!r}: {value!r} is not a number of ms") from None
+        if not (math.isfinite(ms) and ms > 0):
+            raise argparse.ArgumentTypeError(f"{part.strip()!r}: a target must be a number of ms > 0")
+        if name in out:
+            raise argparse.ArgumentTypeError(f"{name} is named twice")
+        out[name] = ms
+    return out
+
+
+def server_url(text: str) -> str:
+    """``--url``: an http:// or https:// root (the path /v1/... is added to it), without its trailing slash."""
+    if not text.startswith(("http://", "https://")) or text.rstrip("/").endswith(("http:", "https:")):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http:// or https:// URL (e.g. http://127.0.0.1:8000)")
+    return text.rstrip("/")
+
+
+def _httpx():
+    try:
+        import httpx
+    except ImportError:
+        raise WorkloadError("--url", "sending requests to a server needs httpx (pip install httpx)") from None
+    return httpx
+
+
+# -- the server ----------------------------------------------------------------------------------------------------
+@attrs.frozen
+class Server:
+    """The server a run measures: its URL, the model the requests name, and its context where it says it."""
+
+    url: str
+    model: str
+    max_model_len: int | None  # vLLM's /v1/models field; None where the server does not give it
+
+
+def connect(url: str, served_model: str | None, timeout_s: float) -> Server:
+    """Wait until ``url`` answers (GET /health 200, or /v1/models 200 where it has no /health) for at most
+    ``timeout_s``, then read its model from /v1/models (the first id, or ``served_model``, which it must list)."""
+    httpx = _httpx()
+    deadline = time.monotonic() + timeout_s
+    last = "no answer"
+    with httpx.Client(base_url=url, timeout=5.0, trust_env=False) as client:
+        while True:
+            try:
+                r = client.get("/health")
+                if r.status_code == 404:  # no /health route: the model list answering is the server being up
+                    r = client.get("/v1/models")
+                if r.status_code == 200:
+                    break
+                last = f"HTTP {r.status_code}"
+            except httpx.HTTPError as e:
+                last = f"{type(e).__name__}: {' '.join(str(e).split())}" if str(e) else type(e).__name__
+            if time.monotonic() >= deadline:
+                raise WorkloadError("--url", f"no server answered at {url} within {timeout_s:g} s ({last}; "
+                                             "--ready-timeout waits longer)")  # fmt: skip
+            time.sleep(min(0.25, max(0.0, deadline - time.monotonic())))
+        try:
+            r = client.get("/v1/models")
+            models = r.json()["data"] if r.status_code == 200 else None
+            listed = {m["id"]: m for m in models} if isinstance(models, list) else None
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            listed = None
+    if listed is None or not listed:
+        if served_model is None:
+            raise WorkloadError("--url", f"{url}/v1/models lists no model; name it with --served-model")
+        return Server(url, served_model, None)
+    model = served_model if served_model is not None else next(iter(listed))
+    if model not in listed:
+        raise WorkloadError("--served-model", f"{model!r} is not served at {url} (it serves "
+                                              f"{', '.join(listed)})")  # fmt: skip
+    length = listed[model].get("max_model_len")
+    return Server(url, model, length if isinstance(length, int) and length > 0 else None)
+
+
+def body(request: Request, model: str) -> bytes:
+    """The completions request for ``request`` (module doc), encoded."""
+    sp = request.sampling
+    d = {"model": model, "prompt": list(request.prompt), "max_tokens": sp.max_tokens, "ignore_eos": True,
+         "temperature": sp.temperature, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    if sp.temperature > 0:
+        d.update(top_p=sp.top_p, seed=sp.seed)
+        if sp.top_k > 0:
+            d["top_k"] = sp.top_k
+    if sp.stop_token_ids:
+        d["stop_token_ids"] = list(sp.stop_token_ids)
+    return json.dumps(d, separators=(",", ":")).encode()
+
+
+# -- sending a round -----------------------------------------------------------------------------------------------
+@attrs.define
+class Outcome:
+    """One request as the client saw it: its times (seconds) and tokens, or its error."""
+
+    max_tokens: int
+    prompt_tokens: int
+    lag_s: float = 0.0  # sent this long after its arrival
+    ttft_s: float = math.nan
+    e2el_s: float = math.nan
+    itl_s: list[float] = attrs.Factory(list)
+    output_tokens: int = 0
+    error: str | None = None
+
+    @property
+    def tpot_s(self) -> float:
+        """(E2EL - TTFT) / (output tokens - 1); 0 for a request of one token (vLLM's, for goodput)."""
+        return (self.e2el_s - self.ttft_s) / (self.output_tokens - 1) if self.output_tokens > 1 else 0.0
+
+
+async def stream_one(client, payload: bytes, out: Outcome, arrival: float) -> Outcome:
+    """Send one streaming completion (``arrival``: the perf_counter time it was due) and time its chunks."""
+    httpx = _httpx()
+    first = last = None
+    chunks, usage, done = 0, None, False
+    buf = b""
+    sent = time.perf_counter()
+    out.lag_s = sent - arrival
+    try:
+        async with client.stream("POST", "/v1/completions", content=payload,
+                                 headers={"Content-Type": "application/json"}) as resp:  # fmt: skip
+            if resp.status_code != 200:
+                text = (await resp.aread()).decode(errors="replace")
+                with contextlib.suppress(ValueError, KeyError, TypeError):  # OpenAI's error object: its message
+                    text = json.loads(text)["error"]["message"]
+                out.error = f"HTTP {resp.status_code}: {' '.join(str(text).split())[:200]}"
+                return out
+            async for data in resp.aiter_bytes():
+                now = time.perf_counter()  # every event of this read arrived by now
+                *lines, buf = (buf + data).split(b"\n")
+                for line in lines:
+                    if done or not line.startswith(b"data:"):
+                        continue  # the blank line between events, comments, event: and id: lines
+                    text = line[5:].strip()
+                    if text == b"[DONE]":
+                        done = True
+                        continue
+                    if _TOKEN_CHUNK.search(text) is not None:  # most events: a token's, not worth a JSON parse
+                        event, token = None, True
+                    else:
+                        event = json.loads(text)
+                        if "error" in event:
+                            err = event["error"]
+                            out.error = (f"error in the stream: "
+                                         f"{err.get('message', err) if isinstance(err, dict) else err}")  # fmt: skip
+                            return out
+                        c = (event.get("choices") or [{}])[0]
+                        token = bool(event.get("choices")) and bool(c.get("text") or c.get("token_ids")
+                                                                    or c.get("finish_reason") is None)  # fmt: skip
+                    if token:
+                        if first is None:
+                            first = now
+                        else:
+                            out.itl_s.append(now - last)
+                        last = now
+                        chunks += 1
+                    if event is not None and event.get("usage"):
+                        usage = event["usage"].get("completion_tokens")
+    except (httpx.HTTPError, OSError) as e:  # a refused or dropped connection, a timeout, a broken stream
+        out.error = f"{type(e).__name__}: {' '.join(str(e).split())}" if str(e) else type(e).__name__
+        return out
+    except (ValueError, AttributeError, TypeError) as e:  # a data: line that is not a JSON object
+        out.error = f"a malformed event in the stream: {e}"
+        return out
+    if not done:
+        out.error = "the stream ended before data: [DONE]"
+    elif first is None:
+        out.error = "the stream carried no token"
+    else:
+        out.ttft_s, out.e2el_s = first - sent, last - sent
+        out.output_tokens = usage if isinstance(usage, int) else chunks
+    return out
+
+
+async def send_round(client, payloads: list[bytes], requests: list[Request], arrival_s: np.ndarray, wait: bool,
+                     progress: Callable[[], None] | None = None) -> tuple[list[Outcome], float]:  # fmt: skip
+    """Send every request at its arrival (``wait``; else all at once) and wait for all: (outcomes in request order,
+    wall seconds from the round's start until the last one ended)."""
+    done_cb = (lambda _: progress()) if progress is not None else None
+    tasks = []
+    t0 = time.perf_counter()
+    for i, (payload, req) in enumerate(zip(payloads, requests, strict=True)):
+        due = t0 + float(arrival_s[i]) if wait else t0
+        delay = due - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        out = Outcome(req.sampling.max_tokens, len(req.prompt))
+        tasks.append(asyncio.create_task(stream_one(client, payload, out, due)))
+        if done_cb is not None:
+            tasks[-1].add_done_callback(done_cb)
+    outs = await asyncio.gather(*tasks)
+    return list(outs), time.perf_counter() - t0
+
+
+def client_for(url: str, max_connections: int | None, timeout_s: float):
+    """One ``httpx.AsyncClient`` for the run: no cap on connections unless ``max_connections`` (then requests past it
+    wait for one, in their TTFT), every idle one kept, no proxy from the environment."""
+    httpx = _httpx()
+    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+    return httpx.AsyncClient(base_url=url, limits=limits, timeout=httpx.Timeout(timeout_s), trust_env=False)
+
+
+UNTIMED_SEED = 2**32  # added to the seeds the untimed requests' prompts are drawn from (run_rounds says why)
+
+
+def _worker_round(url: str, max_connections: int | None, timeout_s: float, payloads: list[bytes],
+                  sizes: list[tuple[int, int]], arrival_s: list[float], t0: float,
+                  wait: bool) -> tuple[list[Outcome], float, float]:  # fmt: skip
+    """A client process's share of a round: its requests (``sizes``: (max_tokens, prompt tokens) each) sent at
+    ``t0`` (a ``time.perf_counter()`` of the parent's: the clock is the system's monotonic one, shared by every
+    process) plus their arrivals. Returns the outcomes, this process's CPU seconds and when its last one ended."""
+
+    async def go() -> list[Outcome]:
+        async with client_for(url, max_connections, timeout_s) as client:
+            await client.get("/v1/models")  # the connection's one-time costs, before the round's clock
+            tasks = []
+            for payload, (mt, pl), a in zip(payloads, sizes, arrival_s, strict=True):
+                due = t0 + a if wait else t0
+                delay = due - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.create_task(stream_one(client, payload, Outcome(mt, pl), due)))
+            return list(await asyncio.gather(*tasks))
+
+    cpu = time.process_time()
+    outs = asyncio.run(go())
+    return outs, time.process_time() - cpu, time.perf_counter()
+
+
+def send_round_procs(pool, procs: int, url: str, max_connections: int | None, timeout_s: float,
+                     payloads: list[bytes], requests: list[Request], arrival_s: np.ndarray,
+                     wait: bool) -> tuple[list[Outcome], float, float]:  # fmt: skip
+    """``send_round`` spread over ``procs`` client processes of ``pool`` (request i to process i mod procs), so the
+    client's CPU does not set the pace: (outcomes in request order, wall seconds from the round's start until the
+    last one ended, the processes' CPU seconds)."""
+    t0 = time.perf_counter() + 1.0  # each process connects first
+    futures = [pool.submit(_worker_round, url, max_connections, timeout_s, payloads[k::procs],
+                           [(r.sampling.max_tokens, len(r.prompt)) for r in requests[k::procs]],
+                           [float(a) for a in arrival_s[k::procs]], t0, wait) for k in range(procs)]  # fmt: skip
+    parts = [f.result() for f in futures]
+    outs: list[Outcome] = [None] * len(requests)  # type: ignore[list-item]
+    for k, (part, _, _) in enumerate(parts):
+        outs[k::procs] = part
+    return outs, max(end for _, _, end in parts) - t0, sum(cpu for _, cpu, _ in parts)
+
+
+def run_rounds(server: Server, rounds: list, warmup, sampling, vocab: int, seed: int, prerun: bool,
+               max_connections: int | None, timeout_s: float, targets: dict[str, float],
+               progress: bool = True, client_procs: int = 1) -> list[dict]:  # fmt: skip
+    """The warm-up (all at once), then every round (a ``Workload``): its traffic served once untimed first
+    (``prerun``), then timed, each request sent at its arrival. The timed requests are the in-process arms' (the
+    same ``Workload.requests`` seeds); the untimed ones draw their prompt ids from seeds no timed round uses, so a
+    server's prefix cache cannot serve a timed prompt from them. Returns each round's ``round_metrics``."""
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=sum(w.n for w in rounds), unit="req", desc="traffic", file=sys.stderr)
+    say = bar.write if bar is not None else print
+    label = f"{server.model} at {server.url}"
+
+    if client_procs > 1:
+        return _run_rounds_procs(server, rounds, warmup, sampling, vocab, seed, prerun, max_connections, timeout_s,
+                                 targets, client_procs, say, bar)  # fmt: skip
+
+    async def go() -> list[dict]:
+        runs = []
+        async with client_for(server.url, max_connections, timeout_s) as client:
+            await client.get("/v1/models")  # the client's first request pays its one-time costs, untimed
+            if warmup.n:
+                reqs = warmup.requests(vocab, sampling, UNTIMED_SEED + seed + 1, "warmup-")
+                outs, _ = await send_round(client, [body(r, server.model) for r in reqs], reqs, warmup.arrival_s,
+                                           wait=False)  # fmt: skip
+                failed = [o.error for o in outs if o.error is not None]
+                say(f"warmed up with {warmup.n} requests" + (f" ({len(failed)} failed: {failed[0]})" if failed
+                                                               else ""))  # fmt: skip
+            for rnd, work in enumerate(rounds):
+                if prerun:
+                    reqs = work.requests(vocab, sampling, UNTIMED_SEED + seed + rnd, f"pre{rnd}-")
+                    await send_round(client, [body(r, server.model) for r in reqs], reqs, work.arrival_s, wait=True)
+                reqs = work.requests(vocab, sampling, seed + rnd, f"{rnd}-")
+                payloads = [body(r, server.model) for r in reqs]  # encoded before the round's clock starts
+                cpu, before = time.process_time(), await server_counters(client)
+                outs, wall = await send_round(client, payloads, reqs, work.arrival_s, wait=True,
+                                              progress=(lambda: bar.update(1)) if bar is not None else None)
+                r = round_metrics(outs, wall, targets)
+                r.update(label=label, round=rnd, client_cpu=(time.process_time() - cpu) / wall,
+                         **server_costs(before, await server_counters(client)))  # fmt: skip
+                runs.append(r)
+                say(round_line(rnd, label, r))
+        return runs
+
+    try:
+        return asyncio.run(go())
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+SERVER_COUNTERS = ("process_cpu_seconds_total", "resplan_generation_tokens_total", "resplan_engine_decode_steps",
+                   "resplan_engine_decode_step_seconds")  # fmt: skip
+
+
+async def server_counters(client) -> dict[str, float]:
+    """The server's own counters (``models.server``'s /metrics: its front end's CPU time, the tokens it generated,
+    its engine's decode steps and their wall time); empty for a server without them."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        r = await client.get("/metrics")
+        samples = {s.name: s.value for f in text_string_to_metric_families(r.text) for s in f.samples}
+    except Exception:  # no /metrics, or not Prometheus text: another server, whose costs are not reported
+        return {}
+    return {k: samples[k] for k in SERVER_COUNTERS if k in samples}
+
+
+def server_costs(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """What a round cost the server (NaN where it does not say): its front end's CPU a generated token (us) and its
+    engine's wall time a decode step (ms)."""
+    nan = float("nan")
+    d = {k: after[k] - before[k] for k in SERVER_COUNTERS if k in before and k in after}
+    tokens, steps = d.get("resplan_generation_tokens_total", 0), d.get("resplan_engine_decode_steps", 0)
+    cpu = d.get("process_cpu_seconds_total")
+    return dict(front_cpu_us_token=cpu / tokens * 1e6 if tokens and cpu is not None else nan,
+                engine_decode_step_ms=d["resplan_engine_decode_step_seconds"] / steps * 1e3 if steps else nan)
+
+
+def _run_rounds_procs(server: Server, rounds: list, warmup, sampling, vocab: int, seed: int, prerun: bool,
+                      max_connections: int | None, timeout_s: float, targets: dict[str, float], procs: int, say,
+                      bar) -> list[dict]:  # fmt: skip
+    """``run_rounds`` with the requests of each round spread over ``procs`` client processes."""
+    import concurrent.futures
+    import multiprocessing
+
+    runs = []
+    label = f"{server.model} at {server.url}"
+    send = functools.partial(send_round_procs, procs=procs, url=server.url, max_connections=max_connections,
+                             timeout_s=timeout_s)  # fmt: skip
+    ctx = multiprocessing.get_context("spawn")
+    try:
+        with concurrent.futures.ProcessPoolExecutor(procs, mp_context=ctx) as pool:
+            if warmup.n:
+                reqs = warmup.requests(vocab, sampling, UNTIMED_SEED + seed + 1, "warmup-")
+                outs, _, _ = send(pool, payloads=[body(r, server.model) for r in reqs], requests=reqs,
+                                  arrival_s=warmup.arrival_s, wait=False)  # fmt: skip
+                failed = [o.error for o in outs if o.error is not None]
+                say(f"warmed up with {warmup.n} requests over {procs} client processes" + (
+                    f" ({len(failed)} failed: {failed[0]})" if failed else ""))  # fmt: skip
+            for rnd, work in enumerate(rounds):
+                if prerun:
+                    reqs = work.requests(vocab, sampling, UNTIMED_SEED + seed + rnd, f"pre{rnd}-")
+                    send(pool, payloads=[body(r, server.model) for r in reqs], requests=reqs,
+                         arrival_s=work.arrival_s, wait=True)  # fmt: skip
+                reqs = work.requests(vocab, sampling, seed + rnd, f"{rnd}-")
+                payloads = [body(r, server.model) for r in reqs]
+                before = asyncio.run(_counters(server.url, timeout_s))
+                outs, wall, cpu = send(pool, payloads=payloads, requests=reqs, arrival_s=work.arrival_s, wait=True)
+                r = round_metrics(outs, wall, targets)
+                r.update(label=label, round=rnd, client_cpu=cpu / wall,
+                         **server_costs(before, asyncio.run(_counters(server.url, timeout_s))))  # fmt: skip
+                runs.append(r)
+                if bar is not None:
+                    bar.update(len(reqs))
+                say(round_line(rnd, label, r))
+    finally:
+        if bar is not None:
+            bar.close()
+    return runs
+
+
+async def _counters(url: str, timeout_s: float) -> dict[str, float]:
+    async with client_for(url, None, timeout_s) as client:
+        return await server_counters(client)
+
+
+# -- metrics -------------------------------------------------------------------------------------------------------
+def _stats(prefix: str, x: np.ndarray) -> dict:
+    nan = float("nan")
+    return {f"{prefix}_mean_ms": float(x.mean()) if x.size else nan,
+            **{f"{prefix}_p{q}_ms": float(np.percentile(x, q)) if x.size else nan for q in (50, 90, 99)}}  # fmt: skip
+
+
+def meets(o: Outcome, targets: dict[str, float]) -> bool:
+    """Whether ``o`` completed and met every target (ms; module doc)."""
+    if o.error is not None:
+        return False
+    got = {"ttft": o.ttft_s, "tpot": o.tpot_s, "itl": max(o.itl_s, default=0.0), "e2el": o.e2el_s}
+    return all(got[k] * 1e3 <= ms for k, ms in targets.items())
+
+
+def round_metrics(outs: list[Outcome], wall: float, targets: dict[str, float]) -> dict:
+    """One timed round's metrics (module doc), with the per-request lists the plots and the tests read."""
+    ok = [o for o in outs if o.error is None]
+    ttft = np.array([o.ttft_s for o in ok]) * 1e3
+    itl = np.array([g for o in ok for g in o.itl_s]) * 1e3
+    tpot = np.array([o.tpot_s for o in ok if o.output_tokens > 1]) * 1e3
+    e2el = np.array([o.e2el_s for o in ok]) * 1e3
+    lag = np.array([o.lag_s for o in outs]) * 1e3
+    out_tokens, in_tokens = sum(o.output_tokens for o in ok), sum(o.prompt_tokens for o in ok)
+    good = sum(meets(o, targets) for o in outs) if targets else None
+    return dict(
+        requests=len(outs), completed=len(ok), failed=len(outs) - len(ok), wall_s=wall,
+        reqps=len(ok) / wall, tokps=out_tokens / wall, total_tokps=(in_tokens + out_tokens) / wall,
+        output_tokens=out_tokens, prompt_tokens=in_tokens,
+        short=sum(o.output_tokens < o.max_tokens for o in ok),  # fewer tokens than asked: a stop token, no ignore_eos
+        goodput_reqps=good / wall if targets else float("nan"),
+        goodput_frac=good / len(outs) if targets and outs else float("nan"), good=good,
+        **_stats("ttft", ttft), **_stats("itl", itl), **_stats("tpot", tpot), **_stats("e2el", e2el),
+        lag_p99_ms=float(np.percentile(lag, 99)) if lag.size else float("nan"),
+        lag_max_ms=float(lag.max()) if lag.size else float("nan"),
+        ttft_ms=ttft.tolist(), itl_ms=itl.tolist(), tpot_ms=tpot.tolist(), e2el_ms=e2el.tolist(),
+        output_lens=[o.output_tokens for o in outs], max_tokens=[o.max_tokens for o in outs],
+        errors=[(i, o.error) for i, o in enumerate(outs) if o.error is not None],
+    )  # fmt: skip
+
+
+# -- the report ----------------------------------------------------------------------------------------------------
+RUN_COLUMNS = (  # (header, key, format): median [min-max] over rounds
+    ("requests", "requests", "{:.0f}"), ("failed", "failed", "{:.0f}"), ("output tok/s", "tokps", "{:.0f}"),
+    ("req/s", "reqps", "{:.2f}"), ("total tok/s", "total_tokps", "{:.0f}"),
+    ("goodput req/s", "goodput_reqps", "{:.2f}"), ("goodput share", "goodput_frac", "{:.1%}"),
+    ("short of max_tokens", "short", "{:.0f}"), ("send lag p99 ms", "lag_p99_ms", "{:.1f}"),
+    ("send lag max ms", "lag_max_ms", "{:.1f}"), ("client CPU", "client_cpu", "{:.0%}"),
+    ("server front-end CPU us/token", "front_cpu_us_token", "{:.0f}"),
+    ("engine decode step ms", "engine_decode_step_ms", "{:.2f}"),
+)  # fmt: skip
+
+
+def _cell(values: list[float], fmt: str) -> str:
+    if all(math.isnan(v) for v in values):
+        return "-"  # not measured (goodput without --goodput, a latency no request had)
+    med = fmt.format(float(np.median(values)))
+    if len(values) == 1:
+        return med
+    return f"{med} [{fmt.format(min(values))}-{fmt.format(max(values))}]"
+
+
+def targets_text(targets: dict[str, float]) -> str:
+    """The goodput targets as the report states them."""
+    return ", ".join(f"{k.upper()} <= {v:g} ms" for k, v in targets.items()) if targets else "none (no --goodput)"
+
+
+def summarize(runs: list[dict], server: Server) -> tuple[str, dict]:
+    """The report's tables (throughput and goodput; latency mean and percentiles), cells median [min-max] over
+    rounds, the failed requests' errors under them; and the summary as a dict."""
+    head = ["server", "model", *(h for h, _, _ in RUN_COLUMNS)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head),
+             "| " + " | ".join([server.url, server.model, *(_cell([r[k] for r in runs], f) for _, k, f in
+                                                            RUN_COLUMNS)]) + " |", ""]  # fmt: skip
+    lines += ["| latency ms | " + " | ".join(s for s, _ in STATS) + " |", "|---|" + "---|" * len(STATS)]
+    summary = {k: dict(median=float(np.median(v)), min=float(min(v)), max=float(max(v)))
+               for k, v in ((k, [r[k] for r in runs]) for _, k, _ in RUN_COLUMNS)}  # fmt: skip
+    for name, key in LATENCIES:
+        keys = [f"{key}_{s}_ms" for _, s in STATS]
+        lines.append(f"| {name} | " + " | ".join(_cell([r[k] for r in runs], "{:.2f}") for k in keys) + " |")
+        summary |= {k: dict(median=float(np.median(v)), min=float(min(v)), max=float(max(v)))
+                    for k, v in ((k, [r[k] for r in runs]) for k in keys)}  # fmt: skip
+    errors = Counter(e for r in runs for _, e in r["errors"])
+    if errors:
+        n = sum(errors.values())
+        lines += ["", f"Failed requests ({n} over {len(runs)} round{'s' if len(runs) > 1 else ''}), by error:"]
+        lines += [f"- {c} x {e}" for e, c in errors.most_common()]
+    return "\n".join(lines), dict(url=server.url, model=server.model, **summary)
+
+
+def round_line(rnd: int, label: str, r: dict) -> str:
+    """A timed round's one line of progress."""
+    good = f"  goodput {r['goodput_reqps']:.2f} req/s ({r['goodput_frac']:.0%})" if r["good"] is not None else ""
+    return (f"round {rnd} {label}  {r['tokps']:7.0f} tok/s  {r['reqps']:.2f} req/s  TTFT p50/p99 "
+            f"{r['ttft_p50_ms']:.1f}/{r['ttft_p99_ms']:.1f} ms  ITL p50/p99 {r['itl_p50_ms']:.2f}/"
+            f"{r['itl_p99_ms']:.1f} ms  TPOT mean {r['tpot_mean_ms']:.2f} ms{good}  {r['failed']} failed")  # fmt: skip

@@ -1,0 +1,182 @@
+"""The server against the engine it wraps, on the same traffic: ``python -m models.server`` on a checkpoint directory,
+driven through HTTP by ``models.bench.traffic --url``, beside ``models.bench.traffic``'s in-process arm of the same
+engine (``resident-triton``, the server's default on CUDA) at the same concurrency, context and placement.
+
+    python -m models.bench.serve_http --model-dir /tmp/qwen3_5-0.8b --make qwen3_5-0.8b --out results/server-h200
+
+Steps, each logged under ``--out``: (1) the checkpoint is written if ``--make`` names a shape and the directory has
+none (``models.bench.make_checkpoint``); (2) the server starts (the seconds from its launch to "ready": the first
+start of a machine compiles every kernel, later starts find them in the on-disk caches) and one request measures the
+first TTFT after ready; (3) each workload (``--workloads``: poisson, burst, connections) runs through HTTP; (4) the
+server is stopped by SIGTERM (its drain) and started again, timed warm; (5) each workload but connections runs
+in-process; (6) ``results.md`` compares them: output tok/s, TTFT p50 and ITL p50 through HTTP against in-process,
+the front end's CPU a generated token and the engine's decode step.
+
+Workloads: poisson (``--num-requests`` at ``--rate`` req/s), burst (``--num-requests`` at t=0), and connections
+(``--connections`` streaming requests at t=0 with fixed lengths: every connection held until its tokens arrive).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from models.cli import OneLineParser, positive_int
+
+WORKLOADS = {  # name -> traffic options
+    "poisson": lambda a: ["--num-requests", str(a.num_requests), "--rate", str(a.rate)],
+    "burst": lambda a: ["--num-requests", str(a.num_requests), "--rate", "inf"],
+    "connections": lambda a: ["--num-requests", str(a.connections), "--rate", "inf", "--prompt-len", "fixed:128",
+                              "--gen-len", "fixed:64", "--warmup", "0"],
+}  # fmt: skip
+
+
+def parser() -> OneLineParser:
+    ap = OneLineParser(prog="python -m models.bench.serve_http", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap.add_argument("--model-dir", type=Path, required=True, help="the checkpoint directory the server serves")
+    ap.add_argument("--make", default=None, help="write a random-weight checkpoint of this shape there first, if it "
+                                                 "has none (e.g. qwen3_5-0.8b)")  # fmt: skip
+    ap.add_argument("--model", default="qwen3_5-0.8b", help="the in-process arm's model (the checkpoint's shape)")
+    ap.add_argument("--workloads", default="poisson,burst,connections", help="comma-separated: poisson, burst, "
+                                                                              "connections")  # fmt: skip
+    ap.add_argument("--num-requests", type=positive_int, default=128, help="requests of poisson and burst")
+    ap.add_argument("--rate", type=float, default=40.0, help="poisson's arrivals a second (default 40)")
+    ap.add_argument("--connections", type=positive_int, default=1000, help="streams held at once (default 1000)")
+    ap.add_argument("--max-running", type=positive_int, default=32, help="the engine's concurrency, both sides")
+    ap.add_argument("--max-seq-len", type=positive_int, default=2048, help="the engine's context, both sides")
+    ap.add_argument("--rounds", type=positive_int, default=2, help="rounds of each workload")
+    ap.add_argument("--port", type=int, default=8000, help="the server's port (127.0.0.1)")
+    ap.add_argument("--out", type=Path, required=True, help="folder for the logs and results.md")
+    return ap
+
+
+class ServerProcess:
+    """``python -m models.server`` on 127.0.0.1, its output in a log file; ``ready_s``: launch to "ready"."""
+
+    def __init__(self, args, log: Path) -> None:
+        self.log = log
+        self.f = open(log, "w")  # noqa: SIM115 (closed by stop)
+        t0 = time.perf_counter()
+        self.proc = subprocess.Popen([sys.executable, "-m", "models.server", "--model-dir", str(args.model_dir),
+                                      "--port", str(args.port), "--max-running", str(args.max_running),
+                                      "--max-seq-len", str(args.max_seq_len), "--no-progress"],
+                                     stdout=subprocess.PIPE, stderr=self.f, text=True)  # fmt: skip
+        line = self.proc.stdout.readline()  # "ready: URL (...)" once it serves, or "" when it exits first
+        self.ready_s = time.perf_counter() - t0
+        if not line.startswith("ready"):
+            self.stop()
+            raise SystemExit(f"the server did not start: see {log}")
+        self.url = f"http://127.0.0.1:{args.port}"
+
+    def stop(self) -> float:
+        """SIGTERM (a drain), then the seconds until it exited."""
+        t0 = time.perf_counter()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(120)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.f.close()
+        return time.perf_counter() - t0
+
+
+def first_ttft_ms(url: str, vocab: int, tokens: int) -> float:
+    """One streamed completion of a ``tokens``-token prompt right after ready: ms from send to its first token."""
+    import httpx
+
+    body = {"prompt": [(7 * i) % vocab for i in range(tokens)], "max_tokens": 4, "temperature": 0, "stream": True,
+            "ignore_eos": True}  # fmt: skip
+    t0 = time.perf_counter()
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                return (time.perf_counter() - t0) * 1e3
+    return float("nan")
+
+
+def traffic(args, workload: str, out: Path, url: str | None) -> dict:
+    """One traffic run (through ``url``, else in-process); its results.json."""
+    cmd = [sys.executable, "-m", "models.bench.traffic", *WORKLOADS[workload](args), "--rounds", str(args.rounds),
+           "--no-progress", "--out", str(out), "--model", args.model]  # fmt: skip
+    if url is not None:
+        cmd += ["--url", url]
+    else:
+        cmd += ["--arms", "resident-triton", "--max-running", str(args.max_running), "--max-seq-len",
+                str(args.max_seq_len)]  # fmt: skip
+    with open(out.with_suffix(".log"), "w") as log:
+        subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=True)
+    return json.loads((out / "results.json").read_text())
+
+
+def _median(runs: list[dict], key: str) -> float:
+    vals = sorted(r[key] for r in runs)
+    return vals[len(vals) // 2] if len(vals) % 2 else (vals[len(vals) // 2 - 1] + vals[len(vals) // 2]) / 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    workloads = args.workloads.split(",")
+    bad = [w for w in workloads if w not in WORKLOADS]
+    if bad:
+        parser().error(f"argument --workloads: {bad[0]!r} is not one of {', '.join(WORKLOADS)}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.make and not (args.model_dir / "config.json").exists():
+        subprocess.run([sys.executable, "-m", "models.bench.make_checkpoint", "--model", args.make, "--out",
+                        str(args.model_dir)], check=True)  # fmt: skip
+    from models.engine.adapters import MODEL_CONFIGS
+
+    vocab = MODEL_CONFIGS[args.model].vocab_size
+    lines = []
+    server = ServerProcess(args, args.out / "server-1.log")
+    prompt = min(512, args.max_seq_len - 8)
+    ttft = first_ttft_ms(server.url, vocab, prompt)
+    lines.append(f"- start 1: ready in {server.ready_s:.1f} s; the first request after ready ({prompt}-token prompt, "
+                 f"streamed): TTFT {ttft:.1f} ms")  # fmt: skip
+    http = {}
+    try:
+        for w in workloads:
+            http[w] = traffic(args, w, args.out / f"{w}-http", server.url)
+    finally:
+        drained = server.stop()
+    lines.append(f"- SIGTERM: the server drained and exited in {drained:.1f} s")
+    again = ServerProcess(args, args.out / "server-2.log")
+    lines.append(f"- start 2 (compile caches on disk): ready in {again.ready_s:.1f} s; first request TTFT "
+                 f"{first_ttft_ms(again.url, vocab, prompt):.1f} ms")  # fmt: skip
+    again.stop()
+    table = ["| workload | HTTP output tok/s | in-process tok/s | ratio | HTTP TTFT p50 ms | in-process TTFT p50 ms | "
+             "HTTP ITL p50 ms | in-process ITL p50 ms | failed | front-end CPU us/token | engine decode step ms "
+             "(HTTP / in-process) |", "|" + "---|" * 11]  # fmt: skip
+    for w in workloads:
+        h = http[w]["runs"]
+        if w == "connections":
+            table.append(f"| connections ({args.connections} streams at once) | {_median(h, 'tokps'):.0f} | - | - | "
+                         f"{_median(h, 'ttft_p50_ms'):.1f} | - | {_median(h, 'itl_p50_ms'):.2f} | - | "
+                         f"{sum(r['failed'] for r in h)} | {_median(h, 'front_cpu_us_token'):.0f} | "
+                         f"{_median(h, 'engine_decode_step_ms'):.2f} / - |")  # fmt: skip
+            continue
+        e = traffic(args, w, args.out / f"{w}-engine", None)["runs"]
+        table.append(f"| {w} | {_median(h, 'tokps'):.0f} | {_median(e, 'tokps'):.0f} | "
+                     f"{_median(h, 'tokps') / _median(e, 'tokps'):.3f} | {_median(h, 'ttft_p50_ms'):.1f} | "
+                     f"{_median(e, 'ttft_p50_ms'):.1f} | {_median(h, 'itl_p50_ms'):.2f} | "
+                     f"{_median(e, 'itl_p50_ms'):.2f} | {sum(r['failed'] for r in h)} | "
+                     f"{_median(h, 'front_cpu_us_token'):.0f} | {_median(h, 'engine_decode_step_ms'):.2f} / "
+                     f"{_median(e, 'decode_step_ms'):.2f} |")  # fmt: skip
+    text = (f"# The server against the engine it wraps\n\nCommand: `python -m models.bench.serve_http "
+            f"{' '.join(argv if argv is not None else sys.argv[1:])}` (pid {os.getpid()})\n\n" + "\n".join(lines)
+            + "\n\n" + "\n".join(table) + "\n")  # fmt: skip
+    (args.out / "results.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

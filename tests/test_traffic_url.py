@@ -1,0 +1,247 @@
+"""The traffic benchmark against a server (``--url``, models/bench/remote.py): a fake OpenAI-compatible streaming
+server in a background thread, whose delays are known, answers the workload; every request is timed within those
+delays, generates its max_tokens, counts toward goodput exactly when it meets the targets, and a request the server
+fails is reported failed with its error. The requests are the in-process arms' (the same seeds), and bad arguments
+end in one line."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("httpx")
+fastapi = pytest.importorskip("fastapi")
+uvicorn = pytest.importorskip("uvicorn")
+
+from fastapi.responses import JSONResponse, StreamingResponse  # noqa: E402
+
+from models.bench import traffic  # noqa: E402
+from models.engine.adapters import MODEL_CONFIGS  # noqa: E402
+
+MODEL = "qwen3_5-tiny"
+FIRST_S, SLOW_FIRST_S = 0.005, 0.600  # before the first token; a prompt of SLOW_PROMPT tokens or more waits longer
+TOKEN_S, SLOW_TOKEN_S = 0.002, 0.100  # between tokens; a request of SLOW_OUT tokens streams slower
+TARGETS = "ttft:300,tpot:50"  # wide of both (a loaded CI machine adds tens of ms), so the slow ones miss by design
+SLOW_PROMPT, SLOW_OUT = 40, 7
+HTTP_500, CUT, BROKEN = 13, 17, 19  # prompt lengths the server fails: a 500, a stream without [DONE], a dropped one
+
+
+def fake_app(seen: list):
+    """An OpenAI-compatible server streaming one chunk per token after known delays (module constants)."""
+    app = fastapi.FastAPI()
+
+    @app.get("/health")
+    async def health():
+        return {}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": MODEL, "object": "model", "max_model_len": 4096}]}
+
+    @app.post("/v1/completions")
+    async def completions(request: fastapi.Request):
+        body = await request.json()
+        seen.append((time.perf_counter(), body))
+        n, prompt = body["max_tokens"], body["prompt"]
+        if len(prompt) == HTTP_500:
+            return JSONResponse({"error": {"message": "the engine fell over", "type": "internal_error",
+                                           "param": None, "code": 500}}, status_code=500)  # fmt: skip
+        first = SLOW_FIRST_S if len(prompt) >= SLOW_PROMPT else FIRST_S
+        gap = SLOW_TOKEN_S if n == SLOW_OUT else TOKEN_S
+
+        async def stream():
+            await asyncio.sleep(first)
+            for i in range(n):
+                if i:
+                    await asyncio.sleep(gap)
+                if i == 2 and len(prompt) == CUT:
+                    return  # the stream ends early, no [DONE]
+                if i == 2 and len(prompt) == BROKEN:
+                    raise RuntimeError("the connection drops")
+                chunk = {"id": "cmpl-1", "object": "text_completion", "model": MODEL,
+                         "choices": [{"index": 0, "text": f" t{i}", "finish_reason": "length" if i == n - 1 else None}]}
+                yield f"data: {json.dumps(chunk)}\n\n"  # fmt: skip
+            usage = {"prompt_tokens": len(prompt), "completion_tokens": n, "total_tokens": len(prompt) + n}
+            yield f"data: {json.dumps({'id': 'cmpl-1', 'choices': [], 'usage': usage})}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    return app
+
+
+@pytest.fixture(scope="module")
+def server():
+    """(url, the request bodies it received with their times): the fake server on a free port of 127.0.0.1."""
+    seen: list = []
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    srv = uvicorn.Server(uvicorn.Config(fake_app(seen), log_level="critical", timeout_graceful_shutdown=1))
+    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not srv.started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert srv.started, "the fake server did not start"
+    yield f"http://127.0.0.1:{port}", seen
+    srv.should_exit = True
+    thread.join(5)
+    sock.close()
+
+
+def write_trace(path, rows):
+    path.write_text("".join(json.dumps(dict(arrival_s=a, prompt_len=p, output_len=o)) + "\n" for a, p, o in rows))
+
+
+# (arrival s, prompt tokens, output tokens): fast ones, a slow first token, slow tokens, the three failures
+TRACE = [(0.0, 4, 5), (0.0, 6, 3), (0.01, 5, 1), (0.02, SLOW_PROMPT, 4), (0.02, 8, SLOW_OUT), (0.03, 9, 6),
+         (0.03, HTTP_500, 4), (0.04, CUT, 5), (0.04, BROKEN, 5), (0.05, 3, 2), (0.06, SLOW_PROMPT + 5, 3),
+         (0.06, 7, 4)]  # fmt: skip
+FAILS = {HTTP_500: "HTTP 500: the engine fell over", CUT: "the stream ended before data: [DONE]",
+         BROKEN: "RemoteProtocolError"}  # fmt: skip
+
+
+def test_every_request_is_timed_within_the_servers_delays_and_goodput_counts_the_ones_on_target(server, tmp_path):
+    url, seen = server
+    seen.clear()
+    write_trace(tmp_path / "t.jsonl", TRACE)
+    out = tmp_path / "out"
+    runs = traffic.main(["--url", url, "--trace", str(tmp_path / "t.jsonl"), "--rounds", "1", "--warmup", "0",
+                         "--no-prerun", "--no-progress", "--goodput", TARGETS, "--out", str(out)])
+    assert len(runs) == 1 and len(seen) == len(TRACE)
+    r = runs[0]
+    assert r["requests"] == 12 and r["failed"] == 3 and r["completed"] == 9
+    failed = dict(r["errors"])
+    for i, (_, p, o) in enumerate(TRACE):
+        if p in FAILS:
+            assert FAILS[p] in failed[i], failed[i]
+            continue
+        assert i not in failed and r["output_lens"][i] == o == r["max_tokens"][i]  # ignore_eos: exactly max_tokens
+    ok = [(p, o) for _, p, o in TRACE if p not in FAILS]
+    ttft, e2el = np.array(r["ttft_ms"]), np.array(r["e2el_ms"])
+    first = np.array([SLOW_FIRST_S if p >= SLOW_PROMPT else FIRST_S for p, _ in ok]) * 1e3
+    gap = np.array([SLOW_TOKEN_S if o == SLOW_OUT else TOKEN_S for _, o in ok]) * 1e3
+    outs = np.array([o for _, o in ok])
+    # at least the server's waits (measured from the send, before the server got it), and not far over them
+    assert (ttft >= first).all() and (ttft < first + 500).all(), ttft
+    assert (e2el >= first + (outs - 1) * gap).all() and (e2el < first + (outs - 1) * gap + 1000).all(), e2el
+    assert len(r["itl_ms"]) == int((outs - 1).sum())  # a gap for every token after a request's first
+    tpot = (e2el - ttft)[outs > 1] / (outs[outs > 1] - 1)
+    assert r["tpot_ms"] == pytest.approx(tpot.tolist())
+    slow = gap[outs > 1] == SLOW_TOKEN_S * 1e3  # (chunks 2 ms apart may reach a busy client in one read)
+    assert (np.array(r["tpot_ms"])[slow] >= 0.5 * SLOW_TOKEN_S * 1e3).all()
+    # goodput: the completed requests with a fast first token and fast tokens, by design
+    good = sum(p < SLOW_PROMPT and o != SLOW_OUT for p, o in ok)
+    assert good == 6 and r["good"] == good
+    assert r["goodput_frac"] == pytest.approx(good / 12) and r["goodput_reqps"] == pytest.approx(good / r["wall_s"])
+    assert r["output_tokens"] == outs.sum() and r["tokps"] == pytest.approx(outs.sum() / r["wall_s"])
+    assert r["lag_max_ms"] < 50  # each request sent at its arrival
+    report = (out / "results.md").read_text()
+    assert f"against the server at {url}, model {MODEL}" in report and "TTFT <= 300 ms, TPOT <= 50 ms" in report
+    assert f"| {url} | {MODEL} | 12 | 3 |" in report and "| TPOT |" in report and "| E2EL |" in report
+    assert "Failed requests (3 over 1 round)" in report and "1 x HTTP 500: the engine fell over" in report
+    data = json.loads((out / "results.json").read_text())
+    assert data["url"] == url and data["model"] == MODEL and data["goodput"] == {"ttft": 300.0, "tpot": 50.0}
+    assert data["summary"]["goodput_frac"]["median"] == pytest.approx(0.5)
+    assert (out / "ttft_cdf.png").stat().st_size > 1000 and not (out / "timeline.png").exists()
+
+
+def test_a_target_of_each_kind_counts_exactly_the_requests_that_meet_it(server, tmp_path):
+    """itl (every gap of the request) and e2el targets, and a request of one token (TPOT 0, as vLLM counts it)."""
+    from models.bench.remote import Outcome, meets
+
+    fast = Outcome(4, 3, ttft_s=0.01, e2el_s=0.025, itl_s=[0.005, 0.005, 0.005], output_tokens=4)
+    spiky = Outcome(4, 3, ttft_s=0.01, e2el_s=0.025, itl_s=[0.001, 0.013, 0.001], output_tokens=4)
+    one = Outcome(1, 3, ttft_s=0.01, e2el_s=0.01, output_tokens=1)
+    bad = Outcome(4, 3, error="HTTP 500")
+    assert fast.tpot_s == pytest.approx(0.005) and one.tpot_s == 0.0
+    assert [meets(o, {"itl": 10}) for o in (fast, spiky, one, bad)] == [True, False, True, False]
+    assert [meets(o, {"tpot": 5.5, "e2el": 20}) for o in (fast, spiky, one, bad)] == [False, False, True, False]
+    assert [meets(o, {"tpot": 5.5}) for o in (fast, spiky, one)] == [True, True, True]
+
+
+def test_the_requests_are_the_in_process_arms_requests(server, tmp_path):
+    """Two rounds of drawn traffic with sampled requests and stop tokens: the timed requests carry the prompt ids,
+    lengths and sampling the in-process arms serve (the same seeds, the served model's vocabulary), in arrival order;
+    the warm-up and the untimed prerun carry other prompt ids."""
+    url, seen = server
+    seen.clear()
+    argv = ["--num-requests", "6", "--rate", "200", "--prompt-len", "uniform:20,30", "--gen-len", "uniform:2,6",
+            "--sampled-frac", "0.5", "--stop-frac", "0.5", "--rounds", "2", "--warmup", "2", "--no-progress"]
+    runs = traffic.main(["--url", url, *argv, "--out", str(tmp_path / "out")])
+    assert [r["failed"] for r in runs] == [0, 0]
+    args = traffic.parser().parse_args([*argv, "--model", MODEL, "--out", "x"])
+    drawn = traffic.draw_traffic(args, args.max_running)
+    vocab = MODEL_CONFIGS[MODEL].vocab_size
+    n_warm = drawn.warmup.n
+    assert n_warm == 2 + 32 and len(seen) == n_warm + 2 * (6 + 6)  # warm-up, then each round untimed and timed
+    bodies = [b for _, b in seen]
+    untimed = {tuple(b["prompt"]) for b in bodies[:n_warm] + bodies[n_warm:n_warm + 6] + bodies[n_warm + 12:-6]}
+    for rnd, work in enumerate(drawn.rounds):
+        timed = {tuple(b["prompt"]): b for b in bodies[n_warm + 12 * rnd + 6:n_warm + 12 * rnd + 12]}
+        for req in work.requests(vocab, drawn.sampling, args.seed + rnd, f"{rnd}-"):
+            sp, b = req.sampling, timed[tuple(req.prompt)]
+            assert b["prompt"] == list(req.prompt) and max(b["prompt"]) < vocab and tuple(req.prompt) not in untimed
+            assert (b["max_tokens"], b["temperature"], b["ignore_eos"], b["stream"]) == (sp.max_tokens,
+                                                                                          sp.temperature, True, True)
+            assert b["stream_options"] == {"include_usage": True} and b["model"] == MODEL
+            assert b.get("seed") == (sp.seed if sp.temperature > 0 else None)
+            assert b.get("stop_token_ids", []) == list(sp.stop_token_ids)
+        assert runs[rnd]["output_lens"] == work.output_len.tolist()
+    assert any(b.get("stop_token_ids") for b in bodies) and any(b["temperature"] > 0 for b in bodies)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--goodput", "ttft"], "argument --goodput: 'ttft': targets are NAME:MS"),
+    (["--goodput", "ttft=500"], "argument --goodput: 'ttft=500': targets are NAME:MS"),
+    (["--goodput", "speed:5"], "argument --goodput: 'speed:5': targets are NAME:MS, comma-separated, NAME one of "
+                               "ttft, tpot, itl, e2el"),
+    (["--goodput", "ttft:fast"], "argument --goodput: 'ttft:fast': 'fast' is not a number of ms"),
+    (["--goodput", "tpot:-5"], "argument --goodput: 'tpot:-5': a target must be a number of ms > 0"),
+    (["--goodput", "ttft:5,ttft:6"], "argument --goodput: ttft is named twice"),
+    (["--goodput", ""], "argument --goodput: '': targets are NAME:MS"),
+    (["--arms", "resident-torch", "--max-running", "32"], "argument --url: the server is measured, no engine is "
+                                                          "built here: drop --arms, --max-running"),
+    (["--device", "cpu"], "argument --url: the server is measured, no engine is built here: drop --device"),
+    (["--ready-timeout", "0"], "argument --ready-timeout: must be > 0 seconds"),
+    (["--gen-len", "gauss:3"], "argument --gen-len:"),
+    (["--served-model", "nope"], "argument --served-model: 'nope' is not served at"),
+    (["--prompt-len", "fixed:4000", "--gen-len", "fixed:200"], "argument --prompt-len/--gen-len: a request of 4200 "
+                                                               "tokens (prompt + output) is over the server's "
+                                                               "max_model_len of 4096"),
+])  # fmt: skip
+def test_bad_arguments_with_a_url_end_in_one_line(server, args, words, tmp_path, capsys):
+    url, _ = server
+    with pytest.raises(SystemExit) as info:
+        traffic.main(["--url", url, *args, "--no-progress", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert info.value.code == 2
+    assert err.count("\n") == 1 and err.startswith("python -m models.bench.traffic: error: ")
+    assert words in err, err
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--url", "127.0.0.1:8000"], "argument --url: '127.0.0.1:8000' is not an http:// or https:// URL"),
+    (["--url", "http://127.0.0.1:{port}", "--ready-timeout", "0.3"], "argument --url: no server answered at "
+                                                                     "http://127.0.0.1:{port} within 0.3 s"),
+    (["--goodput", "ttft:500"], "argument --goodput: applies to a server's traffic, with --url"),
+])  # fmt: skip
+def test_no_server_or_no_url_ends_in_one_line(args, words, tmp_path, capsys):
+    port = _free_port()  # nothing listens there
+    with pytest.raises(SystemExit) as info:
+        traffic.main([a.format(port=port) for a in args] + ["--no-progress", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.count("\n") == 1 and words.format(port=port) in err, err
