@@ -53,6 +53,8 @@ def parser() -> OneLineParser:
     ap.add_argument("--max-seq-len", type=positive_int, default=2048, help="the engine's context, both sides")
     ap.add_argument("--rounds", type=positive_int, default=2, help="rounds of each workload")
     ap.add_argument("--port", type=int, default=8000, help="the server's port (127.0.0.1)")
+    ap.add_argument("--client-procs", type=positive_int, default=4,
+                    help="client processes the HTTP requests are spread over (default 4)")
     ap.add_argument("--out", type=Path, required=True, help="folder for the logs and results.md")
     return ap
 
@@ -89,6 +91,11 @@ class ServerProcess:
         return time.perf_counter() - t0
 
 
+def stages(log: Path) -> str:
+    """The engine's start-up stages as its server logged them ("[  3.1 s] loading weights" lines)."""
+    return "; ".join(line.strip() for line in log.read_text().splitlines() if line.startswith("[")) or "-"
+
+
 def first_ttft_ms(url: str, vocab: int, tokens: int) -> float:
     """One streamed completion of a ``tokens``-token prompt right after ready: ms from send to its first token."""
     import httpx
@@ -108,7 +115,7 @@ def traffic(args, workload: str, out: Path, url: str | None) -> dict:
     cmd = [sys.executable, "-m", "models.bench.traffic", *WORKLOADS[workload](args), "--rounds", str(args.rounds),
            "--no-progress", "--out", str(out), "--model", args.model]  # fmt: skip
     if url is not None:
-        cmd += ["--url", url]
+        cmd += ["--url", url, "--client-procs", str(args.client_procs)]
     else:
         cmd += ["--arms", "resident-triton", "--max-running", str(args.max_running), "--max-seq-len",
                 str(args.max_seq_len)]  # fmt: skip
@@ -140,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     prompt = min(512, args.max_seq_len - 8)
     ttft = first_ttft_ms(server.url, vocab, prompt)
     lines.append(f"- start 1: ready in {server.ready_s:.1f} s; the first request after ready ({prompt}-token prompt, "
-                 f"streamed): TTFT {ttft:.1f} ms")  # fmt: skip
+                 f"streamed): TTFT {ttft:.1f} ms; the engine's stages: {stages(server.log)}")  # fmt: skip
     http = {}
     try:
         for w in workloads:
@@ -149,9 +156,10 @@ def main(argv: list[str] | None = None) -> int:
         drained = server.stop()
     lines.append(f"- SIGTERM: the server drained and exited in {drained:.1f} s")
     again = ServerProcess(args, args.out / "server-2.log")
-    lines.append(f"- start 2 (compile caches on disk): ready in {again.ready_s:.1f} s; first request TTFT "
-                 f"{first_ttft_ms(again.url, vocab, prompt):.1f} ms")  # fmt: skip
+    ttft2 = first_ttft_ms(again.url, vocab, prompt)
     again.stop()
+    lines.append(f"- start 2 (compile caches on disk): ready in {again.ready_s:.1f} s; first request TTFT "
+                 f"{ttft2:.1f} ms; the engine's stages: {stages(again.log)}")  # fmt: skip
     table = ["| workload | HTTP output tok/s | in-process tok/s | ratio | HTTP TTFT p50 ms | in-process TTFT p50 ms | "
              "HTTP ITL p50 ms | in-process ITL p50 ms | failed | front-end CPU us/token | engine decode step ms "
              "(HTTP / in-process) |", "|" + "---|" * 11]  # fmt: skip
