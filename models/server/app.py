@@ -430,6 +430,9 @@ async def _wait_any(choices: list[Choice]) -> None:
     pending = [c for c in choices if not c.done]
     if any(c.stream.wake.is_set() for c in pending):
         return
+    if len(pending) == 1:  # (most requests: one choice, waited on without a task a wake-up)
+        await pending[0].stream.wake.wait()
+        return
     waits = [asyncio.ensure_future(c.stream.wake.wait()) for c in pending]
     try:
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
