@@ -347,3 +347,20 @@ def test_a_whisper_server_transcribes_a_wav_upload_as_generate_does(tmp_path, ca
         assert text_only.status_code == 404 and "transcriptions" in text_only.json()["error"]["message"]
     finally:
         s.stop()
+
+
+@pytest.mark.parametrize("kind", ["no-config", "unknown-architecture", "port"])
+def test_a_bad_start_is_one_line(tmp_path, capsys, kind):
+    """What the command line and the directory tell is refused in one line (the engine process, started at once so
+    that it loads while the front end checks, is stopped again)."""
+    from models.server import main
+
+    args = ["--model-dir", str(tmp_path), "--port", "70000" if kind == "port" else "0"]
+    if kind == "unknown-architecture":
+        (tmp_path / "config.json").write_text('{"architectures": ["Foo"]}')
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    err = capsys.readouterr().err
+    words = {"no-config": "holds no config.json", "unknown-architecture": "architectures ['Foo']",
+             "port": "must be in [0, 65535]"}[kind]  # fmt: skip
+    assert info.value.code == 2 and err.count("\n") == 1 and words in err, err

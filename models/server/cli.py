@@ -63,26 +63,45 @@ def parser() -> OneLineParser:
     return ap
 
 
-def _check_args(ap: OneLineParser, args) -> str:
-    """The device; one-line errors for what can be told before anything loads."""
-    import torch
-
-    from models.engine.checkpoint import CheckpointError, read_checkpoint
-
+def _check_options(ap: OneLineParser, args) -> None:
+    """One-line errors for what the options alone tell, before anything is imported or started."""
     if not 0 <= args.port < 65536:
         ap.error(f"argument --port: must be in [0, 65535], got {args.port}")
     if args.prefill_graphs is not None and args.prefill_graphs < 0:
         ap.error("argument --prefill-graphs: must be >= 0")
     if args.kv_memory_gib is not None and args.kv_memory_gib <= 0:
         ap.error("argument --kv-memory-gib: must be > 0")
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
-        ap.error("argument --device: cuda asked for, but this machine has no CUDA GPU (use --device cpu)")
+    if not (args.model_dir / "config.json").is_file():
+        ap.error(f"argument --model-dir: {args.model_dir} holds no config.json (a Hugging Face model directory)")
+
+
+def _check_model(ap: OneLineParser, args) -> None:
+    """One-line errors for the device asked for and the directory, while the engine process starts."""
+    from models.engine.checkpoint import CheckpointError, read_checkpoint
+
+    if args.device is not None:
+        import torch
+
+        if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
+            ap.error("argument --device: cuda asked for, but this machine has no CUDA GPU (use --device cpu)")
     try:
         read_checkpoint(args.model_dir)
     except CheckpointError as e:
         ap.error(str(e))
-    return device
+
+
+def _front_end(ap: OneLineParser, args):
+    """The front end's own start: the directory checked, the tokenizer read, Whisper's audio settings (or None)."""
+    _check_model(ap, args)
+    import uvicorn  # noqa: F401 (the HTTP stack imported here, while the engine loads)
+
+    from models.engine.text import Tokenizer, TokenizerError
+    from models.server.app import AudioFront
+
+    try:
+        return Tokenizer.from_pretrained(args.model_dir), AudioFront.of(args.model_dir)
+    except (TokenizerError, ValueError) as e:
+        ap.error(str(e))
 
 
 def raise_open_files_limit() -> None:
@@ -117,7 +136,7 @@ class _Progress:
 def main(argv: list[str] | None = None) -> int:
     ap = parser()
     args = ap.parse_args(argv)
-    device = _check_args(ap, args)
+    _check_options(ap, args)
 
     from models.server.client import EngineClient, EngineFailed
     from models.server.engine_core import EngineSpec
@@ -126,22 +145,18 @@ def main(argv: list[str] | None = None) -> int:
                                      kv_memory_gib=args.kv_memory_gib, attention=args.attention,
                                      overlap=False if args.no_overlap else None, prefill_graphs=args.prefill_graphs,
                                      prefill=args.prefill).items() if v is not None}  # fmt: skip
-    spec = EngineSpec(str(args.model_dir), device=device, dtype=args.dtype, choices=choices)
+    spec = EngineSpec(str(args.model_dir), device=args.device, dtype=args.dtype, choices=choices)
     client = EngineClient(spec, in_process=args.in_process)
     t0 = time.perf_counter()
     raise_open_files_limit()
-    client.launch()  # the engine loads while this process loads the tokenizer and the HTTP stack
+    front = _front_end(ap, args) if args.in_process else None  # (transformers' lazy imports are not safe from two
+    client.launch()  # threads at once; a process of its own imports, loads and builds while this one checks and reads
     try:
-        import uvicorn
-
-        from models.engine.text import Tokenizer, TokenizerError
-        from models.server.app import AudioFront, ServerState, build_app
-
         try:
-            tokenizer, audio = Tokenizer.from_pretrained(args.model_dir), AudioFront.of(args.model_dir)
-        except (TokenizerError, ValueError) as e:
+            tokenizer, audio = front or _front_end(ap, args)
+        except SystemExit:
             client.shutdown()
-            ap.error(str(e))
+            raise
         served = client.wait_ready(_Progress(not args.no_progress and sys.stderr.isatty()))
     except EngineFailed as e:
         print(f"python -m models.server: error: the engine could not start:\n{e}", file=sys.stderr)
@@ -151,6 +166,10 @@ def main(argv: list[str] | None = None) -> int:
         print("python -m models.server: interrupted while starting", file=sys.stderr)
         client.shutdown()
         return 130
+    import uvicorn
+
+    from models.server.app import ServerState, build_app
+
     for note in served.notes:
         print(f"  {note}", file=sys.stderr)
     state = ServerState(client, tokenizer, args.served_model_name or served.name, args.max_waiting, audio)

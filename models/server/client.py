@@ -137,8 +137,8 @@ class EngineClient:
     def shutdown(self, timeout_s: float = 10.0) -> None:
         """Tell the engine core to stop, and wait for it (then end it)."""
         if self._proc is not None and self._proc.is_alive():
-            self.to_engine.send(pack(Kind.SHUTDOWN))
-            self._proc.join(timeout_s)
+            self.to_engine.send(pack(Kind.SHUTDOWN))  # (an engine still building reads it only once it serves)
+            self._proc.join(timeout_s if self.served is not None or self.in_process else 0.1)
             if self._proc.is_alive() and not self.in_process:
                 self._proc.terminate()
                 self._proc.join(5)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import enum
 import os
 import signal
+import sys
 import time
 import traceback
 
@@ -46,7 +47,7 @@ class EngineSpec:
 
     model_dir: str | None
     model: str | None = None  # a models.engine.adapters name (random weights), when there is no model_dir
-    device: str = "cpu"
+    device: str | None = None  # None: cuda where there is one, else cpu
     dtype: str | None = None  # float32 / bfloat16 / float16; None: the checkpoint's
     choices: dict = attrs.Factory(dict)  # serving_config keywords (enums by value)
     warmup: bool = True
@@ -84,25 +85,26 @@ def build_engine(spec: EngineSpec, progress):
     from models.layers.decode_attention import Backend
 
     dtype = getattr(torch, spec.dtype) if spec.dtype else None
+    device = spec.device or ("cuda" if torch.cuda.is_available() else "cpu")
     progress("loading weights")
     if spec.model_dir is not None:
         from models.engine.checkpoint import load_adapter
 
-        adapter = load_adapter(spec.model_dir, spec.device, dtype)
+        adapter = load_adapter(spec.model_dir, device, dtype)
         generation = adapter.checkpoint.generation
     else:
-        adapter = build_adapter(spec.model, spec.seed, spec.device, dtype or torch.float32)
+        adapter = build_adapter(spec.model, spec.seed, device, dtype or torch.float32)
         generation = {}
     choices = dict(spec.choices)
     if choices.get("attention") is not None:
         choices["attention"] = Backend(choices["attention"])
     if choices.get("prefill") is not None:
         choices["prefill"] = PrefillPlacement(choices["prefill"])
-    plan = serving_config(adapter, spec.device, **choices)
+    plan = serving_config(adapter, device, **choices)
     progress("building the engine (pools, graphs)")
     engine = Engine(adapter, plan.config)
     served = ServedModel(adapter.name, adapter.vocab_size, plan.config.max_seq_len, tuple(adapter.eos_token_ids),
-                         plan.notes, generation)  # fmt: skip
+                         (f"device {device}", *plan.notes), generation)  # fmt: skip
     if spec.warmup:
         progress("warming up (compiling kernels)")
         warm_up(engine, adapter.vocab_size, plan.config.max_seq_len)
@@ -204,9 +206,10 @@ def main(spec: EngineSpec, inbox_addr: str, outbox_addr: str, parent: int, conte
                                                                            time.perf_counter() - t0)))  # fmt: skip
         outbox.send(pack(Kind.READY, attrs.asdict(served), time.perf_counter() - t0))
         serve(engine, inbox, outbox, parent)
-    except BaseException:
+    except Exception:  # the front end reports it (with this traceback) and stops; the process ends quietly
         outbox.send(pack(Kind.FAILED, traceback.format_exc()))
-        raise
+        if context is None:
+            sys.exit(1)
     finally:
         outbox.close(linger=1000)
         inbox.close(linger=0)
