@@ -88,9 +88,7 @@ class Engine:
                                cfg.timing, kernels, prefill_capture,
                                pass_stream if cfg.prefill.beside else None)  # fmt: skip
         self.limits = Limits(adapter.name, adapter.vocab_size, cfg.max_seq_len)
-        self.stats = EngineStats()
-        self.early = EarlyStep()
-        self._arrivals = itertools.count()
+        self.stats, self.early, self._arrivals = EngineStats(), EarlyStep(), itertools.count()
         step_stream = (priority_stream(self.device, DECODE_STREAM_PRIORITY)
                        if cfg.prefill is PrefillPlacement.BESIDE_PRIORITY else None)  # fmt: skip
         # steps and aborts run on the engine's own stream where it has one; else in no stream context at all
