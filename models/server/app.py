@@ -23,6 +23,7 @@ import attrs
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
 
 from models.engine.requests import FinishReason
 from models.engine.text import Tokenizer, TokenizerError
@@ -216,11 +217,11 @@ async def _transcribe(state: ServerState, request: Request) -> Response:
     except EngineFailed:
         raise HTTPError(503, "the engine failed; the server cannot serve", headers={"Retry-After": "60"}) from None
     choice = Choice(0, len(prompt), stream, ChoiceText(state.tokenizer, []), time.perf_counter())
-    state.active += 1
+    release = Release(state, [choice])
     try:
         await _until_done(state, [choice], request)
     finally:
-        _release(state, [choice])
+        release()
     text = choice.text.text.strip()
     if fmt == "text":
         return PlainTextResponse(text)
@@ -369,34 +370,55 @@ async def _serve(state: ServerState, body: SamplingFields, prompts: list[list[in
     except EngineFailed:
         raise HTTPError(503, "the engine failed; the server cannot serve", headers={"Retry-After": "60"}) from None
     echo = [state.tokenizer.decode(p) for p in prompts] if not chat and body.echo else None
-    state.active += 1
+    release = Release(state, choices)
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         events = _events(state, rid, choices, chat, echo, n, include_usage)
-        return StreamingResponse(_finally(events, state, choices), media_type="text/event-stream")
+        return StreamingResponse(_finally(events, release), media_type="text/event-stream",
+                                 background=BackgroundTask(release.later))  # fmt: skip
     try:
         await _until_done(state, choices, request)
     finally:
-        _release(state, choices)
+        release()
     return JSONResponse(_whole(state, rid, choices, chat, echo, n))
 
 
-async def _finally(events: AsyncIterator[str], state: ServerState, choices: list[Choice]) -> AsyncIterator[str]:
-    """The events, then (however the stream ends: done, or the client gone) every unfinished choice aborted."""
+@attrs.define(eq=False)
+class Release:
+    """A response's end, taken once however it comes (its last event, the client gone, or a stream that never
+    started): the server's count of active requests down, each finished choice forgotten, every other one aborted in
+    the engine."""
+
+    state: ServerState
+    choices: list[Choice]
+    released: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        self.state.active += 1
+
+    def __call__(self) -> None:
+        if self.released:
+            return
+        self.released = True
+        self.state.active -= 1
+        for c in self.choices:
+            if c.done:
+                self.state.client.forget(c.stream.rid)
+            else:
+                self.state.client.abort(c.stream.rid)
+
+    async def later(self) -> None:
+        """Starlette's background task: awaited once the response has ended, whether or not its stream started."""
+        self()
+
+
+async def _finally(events: AsyncIterator[str], release: Release) -> AsyncIterator[str]:
+    """The events, then (however the stream ends: done, or the client gone) the response released."""
     try:
         async for e in events:
             yield e
     finally:
-        _release(state, choices)
-
-
-def _release(state: ServerState, choices: list[Choice]) -> None:
-    state.active -= 1
-    for c in choices:
-        if c.done:
-            state.client.forget(c.stream.rid)
-        else:
-            state.client.abort(c.stream.rid)
+        release()
 
 
 def _advance(state: ServerState, c: Choice) -> str:
