@@ -52,7 +52,8 @@ def serving_config(
     dtype = next(adapter.model.parameters()).dtype
     notes = []
     if attention is None:
-        gpu_attention = cuda and not any(p.mode.name == "READ" for p in adapter.pools)
+        # (the GPU backends serve one appended pool and no read pool: graphs.make_attention's rule)
+        gpu_attention = cuda and len(adapter.pools) == len(adapter.append_pools) == 1
         attention = Backend.TRITON if gpu_attention else Backend.TORCH
         notes.append(f"attention {attention.value}" + ("" if gpu_attention else " (plain torch: " + (
             "no CUDA" if not cuda else "a model with a cross-attention pool") + ")"))  # fmt: skip
