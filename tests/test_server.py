@@ -353,7 +353,7 @@ def test_a_whisper_server_transcribes_a_wav_upload_as_generate_does(tmp_path, ca
 def test_a_bad_start_is_one_line(tmp_path, capsys, kind):
     """What the command line and the directory tell is refused in one line (the engine process, started at once so
     that it loads while the front end checks, is stopped again)."""
-    from models.server import main
+    from models.server.cli import main
 
     args = ["--model-dir", str(tmp_path), "--port", "70000" if kind == "port" else "0"]
     if kind == "unknown-architecture":

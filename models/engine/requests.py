@@ -6,10 +6,13 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import attrs
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 CANDIDATES = 256  # tokens a sampled row can draw from (models.engine.sampler), so top_k's largest useful value

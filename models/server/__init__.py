@@ -1,9 +1,10 @@
-"""An OpenAI-compatible server over the engine core: ``python -m models.server --model-dir DIR``."""
+"""An OpenAI-compatible server over the engine core: ``python -m models.server --model-dir DIR``.
 
-from models.server.app import ServerState, build_app
+Its modules: ``cli`` (the command), ``app`` (the HTTP front end's routes), ``client`` (the front end's side of the
+engine core), ``engine_core`` (the engine process), ``protocol`` (request bodies), ``text`` (a choice's streamed text),
+``metrics`` (Prometheus). Only the command is imported here (it imports nothing heavy): the engine process, spawned,
+imports this package and then only what it runs."""
+
 from models.server.cli import main, parser
-from models.server.client import EngineClient, EngineFailed, RequestStream
-from models.server.engine_core import EngineSpec, ServedModel
 
-__all__ = ["EngineClient", "EngineFailed", "EngineSpec", "RequestStream", "ServedModel", "ServerState", "build_app",
-           "main", "parser"]
+__all__ = ["main", "parser"]
