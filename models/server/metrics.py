@@ -5,11 +5,36 @@ the front end's: from a request's arrival at the server to each token's arrival 
 
 from __future__ import annotations
 
+import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
+from prometheus_client.core import HistogramMetricFamily
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
                    20.0, 40.0, 80.0)  # fmt: skip
 ITL_BUCKETS = (0.0005, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class ManyHistogram:
+    """A Prometheus histogram fed many observations at once (``observe_many``: one numpy pass, not a locked
+    increment an observation): what a request's inter-token gaps need at thousands of tokens a second."""
+
+    def __init__(self, name: str, documentation: str, buckets: tuple[float, ...], registry: CollectorRegistry) -> None:
+        self.name, self.documentation = name, documentation
+        self.bounds = np.asarray(buckets, np.float64)
+        self.counts = np.zeros(len(buckets) + 1, np.int64)  # [i]: observations in (bounds[i-1], bounds[i]]; last: +Inf
+        self.sum = 0.0
+        registry.register(self)
+
+    def observe_many(self, x: np.ndarray) -> None:
+        self.counts += np.bincount(np.searchsorted(self.bounds, x, side="left"), minlength=len(self.counts))
+        self.sum += float(x.sum())
+
+    def collect(self):
+        cum = np.cumsum(self.counts).tolist()
+        family = HistogramMetricFamily(self.name, self.documentation)
+        family.add_metric([], [(repr(float(b)), c) for b, c in zip(self.bounds.tolist(), cum, strict=False)]
+                          + [("+Inf", cum[-1])], self.sum)  # fmt: skip
+        yield family
 
 
 class Metrics:
@@ -30,8 +55,8 @@ class Metrics:
         ProcessCollector(registry=r)  # process_cpu_seconds_total: the front end's CPU (the engine's is its own)
         self.ttft = Histogram("resplan_time_to_first_token_seconds", "Arrival to first token", registry=r,
                               buckets=LATENCY_BUCKETS)  # fmt: skip
-        self.itl = Histogram("resplan_inter_token_latency_seconds", "Gap between a request's consecutive tokens",
-                             registry=r, buckets=ITL_BUCKETS)  # fmt: skip
+        self.itl = ManyHistogram("resplan_inter_token_latency_seconds", "Gap between a request's consecutive tokens",
+                                 ITL_BUCKETS, r)  # fmt: skip
         self.e2e = Histogram("resplan_e2e_request_latency_seconds", "Arrival to the last token", registry=r,
                              buckets=LATENCY_BUCKETS)  # fmt: skip
         self.prompt_tokens = Counter("resplan_prompt_tokens", "Prompt tokens of finished requests", registry=r)
@@ -43,8 +68,8 @@ class Metrics:
         if token_times:
             self.ttft.observe(token_times[0] - arrived)
             self.e2e.observe(token_times[-1] - arrived)
-            for a, b in zip(token_times, token_times[1:], strict=False):
-                self.itl.observe(b - a)
+            if len(token_times) > 1:
+                self.itl.observe_many(np.diff(np.asarray(token_times)))
         self.prompt_tokens.inc(prompt_tokens)
         self.generation_tokens.inc(len(token_times))
         self.finished.labels(reason).inc()

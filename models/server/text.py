@@ -8,47 +8,56 @@ from models.engine.text import Detokenizer, Tokenizer
 
 
 class ChoiceText:
-    """``push(token)`` returns the text safe to send now and whether a stop string ended the choice; ``flush()`` the
-    rest once the engine finished it. The pieces concatenate to the decoded tokens, cut before the first stop
-    string."""
+    """``push(token)`` returns the text safe to send now; ``flush()`` the rest once the engine finished the choice;
+    ``stopped`` says a stop string ended it. The pieces concatenate to the decoded tokens, cut before the first stop
+    string. A push costs the length of its piece and the longest stop string, not of the text so far."""
 
     def __init__(self, tokenizer: Tokenizer, stops: list[str]) -> None:
         self.detok: Detokenizer = tokenizer.detokenizer()
         self.stops = stops
         self.hold = max((len(s) for s in stops), default=1) - 1  # a stop string's proper prefixes are this long at most
-        self.text = ""  # everything decoded so far (up to the stop string, once one matched)
-        self.sent = 0  # characters of ``text`` returned
-        self.searched = 0  # characters of ``text`` no stop string can start before, except within ``hold`` of it
+        self.released: list[str] = []  # the pieces returned so far
+        self.held = ""  # decoded, not yet returned: the last ``hold`` characters at most
+        self.window = ""  # the last ``hold`` characters decoded (released or held): where a stop string may begin
+        self.length = 0  # characters decoded so far (up to the stop string, once one matched)
         self.stopped = False
         self.tokens = 0  # tokens pushed (up to the one that completed the stop string)
 
+    @property
+    def text(self) -> str:
+        """Everything decoded so far (up to the stop string, once one matched)."""
+        return "".join(self.released) + self.held
+
     def push(self, token: int) -> str:
         self.tokens += 1
-        self.text += self.detok.push(token)
+        piece = self.detok.push(token)
         if not self.stops:
-            return self._release(len(self.text))
-        if self._cut():
-            return self._release(len(self.text))
-        return self._release(max(self.sent, len(self.text) - self.hold))
+            self.length += len(piece)
+            if piece:
+                self.released.append(piece)
+            return piece
+        return self._take(piece, hold=self.hold)
 
     def flush(self) -> str:
         """What is left once the engine has finished the choice (the detokenizer's held-back text included)."""
-        if not self.stopped:
-            self.text += self.detok.flush()
-            if self.stops:
-                self._cut()
-        return self._release(len(self.text))
+        if self.stopped:
+            return ""
+        return self._take(self.detok.flush(), hold=0)
 
-    def _cut(self) -> bool:
-        """Cut ``text`` at the first stop string that begins in the unsearched part; whether one did."""
-        start = max(0, self.searched - self.hold)
-        hits = [i for i in (self.text.find(s, start) for s in self.stops) if i >= 0]
-        self.searched = len(self.text)
-        if not hits:
-            return False
-        self.text, self.stopped = self.text[: min(hits)], True
-        return True
-
-    def _release(self, upto: int) -> str:
-        out, self.sent = self.text[self.sent : upto], max(self.sent, upto)
+    def _take(self, piece: str, hold: int) -> str:
+        """``piece`` appended, cut at the first stop string that ends in it; returns what may be released while the
+        last ``hold`` characters stay held."""
+        s = self.window + piece  # every stop string that could end in ``piece`` begins in here
+        start = len(self.window) - len(self.held)  # where the held text begins in ``s``
+        hits = [i for i in (s.find(stop) for stop in self.stops) if i >= 0]
+        if hits:
+            cut = min(hits)
+            self.stopped, hold = True, 0
+            s = s[:cut]
+        self.length += len(s) - len(self.window)
+        upto = max(start, len(s) - hold)
+        out, self.held = s[start:upto], s[upto:]
+        self.window = s[-self.hold :] if self.hold else ""
+        if out:
+            self.released.append(out)
         return out
