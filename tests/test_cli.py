@@ -12,7 +12,8 @@ from kernels.runtime import interpreted
 
 CLIS = ["models.demo", "models.generate", "models.server", *(f"models.bench.{m}" for m in (
     "attention", "decode_profile", "gemv", "planner", "prefill_profile", "prefill_ops", "serve", "traffic",
-    "pool_probe", "prefill_pass", "prefill_kernels", "sampler", "step_profile", "make_checkpoint"))]  # fmt: skip
+    "pool_probe", "prefill_pass", "prefill_kernels", "sampler", "step_profile", "make_checkpoint",
+    "front_end"))]  # fmt: skip
 
 
 @pytest.mark.parametrize("module", CLIS)

@@ -258,11 +258,17 @@ async def send_round(client, payloads: list[bytes], requests: list[Request], arr
     return list(outs), time.perf_counter() - t0
 
 
+KEEPALIVE_S = 2.0  # an idle connection's life in the client pool
+
+
 def client_for(url: str, max_connections: int | None, timeout_s: float):
     """One ``httpx.AsyncClient`` for the run: no cap on connections unless ``max_connections`` (then requests past it
-    wait for one, in their TTFT), every idle one kept, no proxy from the environment."""
+    wait for one, in their TTFT), every idle one kept for ``KEEPALIVE_S`` (less than servers' keep-alive timeouts,
+    5 s at the least, so the client never sends on a connection the server is closing), no proxy from the
+    environment."""
     httpx = _httpx()
-    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections,
+                          keepalive_expiry=KEEPALIVE_S)  # fmt: skip
     return httpx.AsyncClient(base_url=url, limits=limits, timeout=httpx.Timeout(timeout_s), trust_env=False)
 
 

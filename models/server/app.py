@@ -22,8 +22,7 @@ from collections.abc import AsyncIterator
 import attrs
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from starlette.background import BackgroundTask
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from models.engine.requests import FinishReason
 from models.engine.text import Tokenizer, TokenizerError
@@ -373,9 +372,9 @@ async def _serve(state: ServerState, body: SamplingFields, prompts: list[list[in
     release = Release(state, choices)
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
-        events = _events(state, rid, choices, chat, echo, n, include_usage)
-        return StreamingResponse(_finally(events, release), media_type="text/event-stream",
-                                 background=BackgroundTask(release.later))  # fmt: skip
+        closed = asyncio.Event()
+        return EventStream(_events(state, rid, choices, chat, echo, n, include_usage, closed), closed, choices,
+                           release)  # fmt: skip
     try:
         await _until_done(state, choices, request)
     finally:
@@ -407,18 +406,42 @@ class Release:
             else:
                 self.state.client.abort(c.stream.rid)
 
-    async def later(self) -> None:
-        """Starlette's background task: awaited once the response has ended, whether or not its stream started."""
-        self()
 
+class EventStream(Response):
+    """A response of server-sent events, each written straight to the ASGI ``send`` (Starlette's streaming response
+    runs a task group a response and three generator layers a chunk: the front end's CPU a token bounds a server's
+    tokens/s). A task watches for the client's disconnect: it sets ``closed`` and wakes the choices, which ends the
+    events. However the response ends, it is released."""
 
-async def _finally(events: AsyncIterator[str], release: Release) -> AsyncIterator[str]:
-    """The events, then (however the stream ends: done, or the client gone) the response released."""
-    try:
-        async for e in events:
-            yield e
-    finally:
-        release()
+    media_type = "text/event-stream"
+
+    def __init__(self, events: AsyncIterator[str], closed: asyncio.Event, choices: list[Choice],
+                 release: Release) -> None:  # fmt: skip
+        self.status_code, self.background = 200, None
+        self.init_headers()  # (no body: no content-length, so the server sends it chunked)
+        self.events, self.closed, self.choices, self.release = events, closed, choices, release
+
+    async def __call__(self, scope, receive, send) -> None:
+        watch = asyncio.ensure_future(self._watch(receive))
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            async for event in self.events:
+                await send({"type": "http.response.body", "body": event.encode(), "more_body": True})
+            if not self.closed.is_set():
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except OSError:  # (a server of ASGI 2.4 says the client is gone by raising it from send)
+            pass
+        finally:
+            watch.cancel()
+            await self.events.aclose()
+            self.release()
+
+    async def _watch(self, receive) -> None:
+        """Until the client disconnects; then the events end (their next wake-up sees ``closed``)."""
+        await _disconnected(receive)
+        self.closed.set()
+        for c in self.choices:
+            c.stream.wake.set()
 
 
 def _advance(state: ServerState, c: Choice) -> str:
@@ -427,7 +450,7 @@ def _advance(state: ServerState, c: Choice) -> str:
     s = c.stream
     out = []
     while c.read < len(s.tokens) and not c.text.stopped:
-        c.offsets.append(len(c.text.text))
+        c.offsets.append(c.text.length)
         out.append(c.text.push(s.tokens[c.read]))
         c.read += 1
     if c.text.stopped:
@@ -465,7 +488,7 @@ async def _wait_any(choices: list[Choice]) -> None:
 
 async def _until_done(state: ServerState, choices: list[Choice], request: Request) -> None:
     """Every choice finished; returns early (choices unfinished) if the client disconnects."""
-    gone = asyncio.ensure_future(_disconnected(request))
+    gone = asyncio.ensure_future(_disconnected(request.receive))
     try:
         while not all(c.done for c in choices):
             waiter = asyncio.ensure_future(_wait_any(choices))
@@ -481,10 +504,10 @@ async def _until_done(state: ServerState, choices: list[Choice], request: Reques
         gone.cancel()
 
 
-async def _disconnected(request: Request) -> None:
-    """Returns when the client has gone away."""
+async def _disconnected(receive) -> None:
+    """Returns when the client has gone away (``receive``: the request's ASGI receive)."""
     while True:
-        msg = await request.receive()
+        msg = await receive()
         if msg["type"] == "http.disconnect":
             return
 
@@ -520,9 +543,10 @@ def _sse(obj: dict) -> str:
 
 
 async def _events(state: ServerState, rid: str, choices: list[Choice], chat: bool, echo: list[str] | None, n: int,
-                  include_usage: bool) -> AsyncIterator[str]:  # fmt: skip
+                  include_usage: bool, closed: asyncio.Event) -> AsyncIterator[str]:  # fmt: skip
     """The response as server-sent events: one chunk per choice per wake-up with new text, a chunk with each choice's
-    finish reason, then (``include_usage``) the usage, then ``[DONE]``."""
+    finish reason, then (``include_usage``) the usage, then ``[DONE]``; nothing more once ``closed`` (the client
+    went away)."""
     created, obj = now(), "chat.completion.chunk" if chat else "text_completion"
     extra = {"usage": None} if include_usage else {}
 
@@ -553,6 +577,8 @@ async def _events(state: ServerState, rid: str, choices: list[Choice], chat: boo
             yield chunk(c, echo[c.index // n], None)
     while not all(c.done for c in choices):
         await _wait_any(choices)
+        if closed.is_set():
+            return
         for c in choices:
             if c.done:
                 continue

@@ -18,7 +18,6 @@ from collections.abc import Callable
 import attrs
 import numpy as np
 import zmq
-import zmq.asyncio
 
 from models.server.engine_core import EngineSpec, Kind, ServedModel, main, pack, pack_features, unpack
 
@@ -72,9 +71,10 @@ class EngineClient:
     """Starts and drives the engine core (module doc). ``start`` blocks until it is ready; ``run_reader`` is the
     task that delivers its outputs; ``add`` / ``abort`` / ``shutdown`` talk to it."""
 
-    def __init__(self, spec: EngineSpec, in_process: bool = False) -> None:
+    def __init__(self, spec: EngineSpec, in_process: bool = False, engine_main: Callable = main) -> None:
         self.spec = spec
         self.in_process = in_process
+        self.engine_main = engine_main  # the engine side's body (engine_core.main; a stand-in's in the front-end bench)
         self.ctx = zmq.Context()
         base = f"resplan-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         if in_process:
@@ -87,35 +87,42 @@ class EngineClient:
         self.from_engine = self.ctx.socket(zmq.PULL)
         self.from_engine.bind(self.from_engine_addr)
         self.streams: dict[str, RequestStream] = {}
+        self._outbox: list[bytes] = []  # messages queued for the engine in this loop iteration (``_send``)
         self.load = Load()
         self.served: ServedModel | None = None
         self.failed: str | None = None
         self._proc = None
+        self.launched_at = 0.0  # time.time() at launch
         self.on_step: Callable[[list, list, list], None] | None = None  # metrics: (tokens' rids, tokens, finished)
 
     # -- start and stop ------------------------------------------------------------------------------------------
     def start(self, on_progress: Callable[[str, float], None] = lambda stage, t: None,
               timeout_s: float = 1800.0) -> ServedModel:  # fmt: skip
-        """Start the engine core and wait until it is ready (``on_progress(stage, seconds)`` as it goes)."""
+        """Start the engine core and wait until it is ready (``on_progress(stage, seconds since the launch)`` as it
+        goes)."""
         self.launch()
         return self.wait_ready(on_progress, timeout_s)
 
     def launch(self) -> None:
         """Start the engine core (it loads and builds while the caller goes on)."""
+        self.launched_at = time.time()
         args = (self.spec, self.to_engine_addr, self.from_engine_addr, os.getpid())
         if self.in_process:
-            self._proc = threading.Thread(target=main, args=(*args, self.ctx), name="engine-core", daemon=True)
+            self._proc = threading.Thread(target=self.engine_main, args=(*args, self.ctx), name="engine-core",
+                                          daemon=True)  # fmt: skip
         else:
-            self._proc = multiprocessing.get_context("spawn").Process(target=main, args=args, name="engine-core",
-                                                                      daemon=True)  # fmt: skip
+            self._proc = multiprocessing.get_context("spawn").Process(target=self.engine_main, args=args,
+                                                                      name="engine-core", daemon=True)  # fmt: skip
         self._proc.start()
 
     def wait_ready(self, on_progress: Callable[[str, float], None] = lambda stage, t: None,
-                   timeout_s: float = 1800.0) -> ServedModel:  # fmt: skip
-        """Wait until the launched engine core is ready (``on_progress(stage, seconds)`` as it goes)."""
+                   timeout_s: float = 1800.0, check: Callable[[], None] = lambda: None) -> ServedModel:  # fmt: skip
+        """Wait until the launched engine core is ready (``on_progress(stage, seconds since the launch)`` as it
+        goes; ``check()`` between messages, and at least every 0.1 s: the caller's own start, which may raise)."""
         deadline = time.monotonic() + timeout_s
         while True:
-            if not self.from_engine.poll(1000):
+            check()
+            if not self.from_engine.poll(100):
                 if not self._proc.is_alive():
                     raise EngineFailed(f"the engine process exited (code {getattr(self._proc, 'exitcode', '?')}) "
                                        "before it was ready")  # fmt: skip
@@ -124,14 +131,14 @@ class EngineClient:
                 continue
             msg = unpack(self.from_engine.recv())
             if msg[0] == Kind.PROGRESS:
-                on_progress(msg[1], msg[2])
+                on_progress(msg[1], msg[2] - self.launched_at)
             elif msg[0] == Kind.FAILED:
                 raise EngineFailed(msg[1])
             elif msg[0] == Kind.READY:
                 d = msg[1]
                 d["eos_token_ids"], d["notes"] = tuple(d["eos_token_ids"]), tuple(d["notes"])
                 self.served = ServedModel(**d)
-                on_progress("ready", msg[2])
+                on_progress("engine ready", msg[2] - self.launched_at)
                 return self.served
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
@@ -153,56 +160,97 @@ class EngineClient:
             raise EngineFailed(self.failed)
         stream = self.streams[rid] = RequestStream(rid)
         self.load.waiting += 1  # (the engine's next STEP message says the truth again)
-        self.to_engine.send(pack(Kind.ADD, rid, prompt, sampling, pack_features(features)))
+        self._send(pack(Kind.ADD, rid, prompt, sampling, pack_features(features)))
         return stream
 
     def abort(self, rid: str) -> None:
         """End a request in the engine (a client went away, or a stop string ended it); its stream is forgotten."""
         if self.streams.pop(rid, None) is not None:
-            self.to_engine.send(pack(Kind.ABORT, rid))
+            self._send(pack(Kind.ABORT, rid))
+
+    def _send(self, msg: bytes) -> None:
+        """A message to the engine. Within the server's loop it is queued, and the queue goes out as one multipart
+        message once the loop's ready callbacks have run: a burst of requests wakes the engine's socket once, not once
+        a request (a wake-up is a syscall that costs the sender tens of microseconds and more on a busy host)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # (no loop: before serving, or the in-process thread's shutdown)
+            self.to_engine.send(msg)
+            return
+        if not self._outbox:
+            loop.call_soon(self._flush)
+        self._outbox.append(msg)
+
+    def _flush(self) -> None:
+        frames, self._outbox = self._outbox, []
+        self.to_engine.send_multipart(frames)
 
     def forget(self, rid: str) -> None:
         """A finished request's stream is no longer wanted."""
         self.streams.pop(rid, None)
 
     async def run_reader(self) -> None:
-        """Deliver the engine's outputs to the streams until the engine stops (a task of the server's loop)."""
-        sock = zmq.asyncio.Socket.from_socket(self.from_engine)
+        """Deliver the engine's outputs to the streams until the engine fails (a task of the server's loop): the
+        socket's descriptor is watched by the loop, and each time it signals, every message waiting is taken."""
+        loop = asyncio.get_running_loop()
+        failed = loop.create_future()
+        sock, fd = self.from_engine, self.from_engine.getsockopt(zmq.FD)
+
+        def readable() -> None:
+            while not failed.done():
+                try:
+                    msg = unpack(sock.recv(zmq.NOBLOCK))
+                except zmq.Again:
+                    return
+                except Exception as e:  # noqa: BLE001 (the task ends with it)
+                    failed.set_exception(e)
+                    return
+                if not self._deliver(msg):
+                    failed.set_result(None)
+
+        loop.add_reader(fd, readable)
+        try:
+            readable()  # what came before the descriptor was watched (it signals only new arrivals)
+            await failed
+        finally:
+            loop.remove_reader(fd)
+
+    def _deliver(self, msg: list) -> bool:
+        """One engine message to the streams; False once the engine has failed."""
         streams = self.streams
-        while True:
-            msg = unpack(await sock.recv())
-            kind = msg[0]
-            if kind == Kind.STEP:
-                _, rids, tokens, finished, load, lp = msg
-                now = time.perf_counter()
-                touched = set()
-                for rid, tok in zip(rids, tokens, strict=True):
-                    s = streams.get(rid)
-                    if s is not None:
-                        s.tokens.append(tok)
-                        s.token_times.append(now)
-                        touched.add(s)
-                if lp is not None:
-                    _logprobs(streams, rids, lp)
-                for rid, reason in finished:
-                    s = streams.get(rid)
-                    if s is not None:
-                        s.finish = reason
-                        touched.add(s)
-                for s in touched:
-                    s.wake.set()
-                self.load = Load(*load)
-                if self.on_step is not None:
-                    self.on_step(rids, tokens, finished)
-            elif kind == Kind.REJECTED:
-                s = streams.pop(msg[1], None)
+        kind = msg[0]
+        if kind == Kind.STEP:
+            _, rids, tokens, finished, load, lp = msg
+            now = time.perf_counter()
+            touched = set()
+            for rid, tok in zip(rids, tokens, strict=True):
+                s = streams.get(rid)
                 if s is not None:
-                    s.finish, s.error_field, s.error = "rejected", msg[2], msg[3]
-                    s.wake.set()
-            elif kind == Kind.FAILED:
-                self.failed = msg[1]
-                for s in list(streams.values()):
-                    s.finish, s.error = "failed", "the engine failed"
-                    s.wake.set()
-                streams.clear()
-                return
+                    s.tokens.append(tok)
+                    s.token_times.append(now)
+                    touched.add(s)
+            if lp is not None:
+                _logprobs(streams, rids, lp)
+            for rid, reason in finished:
+                s = streams.get(rid)
+                if s is not None:
+                    s.finish = reason
+                    touched.add(s)
+            for s in touched:
+                s.wake.set()
+            self.load = Load(*load)
+            if self.on_step is not None:
+                self.on_step(rids, tokens, finished)
+        elif kind == Kind.REJECTED:
+            s = streams.pop(msg[1], None)
+            if s is not None:
+                s.finish, s.error_field, s.error = "rejected", msg[2], msg[3]
+                s.wake.set()
+        elif kind == Kind.FAILED:
+            self.failed = msg[1]
+            for s in list(streams.values()):
+                s.finish, s.error = "failed", "the engine failed"
+                s.wake.set()
+            streams.clear()
+            return False
+        return True

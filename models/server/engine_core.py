@@ -1,13 +1,14 @@
 """The engine core in a process of its own: it builds the engine, warms it up, and then only steps it.
 
 The front end (``client.EngineClient``) and this process talk over two ZMQ sockets, one each way, every message one
-msgpack array whose first item is its kind (``Kind``). The front end sends ADD (request id, prompt ids, sampling fields,
-and Whisper's features or None), ABORT (request id) and SHUTDOWN. The engine sends PROGRESS while it starts, READY with
-what it serves (``ServedModel``), then a STEP message for every step that gave tokens or results: the request id of each
-new token and the token, the finished requests with their finish reasons, the engine's load and step counters, and (when
-a token of the step asked) the tokens' logprobs: float32 logprob [n], int32 top ids and float32 top logprobs [n, 5], as
-bytes. A request the engine refuses comes back as REJECTED (its field and message); FAILED carries a fatal error's
-traceback before the process exits.
+msgpack array whose first item is its kind (``Kind``); the front end sends what one turn of its loop gave as the frames
+of one multipart message. The front end sends ADD (request id, prompt ids, sampling fields, and Whisper's features or
+None), ABORT (request id) and SHUTDOWN. The engine sends PROGRESS while it starts (each stage with the wall-clock time
+it began), READY with what it serves (``ServedModel``), then a STEP message for every step that gave tokens or results:
+the request id of each new token and the token, the finished requests with their finish reasons, the engine's load and
+step counters, and (when a token of the step asked) the tokens' logprobs: float32 logprob [n], int32 top ids and float32
+top logprobs [n, 5], as bytes. A request the engine refuses comes back as REJECTED (its field and message); FAILED
+carries a fatal error's traceback before the process exits.
 
 Between steps the loop takes every message waiting, then steps; with nothing to run it blocks on its inbox (waking every
 second to see whether the front end still lives). Nothing else runs in this process: no tokenizer, no HTTP.
@@ -76,7 +77,9 @@ def unpack(data: bytes) -> list:
 
 def build_engine(spec: EngineSpec, progress):
     """The engine ``spec`` describes and what it serves; ``progress(stage)`` is told each stage as it starts."""
-    import torch
+    progress("importing torch and the engine")
+    os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")  # autotuned kernels' picks kept on disk with the compiled
+    import torch  # kernels (else every start benchmarks every config of every autotuned kernel again)
 
     from models.engine.adapters import build_adapter
     from models.engine.config import PrefillPlacement
@@ -164,18 +167,19 @@ def serve(engine, inbox: zmq.Socket, outbox: zmq.Socket, parent: int) -> None:
     while True:
         busy = engine.has_work()
         while inbox.poll(0 if busy else ALIVE_CHECK_MS):
-            msg = unpack(inbox.recv())
-            kind = msg[0]
-            if kind == Kind.ADD:
-                _, rid, prompt, sampling, features = msg
-                try:
-                    engine.submit(request_of(prompt, sampling, rid, features))
-                except (InvalidRequest, TypeError) as e:
-                    outbox.send(pack(Kind.REJECTED, rid, getattr(e, "field", "request"), str(e)))
-            elif kind == Kind.ABORT:
-                engine.abort(msg[1])
-            elif kind == Kind.SHUTDOWN:
-                return
+            for frame in inbox.recv_multipart():
+                msg = unpack(frame)
+                kind = msg[0]
+                if kind == Kind.ADD:
+                    _, rid, prompt, sampling, features = msg
+                    try:
+                        engine.submit(request_of(prompt, sampling, rid, features))
+                    except (InvalidRequest, TypeError) as e:
+                        outbox.send(pack(Kind.REJECTED, rid, getattr(e, "field", "request"), str(e)))
+                elif kind == Kind.ABORT:
+                    engine.abort(msg[1])
+                elif kind == Kind.SHUTDOWN:
+                    return
             busy = True
         if not busy and os.getppid() != parent:
             return  # the front end is gone
@@ -194,17 +198,21 @@ def serve(engine, inbox: zmq.Socket, outbox: zmq.Socket, parent: int) -> None:
 
 def main(spec: EngineSpec, inbox_addr: str, outbox_addr: str, parent: int, context: zmq.Context | None = None) -> None:
     """The engine process's body (or, with ``context``, a thread's in the front end's process)."""
+    run_core(build_engine, spec, inbox_addr, outbox_addr, parent, context)
+
+
+def run_core(build, spec: EngineSpec, inbox_addr: str, outbox_addr: str, parent: int,
+             context: zmq.Context | None = None) -> None:  # fmt: skip
+    """Connect, ``build(spec, progress)`` the engine (``(engine, ServedModel)``), say READY, then ``serve`` it."""
     if context is None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the front end decides
     ctx = context or zmq.Context()
     inbox, outbox = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
     inbox.connect(inbox_addr)
     outbox.connect(outbox_addr)
-    t0 = time.perf_counter()
-    try:
-        engine, served = build_engine(spec, lambda stage: outbox.send(pack(Kind.PROGRESS, stage,
-                                                                           time.perf_counter() - t0)))  # fmt: skip
-        outbox.send(pack(Kind.READY, attrs.asdict(served), time.perf_counter() - t0))
+    try:  # (the times are the wall clock's: the front end says them from its own start)
+        engine, served = build(spec, lambda stage: outbox.send(pack(Kind.PROGRESS, stage, time.time())))
+        outbox.send(pack(Kind.READY, attrs.asdict(served), time.time()))
         serve(engine, inbox, outbox, parent)
     except Exception:  # the front end reports it (with this traceback) and stops; the process ends quietly
         outbox.send(pack(Kind.FAILED, traceback.format_exc()))
