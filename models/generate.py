@@ -17,6 +17,7 @@ stderr. Ctrl-C ends the command (exit status 130).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -180,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command; 0 when every request finished, 130 on Ctrl-C (one line on stderr), 2 on an error."""
     ap = parser()
     args = ap.parse_args(argv)
+    os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")  # autotuned kernels' picks kept on disk (as the server's)
     try:
         return _generate(args, ap, Progress(args.quiet))
     except KeyboardInterrupt:

@@ -61,9 +61,13 @@ class Tokenizer:
         """A prompt's ids, with the special tokens the tokenizer adds to a text (as transformers' pipelines do)."""
         return list(self.hf(text)["input_ids"])
 
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.hf, "chat_template", None))
+
     def chat(self, messages: Sequence[dict]) -> list[int]:
         """Chat messages ({"role", "content"} each) through the checkpoint's chat template, ready for the reply."""
-        if not getattr(self.hf, "chat_template", None):
+        if not self.has_chat_template:
             raise TokenizerError("the checkpoint has no chat template (chat_template in tokenizer_config.json, or "
                                  "chat_template.jinja): give the prompt as text")  # fmt: skip
         out = self.hf.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)

@@ -18,6 +18,7 @@ start-up log says what each default chose.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import sys
 import time
 from pathlib import Path
@@ -25,6 +26,8 @@ from pathlib import Path
 from models.cli import OneLineParser, positive_int
 
 DRAIN_TIMEOUT_S = 60.0
+KEEP_ALIVE_S = 15.0  # an idle HTTP connection is closed after this (clients' pools keep theirs about 5 s)
+WARM_UP_TIMEOUT_S = 120.0  # the start-up's requests to itself
 
 
 def parser() -> OneLineParser:
@@ -115,22 +118,27 @@ def raise_open_files_limit() -> None:
 
 
 class _Progress:
-    """The start-up stages on stderr: a bar when stderr is a terminal (and wanted), else a line each."""
+    """The start-up stages on stderr, each with the seconds since the launch: a bar when stderr is a terminal (and
+    wanted), else a line each."""
+
+    STAGES = 7  # the engine's five (importing, loading, building, warming up, ready), the front end's two
 
     def __init__(self, show_bar: bool) -> None:
         from tqdm import tqdm
 
-        self.bar = tqdm(total=4, desc="starting", file=sys.stderr, leave=False,
+        self.bar = tqdm(total=self.STAGES, desc="starting", file=sys.stderr, leave=False,
                         bar_format="{desc} {bar} {elapsed}") if show_bar else None  # fmt: skip
 
     def __call__(self, stage: str, seconds: float) -> None:
         if self.bar is not None:
             self.bar.set_description_str(stage)
             self.bar.update(1)
-            if stage == "ready":
-                self.bar.close()
         else:
             print(f"[{seconds:6.1f} s] {stage}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,20 +157,34 @@ def main(argv: list[str] | None = None) -> int:
     client = EngineClient(spec, in_process=args.in_process)
     t0 = time.perf_counter()
     raise_open_files_limit()
+    progress = _Progress(not args.no_progress and sys.stderr.isatty())
     front = _front_end(ap, args) if args.in_process else None  # (transformers' lazy imports are not safe from two
     client.launch()  # threads at once; a process of its own imports, loads and builds while this one checks and reads
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="front-end-start")
+    reading = pool.submit(lambda: front or _front_end(ap, args))
+    pool.shutdown(wait=False)
+    told = []
+
+    def check() -> None:  # (the engine's wait: the front end's own start reported once, a failure of it raised)
+        if reading.done() and not told:
+            told.append(reading.result())
+            progress("front end: tokenizer read", time.time() - client.launched_at)
+
     try:
         try:
-            tokenizer, audio = front or _front_end(ap, args)
+            served = client.wait_ready(progress, check=check)
+            tokenizer, audio = reading.result()
+            check()
         except SystemExit:
             client.shutdown()
             raise
-        served = client.wait_ready(_Progress(not args.no_progress and sys.stderr.isatty()))
     except EngineFailed as e:
+        progress.close()
         print(f"python -m models.server: error: the engine could not start:\n{e}", file=sys.stderr)
         client.shutdown()
         return 1
     except KeyboardInterrupt:
+        progress.close()
         print("python -m models.server: interrupted while starting", file=sys.stderr)
         client.shutdown()
         return 130
@@ -170,19 +192,56 @@ def main(argv: list[str] | None = None) -> int:
 
     from models.server.app import ServerState, build_app
 
-    for note in served.notes:
-        print(f"  {note}", file=sys.stderr)
     state = ServerState(client, tokenizer, args.served_model_name or served.name, args.max_waiting, audio)
     app = build_app(state)
     server = _DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
-                                            timeout_graceful_shutdown=5), state, args.drain_timeout)  # fmt: skip
-    server.on_ready = lambda port: print(f"ready: http://{args.host}:{port} (model {state.model}, "
-                                         f"{time.perf_counter() - t0:.1f} s)", flush=True)  # fmt: skip
+                                            timeout_graceful_shutdown=5, timeout_keep_alive=KEEP_ALIVE_S),
+                             state, args.drain_timeout)  # fmt: skip
+
+    async def on_listening(port: int) -> None:
+        await warm_front_end(state, args.host, port)
+        progress("front end: warmed up through HTTP", time.time() - client.launched_at)
+        progress.close()
+        for note in served.notes:
+            print(f"  {note}", file=sys.stderr)
+        print(f"ready: http://{args.host}:{port} (model {state.model}, {time.perf_counter() - t0:.1f} s)", flush=True)
+
+    server.on_listening = on_listening
     try:
         server.run()
     finally:
         client.shutdown()
     return 0
+
+
+async def warm_front_end(state, host: str, port: int) -> None:
+    """One streamed request of each kind the server takes, sent to itself over HTTP before it says "ready", so that
+    no client's request pays for a first use (the routes' validators, the tokenizer's and the chat template's first
+    call, the engine's first step after its warm-up); the metrics start after it. A failure is reported, not fatal."""
+    import asyncio
+    import json
+
+    from models.server.metrics import Metrics
+
+    bodies = [] if state.audio is not None else [
+        ("/v1/completions", {"prompt": [1, 2, 3, 4], "max_tokens": 2, "stream": True, "ignore_eos": True}),
+        *([("/v1/chat/completions", {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 2,
+                                     "stream": True})] if state.tokenizer.has_chat_template else []),
+    ]  # fmt: skip
+    target = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+    for path, body in bodies:
+        data = json.dumps(body).encode()
+        try:
+            reader, writer = await asyncio.open_connection(target, port)
+            writer.write(f"POST {path} HTTP/1.1\r\nHost: {target}\r\nContent-Type: application/json\r\n"
+                         f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data)  # fmt: skip
+            reply = await asyncio.wait_for(reader.read(-1), WARM_UP_TIMEOUT_S)
+            writer.close()
+            if b"data: [DONE]" not in reply:
+                raise RuntimeError(reply.decode(errors="replace").split("\r\n", 1)[0])
+        except Exception as e:  # noqa: BLE001 (reported; the server serves on)
+            print(f"warning: the warm-up request to {path} failed: {e}", file=sys.stderr, flush=True)
+    state.metrics = Metrics(lambda: state.client.load)
 
 
 class _DrainingServer:
@@ -193,7 +252,7 @@ class _DrainingServer:
         import uvicorn
 
         class Server(uvicorn.Server):
-            on_ready = None
+            on_listening = None  # an async callable of the port, awaited once the server listens
 
             def handle_exit(self, sig, frame) -> None:
                 if state.draining:
@@ -204,8 +263,8 @@ class _DrainingServer:
 
             async def startup(self, sockets=None) -> None:
                 await super().startup(sockets)
-                if self.on_ready is not None and self.servers:
-                    self.on_ready(self.servers[0].sockets[0].getsockname()[1])
+                if self.on_listening is not None and self.servers:
+                    await self.on_listening(self.servers[0].sockets[0].getsockname()[1])
 
             async def on_tick(self, counter: int) -> bool:
                 if state.draining and (state.active == 0 or time.monotonic() > self.drain_deadline):
