@@ -47,6 +47,22 @@ def test_an_arm_is_paired_with_the_host_arm_at_its_own_placement_and_budget():
     assert "| m c=1 | resident-xqa | in-step | 1024 |" in md and "| m c=1 | resident-xqa | beside | whole |" in md
 
 
+def test_every_arm_is_paired_with_host_triton_overlap_the_baseline_of_the_row_store():
+    """resident-triton over host-triton-overlap (rows resident vs a host refill) in its own column, paired by round;
+    the baseline itself has no ratio against itself."""
+    base, res = (Arm.of(name, PrefillPlacement.BESIDE, Budget.WHOLE, "cuda")
+                 for name in ("host-triton-overlap", "resident-triton"))  # fmt: skip
+    runs = [run(HOST, 0, 100.0, 2.0, 1000.0), run(base, 0, 150.0, 1.6, 1250.0), run(res, 0, 165.0, 1.5, 1300.0),
+            run(HOST, 1, 100.0, 2.0, 1000.0), run(base, 1, 200.0, 1.6, 1250.0), run(res, 1, 240.0, 1.5, 1300.0)]
+    md, _ = summarize(runs, [HOST, base, res])
+    header = [c.strip() for c in md.splitlines()[0].strip("|").split("|")]
+    col = header.index("vs host-triton-overlap")
+    cells = {cols[1]: cols[col] for cols in ([c.strip() for c in line.strip("|").split("|")]
+                                             for line in md.splitlines()[2:])}  # fmt: skip
+    assert cells["resident-triton"] == "1.15x [1.10-1.20]" and cells["host-triton-overlap"] == "-"
+    assert cells["host"] == f"{(100 / 150 + 100 / 200) / 2:.2f}x [0.50-0.67]"
+
+
 def test_the_host_yardstick_times_a_steady_planner_step():
     from models.bench.arms import planner_yardstick
 

@@ -209,6 +209,26 @@ def test_a_run_alternates_placements_and_budgets_and_its_report_labels_each(tmp_
     assert [r["label"] for r in data["rows"]] == labels
 
 
+def test_host_triton_overlap_is_resident_triton_with_its_rows_refilled_on_the_host():
+    """The baseline of the row store: host-planned, overlapped, the plan-free Triton attention; its engine config
+    differs from resident-triton's in the planning alone, and the GPU runs of both benchmarks run it by default."""
+    import attrs
+
+    from models.bench import serve
+    from models.bench.arms import Arm, Budget, parse_arms
+    from models.engine import Planning, PrefillPlacement
+    from models.layers.decode_attention import Backend
+
+    arm = Arm.of("host-triton-overlap", PrefillPlacement.IN_STEP, Budget.AUTO, "cpu")
+    cfg = arm.config(max_running=4)
+    assert (cfg.planning, cfg.attention, cfg.overlap) == (Planning.HOST, Backend.TRITON, True)
+    assert attrs.evolve(arm.peer("resident-triton").config(max_running=4), planning=Planning.HOST) == cfg
+    assert parse_arms("host-triton-overlap", "cpu") == ["host-triton-overlap"]  # Triton interprets on a CPU
+    assert "host-triton-overlap" in traffic.GPU_ARMS.split(",")
+    served = serve.parser().parse_args(["--out", "x"]).arms
+    assert "host-triton-overlap" in parse_arms(served, "cuda", extra=(serve.TRANSFORMERS,))
+
+
 def test_a_tensor_parallel_run_places_its_passes_in_the_step():
     """``RankEngine`` refuses a pass beside the decode steps: under torchrun the default is in the step, and a beside
     placement asked for is refused naming --prefill."""

@@ -7,12 +7,19 @@ Engine arms (``ARMS``: planning, decode attention, overlap):
   host-overlap    the strongest host-planned design, what engines with asynchronous scheduling run: host-planned and
                   fa2 as ``host``, but step N+1's buffers are filled, copied and planned while step N runs on the GPU,
                   and its input ids come from the device (the last step's sampled tokens)
+  host-triton-overlap  the honest baseline of the row store: host-planned, every decode step refills its buffers on
+                  the host (one H2D), overlapped as ``host-overlap``, with the same plan-free Triton attention as
+                  ``resident-triton``: what it isolates against resident-triton is rows resident vs a host refill
   resident-fa2    rows resident in the device store (resplan), fa2 still planned every step: isolates the table gain
   resident-xqa    rows resident, FlashInfer XQA reads the gathered tables in the graph: no host plan at all; each
                   decode step is launched before the last one's tokens are read (overlap)
   resident-triton the same with our split-KV Triton attention, which reads the tables in the graph too
   resident-xqa-sync, resident-triton-sync  the same without overlap (isolates what planning alone gains)
   host-torch, resident-torch  plain-torch attention (resident with overlap): the arms a CPU runs
+
+What the reports' ratios (paired by round, at one placement and budget) isolate: resident-triton over
+host-triton-overlap, rows resident vs a host refill (same attention, same overlap); host-triton-overlap over
+host-overlap, a plan-free attention vs fa2's host plan; host-overlap over host, overlap vs none.
 
 A run's arms are every engine arm it names (``--arms``) in every prefill placement (``--prefill``: values of
 ``PrefillPlacement``; default the engine's for the device) and every token budget (``--token-budget``: ``auto``, the
@@ -48,6 +55,7 @@ class Decoding:
 ARMS = {
     "host": Decoding(Planning.HOST, Backend.FA2, False),
     "host-overlap": Decoding(Planning.HOST, Backend.FA2, True),
+    "host-triton-overlap": Decoding(Planning.HOST, Backend.TRITON, True),
     "resident-fa2": Decoding(Planning.RESIDENT, Backend.FA2, False),
     "resident-xqa": Decoding(Planning.RESIDENT, Backend.XQA, True),
     "resident-triton": Decoding(Planning.RESIDENT, Backend.TRITON, True),

@@ -3,17 +3,19 @@
     python -m models.bench.serve --model qwen3_5-0.8b --concurrency 1,16,64 --prompt-len 512 --gen 256 --rounds 2 \\
         --out models/bench/results/serve-h200
 
-Arms (``--arms``): the engine arms of ``models/bench/arms.py`` (host, host-overlap, resident-fa2, resident-xqa,
-resident-triton, resident-xqa-sync, resident-triton-sync), each at every prefill placement of ``--prefill`` and every
-token budget of ``--token-budget`` (default: the engine's placement, beside, and whole prompts), labelled by the three
-(``resident-xqa beside whole``); and ``transformers``: transformers' own Qwen3.5 ``generate`` with its cache (same
-weights). ``python -m models.bench.traffic`` measures the same arms under arrivals and varied lengths.
+Arms (``--arms``): the engine arms of ``models/bench/arms.py`` (host, host-overlap, host-triton-overlap,
+resident-fa2, resident-xqa, resident-triton, resident-xqa-sync, resident-triton-sync), each at every prefill
+placement of ``--prefill`` and every token budget of ``--token-budget`` (default: the engine's placement, beside, and
+whole prompts), labelled by the three (``resident-xqa beside whole``); and ``transformers``: transformers' own
+Qwen3.5 ``generate`` with its cache (same weights). ``python -m models.bench.traffic`` measures the same arms under
+arrivals and varied lengths.
 
 Every request has a ``--prompt-len`` random prompt and generates exactly ``--gen`` tokens (no stop token). Per cell
-and arm: output tok/s (all tokens / wall time of the run), ITL p50/mean (gaps between a request's consecutive tokens),
-TTFT p50, and per decode step: host phases (plan: resident plan+flush or host fill; attention schedule: fa2's table
-build and plan(); launch; wait for the GPU; rest), H2D copies and bytes, and the GPU graph time against the step's wall
-time.
+and arm: output tok/s (all tokens / wall time of the run) and its ratio to host, host-overlap and host-triton-overlap
+(paired by round; what each isolates: ``models/bench/arms.py``), ITL p50/mean (gaps between a request's consecutive
+tokens), TTFT p50, and per decode step: host phases (plan: resident plan+flush or host fill; attention schedule: fa2's
+table build and plan(); launch; wait for the GPU; rest), H2D copies and bytes, and the GPU graph time against the
+step's wall time.
 Every timed run starts from a collected and frozen heap (``gc.freeze()``, as serving engines do after start-up), so
 one arm does not pay for the objects another left behind. Writes ``results.md``, ``results.json`` and ``tokps.png``
 under ``--out``.
@@ -137,16 +139,17 @@ def _label(arm: Arm | str) -> str:
 
 
 def summarize(runs: list[dict], arms: list[Arm | str]) -> tuple[str, list[dict]]:
-    """Per cell and arm: median [min-max] over rounds, and ratios against host (and host-overlap) at the arm's
-    placement and budget (transformers: against the first host arm), paired by round."""
+    """Per cell and arm: median [min-max] over rounds, and ratios against host (and host-overlap,
+    host-triton-overlap) at the arm's placement and budget (transformers: against the first host arm), paired by
+    round."""
     rows, lines = [], []
     cells = sorted({(r["model"], r["c"]) for r in runs}, key=lambda x: (x[0], x[1]))
     hosts = [a for a in arms if isinstance(a, Arm) and a.name == "host"]
     lines.append("| cell | arm | prefill | token budget | tok/s median [min-max] | vs host | vs host-overlap | "
-                 "decode tok/s | vs host | ITL p50/mean ms | per token vs host (ITL mean) | TTFT p50 ms | step us | "
-                 "plan us | attn schedule us | launch us | GPU wait us | GPU graph us | idle us | H2D/step | "
-                 "H2D B/step | same tokens as host |")  # fmt: skip
-    lines.append("|" + "---|" * 22)
+                 "vs host-triton-overlap | decode tok/s | vs host | ITL p50/mean ms | per token vs host (ITL mean) | "
+                 "TTFT p50 ms | step us | plan us | attn schedule us | launch us | GPU wait us | GPU graph us | "
+                 "idle us | H2D/step | H2D B/step | same tokens as host |")  # fmt: skip
+    lines.append("|" + "---|" * 23)
     for model, c in cells:
         cell = [r for r in runs if r["model"] == model and r["c"] == c]
         for arm in arms:
@@ -156,6 +159,7 @@ def summarize(runs: list[dict], arms: list[Arm | str]) -> tuple[str, list[dict]]
             like = arm if isinstance(arm, Arm) else hosts[0] if hosts else None
             host = [r for r in cell if like is not None and r["label"] == like.peer("host").label]
             host_over = [r for r in cell if like is not None and r["label"] == like.peer("host-overlap").label]
+            host_triton = [r for r in cell if like is not None and r["label"] == like.peer("host-triton-overlap").label]
             host_med = float(np.median([r["tokps"] for r in host])) if host else float("nan")
             name = arm.name if isinstance(arm, Arm) else arm
             t = [r["tokps"] for r in rs]
@@ -179,10 +183,11 @@ def summarize(runs: list[dict], arms: list[Arm | str]) -> tuple[str, list[dict]]
             dratio = paired_ratio(rs, host, "decode_tokps") if name != TRANSFORMERS else "-"
             iratio = paired_ratio(rs, host, "itl_mean_ms", invert=True)
             oratio = paired_ratio(rs, host_over, "tokps") if name not in ("host", "host-overlap") else "-"
+            tratio = paired_ratio(rs, host_triton, "tokps") if name != "host-triton-overlap" else "-"
             idle = row["step_us"] - row["gpu_us"]
             lines.append(
                 f"| {model} c={c} | {name} | {prefill} | {budget} | {med:.0f} [{min(t):.0f}-{max(t):.0f}] | {ratio} | "
-                f"{oratio} | {np.median(dec):.0f} | {dratio} | "
+                f"{oratio} | {tratio} | {np.median(dec):.0f} | {dratio} | "
                 f"{row['itl_p50_ms']:.2f}/{row['itl_mean_ms']:.2f} | {iratio} | {row['ttft_p50_ms']:.0f} | "
                 f"{row['step_us']:.0f} | {row['plan_us']:.1f} | {row['attn_schedule_us']:.1f} | "
                 f"{row['launch_us']:.0f} | "
@@ -222,9 +227,10 @@ def parser() -> argparse.ArgumentParser:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("--model", default="qwen3_5-0.8b", help="model(s), comma-separated (random weights)")
     ap.add_argument("--concurrency", default="1,16,64", help="concurrency cells, comma-separated")
-    ap.add_argument("--arms", default="host,host-overlap,resident-fa2,resident-xqa-sync,resident-xqa,resident-triton,"
-                    "transformers", help="arms, comma-separated (see models/bench/arms.py); each engine arm runs at "
-                                         "every --prefill placement and --token-budget")  # fmt: skip
+    ap.add_argument("--arms", default="host,host-overlap,host-triton-overlap,resident-fa2,resident-xqa-sync,"
+                    "resident-xqa,resident-triton,transformers",
+                    help="arms, comma-separated (see models/bench/arms.py); each engine arm runs at every --prefill "
+                         "placement and --token-budget")  # fmt: skip
     add_arm_options(ap, "whole")
     ap.add_argument("--transformers-c", default="1,16", help="cells where the transformers arm runs")
     ap.add_argument("--prompt-len", type=int, default=512, help="tokens each prompt has (default 512)")

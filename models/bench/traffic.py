@@ -11,18 +11,19 @@ or ``--trace FILE.jsonl`` (one ``{"arrival_s", "prompt_len", "output_len"}`` a l
 ``--sampled-frac`` of the requests sample (``--temperature``, ``--top-p``, ``--top-k``), ``--stop-frac`` carry stop
 tokens (random ids: with random weights they rarely fire; the requests end at their length).
 
-Every arm (``models/bench/arms.py``: an engine arm of ``--arms``, host, host-overlap, resident-fa2, resident-xqa,
-resident-triton, ..., at a placement of ``--prefill`` and a budget of ``--token-budget``, labelled by the three:
-``resident-triton beside 2048``) gets its own engine, built once and warmed up on traffic of the same shape. Each
+Every arm (``models/bench/arms.py``: an engine arm of ``--arms``, host, host-overlap, host-triton-overlap, resident-fa2,
+resident-xqa, resident-triton, ..., at a placement of ``--prefill`` and a budget of ``--token-budget``, labelled by the
+three: ``resident-triton beside 2048``) gets its own engine, built once and warmed up on traffic of the same shape. Each
 round draws its own traffic from the distributions (a trace: the same every round), serves it once untimed
 (``--prerun``: the process's one-time costs of the round's prefill shapes would otherwise fall on whichever arm meets
-them first), then serves it timed in every arm, the arm order reversed every other round. A request's TTFT counts
-from its arrival, not from when the engine loop got to it. Per arm (median [min-max] over rounds): output tok/s and
-requests/s, TTFT and ITL p50/p90/p99, TPOT mean, decode steps, mixed steps and their mean wall time, prefill passes
-(tokens, wall and GPU time a pass), decode steps beside a pass in flight (passes beside the decode steps), H2D copies
-a decode step, peak GPU memory, and whether its first tokens (and all tokens) equal those of the host arm at its
-placement and budget. (With passes beside the decode steps, or arrivals over time, two arms batch their rows by their
-own timing, so in bf16 a near-tie may break the other way.)
+them first), then serves it timed in every arm, the arm order reversed every other round. A request's TTFT counts from
+its arrival, not from when the engine loop got to it. Per arm (median [min-max] over rounds): output tok/s (and its
+ratio to host, host-overlap and host-triton-overlap, paired by round) and requests/s, TTFT and ITL p50/p90/p99, TPOT
+mean, decode steps, mixed steps and their mean wall time, prefill passes (tokens, wall and GPU time a pass), decode
+steps beside a pass in flight (passes beside the decode steps), H2D copies a decode step, peak GPU memory, and whether
+its first tokens (and all tokens) equal those of the host arm at its placement and budget. (With passes beside the
+decode steps, or arrivals over time, two arms batch their rows by their own timing, so in bf16 a near-tie may break the
+other way.)
 
 Writes ``results.md``, ``results.json``, ``ttft_cdf.png``, ``itl_cdf.png`` and ``timeline.png`` (the last round of
 each arm: rows, prompt tokens and wall time of every step) under ``--out``. Runs on a CPU too (tiny model, the
@@ -78,7 +79,7 @@ from models.engine import Engine, EngineConfig, PrefillPlacement
 from models.engine.adapters import MODEL_CONFIGS, build_adapter, model_context
 from models.engine.tensor_parallel import RankEngine, build_rank_adapter, join_group
 
-GPU_ARMS = "host,host-overlap,resident-fa2,resident-xqa,resident-triton"
+GPU_ARMS = "host,host-overlap,host-triton-overlap,resident-fa2,resident-xqa,resident-triton"
 CPU_ARMS = "host-torch,resident-torch"
 COUNTERS = ("decode_steps", "mixed_steps", "prefill_steps", "prefill_passes", "prefill_tokens", "prefill_ns",
             "prefill_host_ns", "prefill_gpu_ms", "mixed_ns", "decode_ns", "gpu_ms", "h2d_copies", "rows_decoded",
@@ -455,10 +456,11 @@ def same_tokens(runs: list[dict], base: list[dict]) -> tuple[str, str]:
 
 def summarize(runs: list[dict], arms: list[Arm]) -> tuple[str, list[dict]]:
     """The report's table (one row an arm: its engine arm, placement and budget) and its rows as dicts. An arm is
-    compared with the host arm (host, else host-torch) and host-overlap at its own placement and budget."""
+    compared with the host arm (host, else host-torch), host-overlap and host-triton-overlap at its own placement and
+    budget."""
     by_label = {a.label: [r for r in runs if r["label"] == a.label] for a in arms}
-    head = ["arm", "prefill", "token budget", "output tok/s", "vs host", "vs host-overlap"] + [
-        h for h, _, _ in COLUMNS[1:]] + ["first tokens = host", "all tokens = host"]  # fmt: skip
+    head = ["arm", "prefill", "token budget", "output tok/s", "vs host", "vs host-overlap", "vs host-triton-overlap",
+            *(h for h, _, _ in COLUMNS[1:]), "first tokens = host", "all tokens = host"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     rows = []
     for arm in arms:
@@ -467,18 +469,20 @@ def summarize(runs: list[dict], arms: list[Arm]) -> tuple[str, list[dict]]:
             continue
         base = by_label.get(arm.peer("host").label) or by_label.get(arm.peer("host-torch").label, [])
         host_over = by_label.get(arm.peer("host-overlap").label, [])
+        host_triton = by_label.get(arm.peer("host-triton-overlap").label, [])
         first, whole = same_tokens(rs, base) if rs is not base else ("-", "-")
         row = dict(arm=arm.name, label=arm.label, prefill=arm.prefill.value, token_budget=arm.token_budget,
                    first_tokens_same=first, tokens_same=whole,
                    vs_host=paired_ratio(rs, base, "tokps") if rs is not base else "-",
-                   vs_host_overlap=paired_ratio(rs, host_over, "tokps") if rs is not host_over else "-")
+                   vs_host_overlap=paired_ratio(rs, host_over, "tokps") if rs is not host_over else "-",
+                   vs_host_triton_overlap=paired_ratio(rs, host_triton, "tokps") if rs is not host_triton else "-")
         for _, key, _ in COLUMNS:
             vals = [r[key] for r in rs]
             row[key] = dict(median=float(np.median(vals)), min=float(min(vals)), max=float(max(vals)))
         rows.append(row)
         cells = [_cell([r[key] for r in rs], fmt) for _, key, fmt in COLUMNS]
         lead = [arm.name, arm.prefill.value, budget_text(arm.token_budget), cells[0], row["vs_host"],
-                row["vs_host_overlap"]]  # fmt: skip
+                row["vs_host_overlap"], row["vs_host_triton_overlap"]]  # fmt: skip
         lines.append("| " + " | ".join([*lead, *cells[1:], first, whole]) + " |")
     return "\n".join(lines), rows
 
