@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from models.bench.arms import host_loads, round_order
 from models.bench.host_load import HostLoad, load_fraction
 
 
@@ -68,3 +69,22 @@ def test_a_load_outside_zero_to_one_is_refused(text, words):
 def test_a_load_of_one_is_refused_where_it_is_built():
     with pytest.raises(ValueError, match=r"a host load is a fraction in \[0, 1\)"):
         HostLoad(1.0)
+
+
+def test_every_arm_runs_at_every_load_alternated_as_the_arms_are():
+    assert host_loads("0,0.3,0.6") == (0.0, 0.3, 0.6)
+    assert round_order(["a", "b"], (0.0, 0.6), 0) == [("a", 0.0), ("a", 0.6), ("b", 0.0), ("b", 0.6)]
+    assert round_order(["a", "b"], (0.0, 0.6), 1) == [("b", 0.6), ("b", 0.0), ("a", 0.6), ("a", 0.0)]
+    with pytest.raises(argparse.ArgumentTypeError, match="0.30 is named twice"):
+        host_loads("0.3,0.30")
+
+
+def test_serve_refuses_a_bad_load_in_one_line_as_it_reads_it(tmp_path, capsys):
+    """(traffic's refusals are in tests/test_traffic_bench.py's table.)"""
+    from models.bench import serve
+
+    with pytest.raises(SystemExit) as info:
+        serve.main(["--host-load", "0,0.6,1.2", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert info.value.code == 2
+    assert err == "python -m models.bench.serve: error: argument --host-load: must be in [0, 1), got 1.2\n"
