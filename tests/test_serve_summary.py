@@ -16,9 +16,10 @@ ZERO = dict(ttft_p50_ms=5.0, step_us=1.0, plan_us=1.0, attn_schedule_us=0.0, lau
 HOST, XQA = (Arm.of(name, PrefillPlacement.BESIDE, Budget.WHOLE, "cuda") for name in ("host", "resident-xqa"))
 
 
-def run(arm, rnd, tokps, itl_mean, decode_tokps):
+def run(arm, rnd, tokps, itl_mean, decode_tokps, load=0.0, achieved=0.0):
     return dict(model="m", c=1, arm=arm.name, label=arm.label, tokps=tokps, itl_p50_ms=itl_mean,
-                itl_mean_ms=itl_mean, decode_tokps=decode_tokps, **ZERO)  # fmt: skip
+                itl_mean_ms=itl_mean, decode_tokps=decode_tokps, host_load=load, host_load_achieved=achieved,
+                **ZERO)  # fmt: skip
 
 
 def test_ratios_against_host_are_paired_by_round():
@@ -44,7 +45,39 @@ def test_an_arm_is_paired_with_the_host_arm_at_its_own_placement_and_budget():
     md, rows = summarize(runs, [HOST, XQA, host_in, xqa_in])
     ratio = {r["label"]: r["ratio_median"] for r in rows}
     assert ratio[XQA.label] == pytest.approx(1.5) and ratio[xqa_in.label] == pytest.approx(2.0)
-    assert "| m c=1 | resident-xqa | in-step | 1024 |" in md and "| m c=1 | resident-xqa | beside | whole |" in md
+    assert "| m c=1 | 0 | resident-xqa | in-step | 1024 |" in md
+    assert "| m c=1 | 0 | resident-xqa | beside | whole |" in md
+
+
+def test_every_arm_is_paired_with_host_triton_overlap_the_baseline_of_the_row_store():
+    """resident-triton over host-triton-overlap (rows resident vs a host refill) in its own column, paired by round;
+    the baseline itself has no ratio against itself."""
+    base, res = (Arm.of(name, PrefillPlacement.BESIDE, Budget.WHOLE, "cuda")
+                 for name in ("host-triton-overlap", "resident-triton"))  # fmt: skip
+    runs = [run(HOST, 0, 100.0, 2.0, 1000.0), run(base, 0, 150.0, 1.6, 1250.0), run(res, 0, 165.0, 1.5, 1300.0),
+            run(HOST, 1, 100.0, 2.0, 1000.0), run(base, 1, 200.0, 1.6, 1250.0), run(res, 1, 240.0, 1.5, 1300.0)]
+    md, _ = summarize(runs, [HOST, base, res])
+    header = [c.strip() for c in md.splitlines()[0].strip("|").split("|")]
+    col = header.index("vs host-triton-overlap")
+    cells = {cols[2]: cols[col] for cols in ([c.strip() for c in line.strip("|").split("|")]
+                                             for line in md.splitlines()[2:])}  # fmt: skip
+    assert cells["resident-triton"] == "1.15x [1.10-1.20]" and cells["host-triton-overlap"] == "-"
+    assert cells["host"] == f"{(100 / 150 + 100 / 200) / 2:.2f}x [0.50-0.67]"
+
+
+def test_each_host_load_is_a_cell_of_its_own_labelled_by_the_load_and_what_the_thread_achieved():
+    """An arm at two host loads is two rows, each paired with the host arm at its own load, each naming its load and
+    the fraction the load thread achieved (median over rounds)."""
+    runs = [run(HOST, 0, 100.0, 2.0, 1000.0), run(XQA, 0, 150.0, 1.6, 1250.0),
+            run(HOST, 0, 50.0, 4.0, 500.0, 0.6, 0.58), run(XQA, 0, 100.0, 2.0, 800.0, 0.6, 0.58),
+            run(HOST, 1, 50.0, 4.0, 500.0, 0.6, 0.56), run(XQA, 1, 100.0, 2.0, 800.0, 0.6, 0.6)]  # fmt: skip
+    md, rows = summarize(runs, [HOST, XQA])
+    assert [(r["host_load"], r["arm"]) for r in rows] == [(0.0, "host"), (0.0, "resident-xqa"), (0.6, "host"),
+                                                          (0.6, "resident-xqa")]  # fmt: skip
+    assert [r["ratio_median"] for r in rows] == pytest.approx([1.0, 1.5, 1.0, 2.0])
+    assert rows[3]["host_load_achieved"] == pytest.approx(0.59)  # the median of 0.58 and 0.6
+    assert "| m c=1 | 0 | resident-xqa | beside | whole | 150 [150-150] | 1.50x [1.50-1.50] |" in md
+    assert "| m c=1 | 0.6 (0.59) | resident-xqa | beside | whole | 100 [100-100] | 2.00x [2.00-2.00] |" in md
 
 
 def test_the_host_yardstick_times_a_steady_planner_step():
@@ -53,3 +86,38 @@ def test_the_host_yardstick_times_a_steady_planner_step():
     text = planner_yardstick(200)
     us = float(text.split("step ")[1].split(" us")[0])
     assert text.startswith("planner steady 64-row step") and 0 < us < 10_000
+
+
+def test_a_run_gives_every_arm_at_every_load_alternated_each_row_labelled_by_its_load(tmp_path, monkeypatch):
+    """``main`` with its timed runs stubbed (no GPU here): every engine arm and transformers at every host load of
+    ``--host-load``, an arm's loads one after another, the whole order reversed in the second round; the report a
+    cell per load, each row naming it."""
+    from types import SimpleNamespace
+
+    from models.bench import serve
+
+    calls = []
+
+    def fake_run(load, label, **more):
+        calls.append((label, load))
+        return dict(label=label, arm=label.split()[0], c=1, tokps=100.0, itl_p50_ms=1.0, itl_mean_ms=1.0,
+                    decode_tokps=1.0, host_load=load, host_load_achieved=load * 0.9, **ZERO, **more)  # fmt: skip
+
+    monkeypatch.setattr(serve.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(serve.torch.cuda, "get_device_name", lambda: "no GPU")
+    monkeypatch.setattr(serve.torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(serve, "planner_yardstick", lambda: "-")
+    monkeypatch.setattr(serve, "build_adapter", lambda *a, **k: SimpleNamespace(vocab_size=8))
+    monkeypatch.setattr(serve, "engine_run", lambda adapter, arm, cfg, c, args, seed, engine_cache, load: fake_run(
+        load, arm.label))  # fmt: skip
+    monkeypatch.setattr(serve, "transformers_run", lambda adapter, c, args, seed, load: fake_run(load, "transformers"))
+    serve.main(["--arms", "host-triton-overlap,resident-triton,transformers", "--concurrency", "1",
+                "--host-load", "0,0.6", "--out", str(tmp_path)])  # fmt: skip
+    base, res = "host-triton-overlap beside whole", "resident-triton beside whole"
+    order = [(a, f) for a in (base, res, "transformers") for f in (0.0, 0.6)]
+    assert calls == order + order[::-1]
+    md = (tmp_path / "results.md").read_text()
+    assert "| qwen3_5-0.8b c=1 | 0 | resident-triton |" in md
+    assert ("| qwen3_5-0.8b c=1 | 0.6 (0.54) | resident-triton | beside | whole | 100 [100-100] | nanx [nan-nan] | - "
+            "| 1.00x [1.00-1.00] |") in md  # no host arm ran; paired with host-triton-overlap at its load
+    assert "Host load: 0, 0.6 (--host-load:" in md

@@ -100,6 +100,10 @@ CPU = ["--model", "qwen3_5-tiny", "--device", "cpu", "--page-size", "4", "--max-
     (["--token-budget", "auto,lots"], "argument --token-budget: 'lots' is not auto, whole or an integer >= 1"),
     (["--token-budget", "512,whole,512"], "argument --token-budget: 512 is named twice"),
     (["--prefill-graphs", "-1"], "argument --prefill-graphs: must be >= 0, got -1"),
+    (["--host-load", "1"], "argument --host-load: must be in [0, 1), got 1"),
+    (["--host-load", "0,-0.2"], "argument --host-load: must be in [0, 1), got -0.2"),
+    (["--host-load", "0.3,lots"], "argument --host-load: 'lots' is not a number"),
+    (["--host-load", "0.3,0.3"], "argument --host-load: 0.3 is named twice"),
     # a placement and budget the engine config refuses, refused when the run builds the configs, not dropped
     (["--arms", "resident-torch", "--prefill", "in-step,in-pass", "--token-budget", "4"],
      "arm resident-torch in-pass 4: prefill IN_PASS: token_budget 4 leaves no prompt token beside 4 decode rows"),
@@ -207,6 +211,66 @@ def test_a_run_alternates_placements_and_budgets_and_its_report_labels_each(tmp_
             assert f"| resident-torch | {p} | {b} |" in report
     data = json.loads((out / "results.json").read_text())
     assert [r["label"] for r in data["rows"]] == labels
+
+
+def test_host_triton_overlap_is_resident_triton_with_its_rows_refilled_on_the_host():
+    """The baseline of the row store: host-planned, overlapped, the plan-free Triton attention; its engine config
+    differs from resident-triton's in the planning alone, and the GPU runs of both benchmarks run it by default."""
+    import attrs
+
+    from models.bench import serve
+    from models.bench.arms import Arm, Budget, parse_arms
+    from models.engine import Planning, PrefillPlacement
+    from models.layers.decode_attention import Backend
+
+    arm = Arm.of("host-triton-overlap", PrefillPlacement.IN_STEP, Budget.AUTO, "cpu")
+    cfg = arm.config(max_running=4)
+    assert (cfg.planning, cfg.attention, cfg.overlap) == (Planning.HOST, Backend.TRITON, True)
+    assert attrs.evolve(arm.peer("resident-triton").config(max_running=4), planning=Planning.HOST) == cfg
+    assert parse_arms("host-triton-overlap", "cpu") == ["host-triton-overlap"]  # Triton interprets on a CPU
+    assert "host-triton-overlap" in traffic.GPU_ARMS.split(",")
+    served = serve.parser().parse_args(["--out", "x"]).arms
+    assert "host-triton-overlap" in parse_arms(served, "cuda", extra=(serve.TRANSFORMERS,))
+
+
+def test_a_run_on_a_busy_host_runs_every_arm_at_every_load_and_reports_what_the_load_thread_achieved(tmp_path):
+    """Two host loads alternated with the arm round by round (an arm's loads one after another, the order reversed
+    every other round), the same tokens at both loads, each run's load thread held the interpreter some of the time
+    and none at load 0, and the report names both. Tiny on purpose: a load slows the eager CPU engine several times
+    over (the 24-request run above took 9 s without one and 54 s at 0.3 on the 2-core dev box)."""
+    out = tmp_path / "out"
+    runs = traffic.main([*CPU, "--arms", "resident-torch", "--num-requests", "4", "--rate", "inf", "--prompt-len",
+                         "fixed:8", "--gen-len", "fixed:4", "--rounds", "2", "--warmup", "0", "--no-prerun",
+                         "--host-load", "0,0.3", "--out", str(out)])  # fmt: skip
+    assert [(r["round"], r["host_load"]) for r in runs] == [(0, 0.0), (0, 0.3), (1, 0.3), (1, 0.0)]
+    assert all((r["host_load_achieved"] > 0) == (r["host_load"] > 0) for r in runs)
+    assert runs[0]["tokens"] == runs[1]["tokens"] and runs[2]["tokens"] == runs[3]["tokens"]
+    report = (out / "results.md").read_text()
+    assert "Host load: 0, 0.3 (--host-load: during every timed run a thread held the interpreter" in report
+    assert "| resident-torch | in-step | 1024 | 0 |" in report and "| resident-torch | in-step | 1024 | 0.3 (" in report
+    assert json.loads((out / "results.json").read_text())["rows"][1]["host_load"] == 0.3
+
+
+def test_each_host_load_is_a_block_of_rows_each_arm_paired_with_the_host_arm_at_its_own_load():
+    """The report's rows: the loads one block after another, every arm in each, its ratio paired with the host arm
+    at its own load, its load and the fraction its thread achieved (median over rounds) in its own column."""
+    from models.bench.arms import Arm
+
+    host, res = (Arm.of(a, traffic.PrefillPlacement.IN_STEP, 12, "cpu") for a in ("host-torch", "resident-torch"))
+
+    def run(arm, tokps, load, achieved):
+        return {**{key: 1.0 for _, key, _ in traffic.COLUMNS}, "tokps": tokps, "label": arm.label, "host_load": load,
+                "host_load_achieved": achieved, "tokens": [(1,)]}
+
+    runs = [run(host, 100.0, 0.0, 0.0), run(res, 120.0, 0.0, 0.0), run(host, 50.0, 0.6, 0.58),
+            run(res, 90.0, 0.6, 0.5), run(host, 50.0, 0.6, 0.56), run(res, 100.0, 0.6, 0.6)]  # fmt: skip
+    md, rows = traffic.summarize(runs, [host, res], (0.0, 0.6))
+    assert [(r["arm"], r["host_load"], r["vs_host"]) for r in rows] == [
+        ("host-torch", 0.0, "-"), ("resident-torch", 0.0, "1.20x [1.20-1.20]"), ("host-torch", 0.6, "-"),
+        ("resident-torch", 0.6, "1.90x [1.80-2.00]")]  # fmt: skip
+    assert rows[3]["host_load_achieved"] == pytest.approx(0.55)
+    assert "| resident-torch | in-step | 12 | 0 | 120 | 1.20x [1.20-1.20] |" in md
+    assert "| resident-torch | in-step | 12 | 0.6 (0.55) | 95 [90-100] | 1.90x [1.80-2.00] |" in md
 
 
 def test_a_tensor_parallel_run_places_its_passes_in_the_step():

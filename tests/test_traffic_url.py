@@ -216,6 +216,7 @@ def _free_port() -> int:
     (["--arms", "resident-torch", "--max-running", "32"], "argument --url: the server is measured, no engine is "
                                                           "built here: drop --arms, --max-running"),
     (["--device", "cpu"], "argument --url: the server is measured, no engine is built here: drop --device"),
+    (["--host-load", "0.3"], "argument --url: the server is measured, no engine is built here: drop --host-load"),
     (["--ready-timeout", "0"], "argument --ready-timeout: must be > 0 seconds"),
     (["--gen-len", "gauss:3"], "argument --gen-len:"),
     (["--served-model", "nope"], "argument --served-model: 'nope' is not served at"),

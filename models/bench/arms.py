@@ -7,6 +7,9 @@ Engine arms (``ARMS``: planning, decode attention, overlap):
   host-overlap    the strongest host-planned design, what engines with asynchronous scheduling run: host-planned and
                   fa2 as ``host``, but step N+1's buffers are filled, copied and planned while step N runs on the GPU,
                   and its input ids come from the device (the last step's sampled tokens)
+  host-triton-overlap  the honest baseline of the row store: host-planned, every decode step refills its buffers on
+                  the host (one H2D), overlapped as ``host-overlap``, with the same plan-free Triton attention as
+                  ``resident-triton``: what it isolates against resident-triton is rows resident vs a host refill
   resident-fa2    rows resident in the device store (resplan), fa2 still planned every step: isolates the table gain
   resident-xqa    rows resident, FlashInfer XQA reads the gathered tables in the graph: no host plan at all; each
                   decode step is launched before the last one's tokens are read (overlap)
@@ -14,11 +17,17 @@ Engine arms (``ARMS``: planning, decode attention, overlap):
   resident-xqa-sync, resident-triton-sync  the same without overlap (isolates what planning alone gains)
   host-torch, resident-torch  plain-torch attention (resident with overlap): the arms a CPU runs
 
+What the reports' ratios (paired by round, at one placement, budget and host load) isolate: resident-triton over
+host-triton-overlap, rows resident vs a host refill (same attention, same overlap); host-triton-overlap over
+host-overlap, a plan-free attention vs fa2's host plan; host-overlap over host, overlap vs none.
+
 A run's arms are every engine arm it names (``--arms``) in every prefill placement (``--prefill``: values of
 ``PrefillPlacement``; default the engine's for the device) and every token budget (``--token-budget``: ``auto``, the
 engine's default for the placement; ``whole``, whole prompts; or a number) it asks for, alternated in one run. Each
 is an ``Arm``, its placement and budget resolved as an ``EngineConfig`` resolves them when it is built, and labelled
-by them in the reports: ``resident-triton beside 2048``.
+by them in the reports: ``resident-triton beside 2048``. Every arm also runs at every host load of ``--host-load``
+(``models/bench/host_load.py``: a thread holding the interpreter a fraction of each millisecond), the loads
+alternated with the arms; a report's rows name their load.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ import gc
 import attrs
 import numpy as np
 
+from models.bench.host_load import load_fraction
 from models.cli import positive_int
 from models.engine import BESIDE_TOKEN_BUDGET, IN_STEP_TOKEN_BUDGET, EngineConfig, Planning, PrefillPlacement
 from models.layers.decode_attention import Backend
@@ -48,6 +58,7 @@ class Decoding:
 ARMS = {
     "host": Decoding(Planning.HOST, Backend.FA2, False),
     "host-overlap": Decoding(Planning.HOST, Backend.FA2, True),
+    "host-triton-overlap": Decoding(Planning.HOST, Backend.TRITON, True),
     "resident-fa2": Decoding(Planning.RESIDENT, Backend.FA2, False),
     "resident-xqa": Decoding(Planning.RESIDENT, Backend.XQA, True),
     "resident-triton": Decoding(Planning.RESIDENT, Backend.TRITON, True),
@@ -152,6 +163,11 @@ def budgets(text: str) -> tuple[int | Budget, ...]:
     return _listed(text, "token budget", _budget)
 
 
+def host_loads(text: str) -> tuple[float, ...]:
+    """``--host-load``: comma-separated fractions in [0, 1) (``models/bench/host_load.py``)."""
+    return _listed(text, "host load", load_fraction)
+
+
 def parse_arms(text: str, device: str, extra: tuple[str, ...] = ()) -> list[str]:
     """``--arms``: comma-separated names of ``ARMS`` (or of ``extra``); ValueError naming the first bad one."""
     names = [a for a in text.split(",") if a]
@@ -181,6 +197,13 @@ def build_arms(names: list[str], prefill: tuple[PrefillPlacement, ...], budget: 
                 if arm not in out:
                     out.append(arm)
     return out
+
+
+def round_order(arms: list, loads: tuple[float, ...], rnd: int) -> list[tuple]:
+    """Round ``rnd``'s timed runs in order, as (arm, host load): every arm at every load, an arm's loads one after
+    another (an engine kept for one arm at a time serves them all), the order reversed every other round."""
+    order = [(arm, load) for arm in arms for load in loads]
+    return order if rnd % 2 == 0 else order[::-1]
 
 
 @contextlib.contextmanager
@@ -228,3 +251,13 @@ def add_arm_options(g, budget_default: str, prefill_note: str = "") -> None:
                         f"placement: {BESIDE_TOKEN_BUDGET} beside the decode steps, {IN_STEP_TOKEN_BUDGET} in the "
                         "step), whole (whole prompts) or a number; every arm runs at each, alternated in one run "
                         f"(auto and the number it stands for run once; default {budget_default})")  # fmt: skip
+
+
+def add_host_load_option(g, note: str = "") -> None:
+    """``--host-load`` on argparse group ``g``: the host loads every arm runs at."""
+    g.add_argument("--host-load", type=host_loads, default=(0.0,), metavar="F[,F...]",
+                   help="a busy host: during every timed run a background thread holds the interpreter (spins in "
+                        "Python) a fraction F of each millisecond and sleeps the rest, as an in-process server does "
+                        "while it detokenizes and writes streams; comma-separated fractions in [0, 1), every arm runs "
+                        "at each, alternated in one run, the report giving each row's F and the fraction the thread "
+                        f"achieved (models/bench/host_load.py; default 0: no thread{note})")  # fmt: skip

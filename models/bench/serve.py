@@ -3,17 +3,23 @@
     python -m models.bench.serve --model qwen3_5-0.8b --concurrency 1,16,64 --prompt-len 512 --gen 256 --rounds 2 \\
         --out models/bench/results/serve-h200
 
-Arms (``--arms``): the engine arms of ``models/bench/arms.py`` (host, host-overlap, resident-fa2, resident-xqa,
-resident-triton, resident-xqa-sync, resident-triton-sync), each at every prefill placement of ``--prefill`` and every
-token budget of ``--token-budget`` (default: the engine's placement, beside, and whole prompts), labelled by the three
-(``resident-xqa beside whole``); and ``transformers``: transformers' own Qwen3.5 ``generate`` with its cache (same
-weights). ``python -m models.bench.traffic`` measures the same arms under arrivals and varied lengths.
+Arms (``--arms``): the engine arms of ``models/bench/arms.py`` (host, host-overlap, host-triton-overlap,
+resident-fa2, resident-xqa, resident-triton, resident-xqa-sync, resident-triton-sync), each at every prefill
+placement of ``--prefill`` and every token budget of ``--token-budget`` (default: the engine's placement, beside, and
+whole prompts), labelled by the three (``resident-xqa beside whole``); and ``transformers``: transformers' own
+Qwen3.5 ``generate`` with its cache (same weights). ``python -m models.bench.traffic`` measures the same arms under
+arrivals and varied lengths.
 
 Every request has a ``--prompt-len`` random prompt and generates exactly ``--gen`` tokens (no stop token). Per cell
-and arm: output tok/s (all tokens / wall time of the run), ITL p50/mean (gaps between a request's consecutive tokens),
-TTFT p50, and per decode step: host phases (plan: resident plan+flush or host fill; attention schedule: fa2's table
-build and plan(); launch; wait for the GPU; rest), H2D copies and bytes, and the GPU graph time against the step's wall
-time.
+and arm: output tok/s (all tokens / wall time of the run) and its ratio to host, host-overlap and host-triton-overlap
+(paired by round; what each isolates: ``models/bench/arms.py``), ITL p50/mean (gaps between a request's consecutive
+tokens), TTFT p50, and per decode step: host phases (plan: resident plan+flush or host fill; attention schedule: fa2's
+table build and plan(); launch; wait for the GPU; rest), H2D copies and bytes, and the GPU graph time against the
+step's wall time.
+A busy host (``--host-load F[,F...]``, ``models/bench/host_load.py``): during every timed run a background thread
+holds the interpreter a fraction F of each millisecond, as an in-process server does while it detokenizes and writes
+streams; every arm runs at every load, alternated with the arms, and a cell is (model, concurrency, load), its rows
+naming F and the fraction the thread achieved.
 Every timed run starts from a collected and frozen heap (``gc.freeze()``, as serving engines do after start-up), so
 one arm does not pay for the objects another left behind. Writes ``results.md``, ``results.json`` and ``tokps.png``
 under ``--out``.
@@ -33,6 +39,7 @@ import torch
 from models.bench.arms import (
     Arm,
     add_arm_options,
+    add_host_load_option,
     budget_text,
     build_arms,
     default_placement,
@@ -40,7 +47,9 @@ from models.bench.arms import (
     paired_ratio,
     parse_arms,
     planner_yardstick,
+    round_order,
 )
+from models.bench.host_load import HostLoad, host_load_text, load_text
 from models.cli import OneLineParser
 from models.engine import Engine, EngineConfig, Request, SamplingParams, build_adapter
 
@@ -60,9 +69,10 @@ def engine_config(arm: Arm, c: int, args) -> EngineConfig:
                       prefill_graph_tokens=args.prefill_graph_tokens)  # fmt: skip
 
 
-def engine_run(adapter, arm: Arm, cfg: EngineConfig, c: int, args, seed: int, engine_cache: dict) -> dict:
+def engine_run(adapter, arm: Arm, cfg: EngineConfig, c: int, args, seed: int, engine_cache: dict,
+               load: float) -> dict:  # fmt: skip
     """One timed run of ``c`` requests in an engine of ``arm`` (``cfg``: its config in the cell; built for the run,
-    warmed up first)."""
+    warmed up first) under host load ``load``."""
     key = (arm, c)
     if key not in engine_cache:
         engine_cache.clear()
@@ -80,7 +90,7 @@ def engine_run(adapter, arm: Arm, cfg: EngineConfig, c: int, args, seed: int, en
     eng.stats.itl.clear()
     reqs = requests(adapter.vocab_size, c, args.prompt_len, args.gen, seed)
     torch.cuda.synchronize()
-    with frozen_heap():
+    with frozen_heap(), HostLoad(load) as busy:
         t0 = time.perf_counter()
         results = eng.run(reqs)
         wall = time.perf_counter() - t0
@@ -98,12 +108,13 @@ def engine_run(adapter, arm: Arm, cfg: EngineConfig, c: int, args, seed: int, en
         wait_us=us(d["wait_ns"]), gpu_us=d["gpu_ms"] * 1e3 / steps, h2d_copies=d["h2d_copies"] / steps,
         h2d_bytes=d["h2d_bytes"] / steps, empty_flush_frac=d["empty_flushes"] / steps,
         prefill_ms=d["prefill_ns"] / max(d["prefill_passes"], 1) / 1e6, prefill_passes=d["prefill_passes"],
-        tokens=[r.tokens for r in results],
+        tokens=[r.tokens for r in results], host_load=load, host_load_achieved=busy.achieved,
     )
 
 
-def transformers_run(adapter, c: int, args, seed: int) -> dict:
-    """transformers' generate on the same weights: one batch of c prompts (equal lengths, no padding)."""
+def transformers_run(adapter, c: int, args, seed: int, load: float) -> dict:
+    """transformers' generate on the same weights: one batch of c prompts (equal lengths, no padding), under host load
+    ``load``."""
     import transformers
 
     hf = getattr(adapter, "_hf", None)
@@ -117,7 +128,7 @@ def transformers_run(adapter, c: int, args, seed: int) -> dict:
     kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None, attention_mask=torch.ones_like(ids))
     hf.generate(ids, max_new_tokens=2, min_new_tokens=2, **kw)  # warm-up
     torch.cuda.synchronize()
-    with frozen_heap():
+    with frozen_heap(), HostLoad(load) as busy:
         t0 = time.perf_counter()
         hf.generate(ids, max_new_tokens=1, min_new_tokens=1, **kw)
         torch.cuda.synchronize()
@@ -129,7 +140,8 @@ def transformers_run(adapter, c: int, args, seed: int) -> dict:
     itl = (wall - ttft) / max(args.gen - 1, 1)
     return dict(arm=TRANSFORMERS, label=TRANSFORMERS, c=c, tokps=c * args.gen / wall, wall_s=wall, itl_p50_ms=itl * 1e3,
                 itl_mean_ms=itl * 1e3, ttft_p50_ms=ttft * 1e3,
-                tokens=[tuple(t) for t in out[:, ids.shape[1] :].tolist()])
+                tokens=[tuple(t) for t in out[:, ids.shape[1] :].tolist()], host_load=load,
+                host_load_achieved=busy.achieved)
 
 
 def _label(arm: Arm | str) -> str:
@@ -137,18 +149,19 @@ def _label(arm: Arm | str) -> str:
 
 
 def summarize(runs: list[dict], arms: list[Arm | str]) -> tuple[str, list[dict]]:
-    """Per cell and arm: median [min-max] over rounds, and ratios against host (and host-overlap) at the arm's
-    placement and budget (transformers: against the first host arm), paired by round."""
+    """Per cell (model, concurrency, host load) and arm: median [min-max] over rounds, and ratios against host (and
+    host-overlap, host-triton-overlap) at the arm's placement and budget in the cell (transformers: against the first
+    host arm), paired by round."""
     rows, lines = [], []
-    cells = sorted({(r["model"], r["c"]) for r in runs}, key=lambda x: (x[0], x[1]))
+    cells = sorted({(r["model"], r["c"], r["host_load"]) for r in runs})
     hosts = [a for a in arms if isinstance(a, Arm) and a.name == "host"]
-    lines.append("| cell | arm | prefill | token budget | tok/s median [min-max] | vs host | vs host-overlap | "
-                 "decode tok/s | vs host | ITL p50/mean ms | per token vs host (ITL mean) | TTFT p50 ms | step us | "
-                 "plan us | attn schedule us | launch us | GPU wait us | GPU graph us | idle us | H2D/step | "
-                 "H2D B/step | same tokens as host |")  # fmt: skip
-    lines.append("|" + "---|" * 22)
-    for model, c in cells:
-        cell = [r for r in runs if r["model"] == model and r["c"] == c]
+    lines.append("| cell | host load (achieved) | arm | prefill | token budget | tok/s median [min-max] | vs host | "
+                 "vs host-overlap | vs host-triton-overlap | decode tok/s | vs host | ITL p50/mean ms | per token vs "
+                 "host (ITL mean) | TTFT p50 ms | step us | plan us | attn schedule us | launch us | GPU wait us | "
+                 "GPU graph us | idle us | H2D/step | H2D B/step | same tokens as host |")  # fmt: skip
+    lines.append("|" + "---|" * 24)
+    for model, c, load in cells:
+        cell = [r for r in runs if (r["model"], r["c"], r["host_load"]) == (model, c, load)]
         for arm in arms:
             rs = [r for r in cell if r["label"] == _label(arm)]
             if not rs:
@@ -156,6 +169,7 @@ def summarize(runs: list[dict], arms: list[Arm | str]) -> tuple[str, list[dict]]
             like = arm if isinstance(arm, Arm) else hosts[0] if hosts else None
             host = [r for r in cell if like is not None and r["label"] == like.peer("host").label]
             host_over = [r for r in cell if like is not None and r["label"] == like.peer("host-overlap").label]
+            host_triton = [r for r in cell if like is not None and r["label"] == like.peer("host-triton-overlap").label]
             host_med = float(np.median([r["tokps"] for r in host])) if host else float("nan")
             name = arm.name if isinstance(arm, Arm) else arm
             t = [r["tokps"] for r in rs]
@@ -167,7 +181,9 @@ def summarize(runs: list[dict], arms: list[Arm | str]) -> tuple[str, list[dict]]
                 same = f"{sum(a == b for a, b in zip(rs[0]['tokens'], host[0]['tokens'], strict=True))}/{c}"
             prefill, budget = (arm.prefill.value, budget_text(arm.token_budget)) if isinstance(arm, Arm) else ("-",
                                                                                                              "-")
-            row = dict(model=model, c=c, arm=name, label=_label(arm), prefill=prefill, token_budget=budget,
+            achieved = [r["host_load_achieved"] for r in rs]
+            row = dict(model=model, c=c, host_load=load, host_load_achieved=float(np.median(achieved)), arm=name,
+                       label=_label(arm), prefill=prefill, token_budget=budget,
                        tokps_median=med, tokps_min=min(t), tokps_max=max(t),
                        ratio_median=med / host_med, ratio_min=min(ratios, default=np.nan),
                        ratio_max=max(ratios, default=np.nan), **{k: g(k) for k in (
@@ -179,10 +195,12 @@ def summarize(runs: list[dict], arms: list[Arm | str]) -> tuple[str, list[dict]]
             dratio = paired_ratio(rs, host, "decode_tokps") if name != TRANSFORMERS else "-"
             iratio = paired_ratio(rs, host, "itl_mean_ms", invert=True)
             oratio = paired_ratio(rs, host_over, "tokps") if name not in ("host", "host-overlap") else "-"
+            tratio = paired_ratio(rs, host_triton, "tokps") if name != "host-triton-overlap" else "-"
             idle = row["step_us"] - row["gpu_us"]
             lines.append(
-                f"| {model} c={c} | {name} | {prefill} | {budget} | {med:.0f} [{min(t):.0f}-{max(t):.0f}] | {ratio} | "
-                f"{oratio} | {np.median(dec):.0f} | {dratio} | "
+                f"| {model} c={c} | {load_text(load, achieved)} | {name} | {prefill} | {budget} | "
+                f"{med:.0f} [{min(t):.0f}-{max(t):.0f}] | {ratio} | "
+                f"{oratio} | {tratio} | {np.median(dec):.0f} | {dratio} | "
                 f"{row['itl_p50_ms']:.2f}/{row['itl_mean_ms']:.2f} | {iratio} | {row['ttft_p50_ms']:.0f} | "
                 f"{row['step_us']:.0f} | {row['plan_us']:.1f} | {row['attn_schedule_us']:.1f} | "
                 f"{row['launch_us']:.0f} | "
@@ -191,8 +209,8 @@ def summarize(runs: list[dict], arms: list[Arm | str]) -> tuple[str, list[dict]]
     return "\n".join(lines), rows
 
 
-def plot(rows: list[dict], labels: list[str], path: Path) -> None:
-    """Output tok/s by concurrency, an arm (by label) a line and a model a panel."""
+def plot(rows: list[dict], labels: list[str], loads: tuple[float, ...], path: Path) -> None:
+    """Output tok/s by concurrency, an arm (by label) at a host load a line and a model a panel."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -201,10 +219,12 @@ def plot(rows: list[dict], labels: list[str], path: Path) -> None:
     models = sorted({r["model"] for r in rows})
     fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4), squeeze=False)
     for ax, model in zip(axes[0], models, strict=True):
-        for arm in labels:
-            rs = sorted((r for r in rows if r["model"] == model and r["label"] == arm), key=lambda r: r["c"])
+        for arm, load in ((a, f) for a in labels for f in loads):
+            rs = sorted((r for r in rows if r["model"] == model and r["label"] == arm and r["host_load"] == load),
+                        key=lambda r: r["c"])  # fmt: skip
+            name = arm if len(loads) == 1 else f"{arm} load {load:g}"
             if rs:
-                ax.errorbar([r["c"] for r in rs], [r["tokps_median"] for r in rs], marker="o", label=arm,
+                ax.errorbar([r["c"] for r in rs], [r["tokps_median"] for r in rs], marker="o", label=name,
                             yerr=[[r["tokps_median"] - r["tokps_min"] for r in rs],
                                   [r["tokps_max"] - r["tokps_median"] for r in rs]])
         ax.set_xscale("log", base=2)
@@ -222,10 +242,12 @@ def parser() -> argparse.ArgumentParser:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("--model", default="qwen3_5-0.8b", help="model(s), comma-separated (random weights)")
     ap.add_argument("--concurrency", default="1,16,64", help="concurrency cells, comma-separated")
-    ap.add_argument("--arms", default="host,host-overlap,resident-fa2,resident-xqa-sync,resident-xqa,resident-triton,"
-                    "transformers", help="arms, comma-separated (see models/bench/arms.py); each engine arm runs at "
-                                         "every --prefill placement and --token-budget")  # fmt: skip
+    ap.add_argument("--arms", default="host,host-overlap,host-triton-overlap,resident-fa2,resident-xqa-sync,"
+                    "resident-xqa,resident-triton,transformers",
+                    help="arms, comma-separated (see models/bench/arms.py); each engine arm runs at every --prefill "
+                         "placement and --token-budget")  # fmt: skip
     add_arm_options(ap, "whole")
+    add_host_load_option(ap, "; the transformers arm runs at each too")
     ap.add_argument("--transformers-c", default="1,16", help="cells where the transformers arm runs")
     ap.add_argument("--prompt-len", type=int, default=512, help="tokens each prompt has (default 512)")
     ap.add_argument("--gen", type=int, default=256, help="tokens each request generates (fixed)")
@@ -283,18 +305,19 @@ def main(argv: list[str] | None = None) -> None:
         for c in cells:
             cache: dict = {}
             for rnd in range(args.rounds):
-                order = arms if rnd % 2 == 0 else arms[::-1]
-                for arm in order:
+                order = round_order(arms, args.host_load, rnd)
+                for arm, load in order:
                     if arm == TRANSFORMERS:
                         if c not in hf_cells:
                             continue
-                        r = transformers_run(adapter, c, args, seed=1000 * rnd + c)
+                        r = transformers_run(adapter, c, args, seed=1000 * rnd + c, load=load)
                     else:
                         r = engine_run(adapter, arm, configs[arm, c], c, args, seed=1000 * rnd + c,
-                                       engine_cache=cache)  # fmt: skip
+                                       engine_cache=cache, load=load)  # fmt: skip
                     r.update(model=model, round=rnd)
                     runs.append(r)
-                    print(f"{model} c={c} round {rnd} {_label(arm):{width}s} {r['tokps']:9.0f} tok/s  ITL p50 "
+                    print(f"{model} c={c} round {rnd} {_label(arm):{width}s} host load "
+                          f"{load_text(load, [r['host_load_achieved']]):11s} {r['tokps']:9.0f} tok/s  ITL p50 "
                           f"{r['itl_p50_ms']:.2f} ms  TTFT p50 {r['ttft_p50_ms']:.0f} ms  prefill "
                           f"{r.get('prefill_ms', float('nan')):.1f} ms a pass ({r.get('prefill_passes', 0)})",
                           flush=True)
@@ -311,14 +334,14 @@ def main(argv: list[str] | None = None) -> None:
             f"tokens replayed from CUDA graphs in every engine arm: {'yes' if args.prefill_graphs else 'no'} "
             f"({args.prefill_graphs} token buckets up to {args.prefill_graph_tokens}). Engine arms, each with the "
             f"prefill placement and token budget its engine config resolved (budget: prompt tokens a pass, or whole "
-            f"prompts): {resolved}. Host yardstick: {host_speed}.\n\n"
+            f"prompts): {resolved}. Host load: {host_load_text(args.host_load)}. Host yardstick: {host_speed}.\n\n"
             "Command: `python -m models.bench.serve "
             + " ".join(argv if argv is not None else __import__("sys").argv[1:]) + "`\n\n")
     (args.out / "results.md").write_text(head + table + "\n")
     (args.out / "results.json").write_text(json.dumps(dict(rows=rows, runs=[{k: v for k, v in r.items()
                                                                               if k != "tokens"} for r in runs]),
                                                        indent=1))
-    plot(rows, [_label(a) for a in arms], args.out / "tokps.png")
+    plot(rows, [_label(a) for a in arms], args.host_load, args.out / "tokps.png")
     print(table)
 
 

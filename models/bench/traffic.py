@@ -11,18 +11,26 @@ or ``--trace FILE.jsonl`` (one ``{"arrival_s", "prompt_len", "output_len"}`` a l
 ``--sampled-frac`` of the requests sample (``--temperature``, ``--top-p``, ``--top-k``), ``--stop-frac`` carry stop
 tokens (random ids: with random weights they rarely fire; the requests end at their length).
 
-Every arm (``models/bench/arms.py``: an engine arm of ``--arms``, host, host-overlap, resident-fa2, resident-xqa,
-resident-triton, ..., at a placement of ``--prefill`` and a budget of ``--token-budget``, labelled by the three:
-``resident-triton beside 2048``) gets its own engine, built once and warmed up on traffic of the same shape. Each
+Every arm (``models/bench/arms.py``: an engine arm of ``--arms``, host, host-overlap, host-triton-overlap, resident-fa2,
+resident-xqa, resident-triton, ..., at a placement of ``--prefill`` and a budget of ``--token-budget``, labelled by the
+three: ``resident-triton beside 2048``) gets its own engine, built once and warmed up on traffic of the same shape. Each
 round draws its own traffic from the distributions (a trace: the same every round), serves it once untimed
 (``--prerun``: the process's one-time costs of the round's prefill shapes would otherwise fall on whichever arm meets
-them first), then serves it timed in every arm, the arm order reversed every other round. A request's TTFT counts
-from its arrival, not from when the engine loop got to it. Per arm (median [min-max] over rounds): output tok/s and
-requests/s, TTFT and ITL p50/p90/p99, TPOT mean, decode steps, mixed steps and their mean wall time, prefill passes
-(tokens, wall and GPU time a pass), decode steps beside a pass in flight (passes beside the decode steps), H2D copies
-a decode step, peak GPU memory, and whether its first tokens (and all tokens) equal those of the host arm at its
-placement and budget. (With passes beside the decode steps, or arrivals over time, two arms batch their rows by their
-own timing, so in bf16 a near-tie may break the other way.)
+them first), then serves it timed in every arm, the arm order reversed every other round. A request's TTFT counts from
+its arrival, not from when the engine loop got to it. Per arm (median [min-max] over rounds): output tok/s (and its
+ratio to host, host-overlap and host-triton-overlap, paired by round) and requests/s, TTFT and ITL p50/p90/p99, TPOT
+mean, decode steps, mixed steps and their mean wall time, prefill passes (tokens, wall and GPU time a pass), decode
+steps beside a pass in flight (passes beside the decode steps), H2D copies a decode step, peak GPU memory, and whether
+its first tokens (and all tokens) equal those of the host arm at its placement and budget. (With passes beside the
+decode steps, or arrivals over time, two arms batch their rows by their own timing, so in bf16 a near-tie may break the
+other way.)
+
+A busy host (``--host-load F[,F...]``, ``models/bench/host_load.py``): during every timed run a background thread
+holds the interpreter a fraction F of each millisecond (a pure-Python spin, then a sleep), as an in-process server
+does while it detokenizes and writes streams. Every arm runs at every load, an arm's loads one after another and the
+whole order reversed every other round; the report has a block of rows a load, each row naming F and the fraction
+of the run's wall time the thread actually held the interpreter, and pairs each arm's ratios with the host arms at
+its own load.
 
 Writes ``results.md``, ``results.json``, ``ttft_cdf.png``, ``itl_cdf.png`` and ``timeline.png`` (the last round of
 each arm: rows, prompt tokens and wall time of every step) under ``--out``. Runs on a CPU too (tiny model, the
@@ -42,7 +50,7 @@ each round, served once untimed first (``--prerun``, with other prompt ids) and 
 and the server's model: requests completed and failed (with their errors), output and total tok/s, req/s, goodput
 under ``--goodput ttft:MS,tpot:MS,itl:MS,e2el:MS`` (req/s and the share of the requests), TTFT, ITL, TPOT and E2EL
 (mean, p50, p90, p99), and the client's send lag; ``results.md``, ``results.json``, ``ttft_cdf.png`` and
-``itl_cdf.png`` under ``--out``. The engine options are refused with it.
+``itl_cdf.png`` under ``--out``. The engine options and ``--host-load`` are refused with it.
 """
 
 from __future__ import annotations
@@ -63,6 +71,7 @@ import torch
 from models.bench.arms import (
     Arm,
     add_arm_options,
+    add_host_load_option,
     budget_text,
     build_arms,
     default_placement,
@@ -70,7 +79,9 @@ from models.bench.arms import (
     paired_ratio,
     parse_arms,
     planner_yardstick,
+    round_order,
 )
+from models.bench.host_load import HostLoad, host_load_text, load_text
 from models.bench.remote import goodput_targets, server_url
 from models.bench.workload import Lengths, Sampling, Workload, WorkloadError, arrival_times, read_trace
 from models.cli import OneLineParser, fraction, positive_int, rate
@@ -78,7 +89,7 @@ from models.engine import Engine, EngineConfig, PrefillPlacement
 from models.engine.adapters import MODEL_CONFIGS, build_adapter, model_context
 from models.engine.tensor_parallel import RankEngine, build_rank_adapter, join_group
 
-GPU_ARMS = "host,host-overlap,resident-fa2,resident-xqa,resident-triton"
+GPU_ARMS = "host,host-overlap,host-triton-overlap,resident-fa2,resident-xqa,resident-triton"
 CPU_ARMS = "host-torch,resident-torch"
 COUNTERS = ("decode_steps", "mixed_steps", "prefill_steps", "prefill_passes", "prefill_tokens", "prefill_ns",
             "prefill_host_ns", "prefill_gpu_ms", "mixed_ns", "decode_ns", "gpu_ms", "h2d_copies", "rows_decoded",
@@ -144,11 +155,12 @@ def parser(prog: str = "python -m models.bench.traffic", description: str = __do
                    help="serve each round's traffic once, untimed, before timing it in every arm (default on): the "
                         "first arm to meet a round's prefill shapes pays the process's one-time costs for them (on "
                         "the H200 152-166 ms a pass, against 78-101 ms for the same passes in the arms after it)")
+    add_host_load_option(r, "; under torchrun, in rank 0's process, which drives the steps")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     s = ap.add_argument_group("server (--url: the traffic sent to an OpenAI-compatible server instead of the arms)")
     s.add_argument("--url", type=server_url, default=None,
                    help="the server's root, e.g. http://127.0.0.1:8000: streaming POST /v1/completions, no engine "
-                        "built here (the engine options but --model are refused with it)")
+                        "built here (the engine options but --model, and --host-load, are refused with it)")
     s.add_argument("--served-model", default=None,
                    help="the model the requests name (default: the first id of the server's /v1/models)")
     s.add_argument("--goodput", type=goodput_targets, default=None, metavar="NAME:MS[,NAME:MS...]",
@@ -377,15 +389,15 @@ def _pct(x, q) -> float:
 
 
 def timed_run(engine: Engine, workload: Workload, requests: list, cuda: bool,
-              progress: Callable[[], None] | None = None) -> dict:
-    """One timed run of the workload: its metrics (module doc), tokens and step log."""
+              progress: Callable[[], None] | None = None, load: float = 0.0) -> dict:  # fmt: skip
+    """One timed run of the workload under host load ``load``: its metrics (module doc), tokens and step log."""
     st = engine.stats
     before = {k: getattr(st, k) for k in COUNTERS}
     st.itl.clear()
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    with frozen_heap():
+    with frozen_heap(), HostLoad(load) as busy:
         results, steps, wall = serve(engine, workload, requests, progress=progress)
     d = {k: getattr(st, k) - v for k, v in before.items()}
     itl = np.concatenate(st.itl) * 1e3 if st.itl else np.zeros(0)
@@ -412,6 +424,7 @@ def timed_run(engine: Engine, workload: Workload, requests: list, cuda: bool,
         peak_gpu_gib=torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan"),
         ttft_ms=ttft.tolist(), itl_ms=itl.tolist(), steps=steps,
         tokens=[r.tokens for r in results], finish=[r.finish_reason.value for r in results],
+        host_load=load, host_load_achieved=busy.achieved,
     )  # fmt: skip
 
 
@@ -453,48 +466,63 @@ def same_tokens(runs: list[dict], base: list[dict]) -> tuple[str, str]:
     return f"{min(firsts)}/{n}", f"{min(whole)}/{n}"
 
 
-def summarize(runs: list[dict], arms: list[Arm]) -> tuple[str, list[dict]]:
-    """The report's table (one row an arm: its engine arm, placement and budget) and its rows as dicts. An arm is
-    compared with the host arm (host, else host-torch) and host-overlap at its own placement and budget."""
-    by_label = {a.label: [r for r in runs if r["label"] == a.label] for a in arms}
-    head = ["arm", "prefill", "token budget", "output tok/s", "vs host", "vs host-overlap"] + [
-        h for h, _, _ in COLUMNS[1:]] + ["first tokens = host", "all tokens = host"]  # fmt: skip
+def summarize(runs: list[dict], arms: list[Arm], loads: tuple[float, ...] = (0.0,)) -> tuple[str, list[dict]]:
+    """The report's table (one row an arm at a host load: its engine arm, placement, budget and load, the loads one
+    block after another) and its rows as dicts. An arm is compared with the host arm (host, else host-torch),
+    host-overlap and host-triton-overlap at its own placement, budget and load."""
+    head = ["arm", "prefill", "token budget", "host load (achieved)", "output tok/s", "vs host", "vs host-overlap",
+            "vs host-triton-overlap", *(h for h, _, _ in COLUMNS[1:]), "first tokens = host",
+            "all tokens = host"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     rows = []
-    for arm in arms:
-        rs = by_label[arm.label]
-        if not rs:
-            continue
-        base = by_label.get(arm.peer("host").label) or by_label.get(arm.peer("host-torch").label, [])
-        host_over = by_label.get(arm.peer("host-overlap").label, [])
-        first, whole = same_tokens(rs, base) if rs is not base else ("-", "-")
-        row = dict(arm=arm.name, label=arm.label, prefill=arm.prefill.value, token_budget=arm.token_budget,
-                   first_tokens_same=first, tokens_same=whole,
-                   vs_host=paired_ratio(rs, base, "tokps") if rs is not base else "-",
-                   vs_host_overlap=paired_ratio(rs, host_over, "tokps") if rs is not host_over else "-")
-        for _, key, _ in COLUMNS:
-            vals = [r[key] for r in rs]
-            row[key] = dict(median=float(np.median(vals)), min=float(min(vals)), max=float(max(vals)))
-        rows.append(row)
-        cells = [_cell([r[key] for r in rs], fmt) for _, key, fmt in COLUMNS]
-        lead = [arm.name, arm.prefill.value, budget_text(arm.token_budget), cells[0], row["vs_host"],
-                row["vs_host_overlap"]]  # fmt: skip
-        lines.append("| " + " | ".join([*lead, *cells[1:], first, whole]) + " |")
+    for load in loads:
+        by_label = {a.label: [r for r in runs if r["label"] == a.label and r["host_load"] == load] for a in arms}
+        for arm in arms:
+            rs = by_label[arm.label]
+            if not rs:
+                continue
+            base = by_label.get(arm.peer("host").label) or by_label.get(arm.peer("host-torch").label, [])
+            host_over = by_label.get(arm.peer("host-overlap").label, [])
+            host_triton = by_label.get(arm.peer("host-triton-overlap").label, [])
+            first, whole = same_tokens(rs, base) if rs is not base else ("-", "-")
+            achieved = [r["host_load_achieved"] for r in rs]
+            row = dict(arm=arm.name, label=arm.label, prefill=arm.prefill.value, token_budget=arm.token_budget,
+                       host_load=load, host_load_achieved=float(np.median(achieved)),
+                       first_tokens_same=first, tokens_same=whole,
+                       vs_host=paired_ratio(rs, base, "tokps") if rs is not base else "-",
+                       vs_host_overlap=paired_ratio(rs, host_over, "tokps") if rs is not host_over else "-",
+                       vs_host_triton_overlap=paired_ratio(rs, host_triton, "tokps") if rs is not host_triton
+                       else "-")  # fmt: skip
+            for _, key, _ in COLUMNS:
+                vals = [r[key] for r in rs]
+                row[key] = dict(median=float(np.median(vals)), min=float(min(vals)), max=float(max(vals)))
+            rows.append(row)
+            cells = [_cell([r[key] for r in rs], fmt) for _, key, fmt in COLUMNS]
+            lead = [arm.name, arm.prefill.value, budget_text(arm.token_budget), load_text(load, achieved), cells[0],
+                    row["vs_host"], row["vs_host_overlap"], row["vs_host_triton_overlap"]]  # fmt: skip
+            lines.append("| " + " | ".join([*lead, *cells[1:], first, whole]) + " |")
     return "\n".join(lines), rows
+
+
+def series(label: str, load: float) -> str:
+    """An arm at a host load in the plots' legends: its label, and its load where it has one."""
+    return f"{label} load {load:g}" if load else label
 
 
 def plot(runs: list[dict], labels: list[str], out: Path, timeline: bool = True) -> None:
     """TTFT and ITL CDFs per arm (every round), and (``timeline``) the last round's step timeline per arm (arms by
-    label)."""
+    label, at a host load: ``series``)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    of = lambda r: series(r["label"], r.get("host_load", 0.0))  # a server's runs (--url) have no host load
+
     for key, name, log in (("ttft_ms", "TTFT", False), ("itl_ms", "ITL", True)):
         fig, ax = plt.subplots(figsize=(6, 4))
         for arm in labels:
-            x = np.sort(np.concatenate([np.asarray(r[key]) for r in runs if r["label"] == arm] or [np.zeros(0)]))
+            x = np.sort(np.concatenate([np.asarray(r[key]) for r in runs if of(r) == arm] or [np.zeros(0)]))
             if x.size:
                 ax.plot(x, np.arange(1, x.size + 1) / x.size, label=arm)
         ax.set_xlabel(f"{name} (ms)")
@@ -508,7 +536,7 @@ def plot(runs: list[dict], labels: list[str], out: Path, timeline: bool = True) 
         plt.close(fig)
     if not timeline:
         return
-    last = {arm: [r for r in runs if r["label"] == arm][-1] for arm in labels if any(r["label"] == arm for r in runs)}
+    last = {arm: [r for r in runs if of(r) == arm][-1] for arm in labels if any(of(r) == arm for r in runs)}
     fig, axes = plt.subplots(3, len(last), figsize=(4.5 * len(last), 7), sharex="col", squeeze=False)
     for j, (arm, r) in enumerate(last.items()):
         t = np.array([s[0] for s in r["steps"]])
@@ -559,7 +587,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         serve(engines[arm.label], run.warmup, warm, wait=False)  # JIT, allocator, graphs of the shapes it will see
         if lead:
             print(f"built and warmed up {arm.label}", flush=True)
-    total = len(run.arms) * sum(w.n for w in run.rounds)
+    total = len(run.arms) * len(args.host_load) * sum(w.n for w in run.rounds)
     bar = None
     if not args.no_progress and lead:
         from tqdm import tqdm
@@ -571,24 +599,25 @@ def main(argv: list[str] | None = None) -> list[dict]:
         speed = planner_yardstick(2000)  # the host's speed can drift during a run: each round says where it was
         if lead:
             (bar.write if bar is not None else print)(f"round {rnd}: {speed}")
-        order = run.arms if rnd % 2 == 0 else run.arms[::-1]
+        order = round_order(run.arms, args.host_load, rnd)
         work = run.rounds[rnd]
         if args.prerun:
-            serve(engines[order[0].label], work, work.requests(adapter.vocab_size, run.sampling, args.seed + rnd,
+            serve(engines[order[0][0].label], work, work.requests(adapter.vocab_size, run.sampling, args.seed + rnd,
                                                                f"pre{rnd}-"))  # fmt: skip
-        for arm in order:
+        for arm, load in order:
             eng = engines[arm.label]
             if not lead:
                 eng.follow()  # rank 0's timed run
                 continue
             if bar is not None:
-                bar.set_postfix_str(f"round {rnd} {arm.label}")
+                bar.set_postfix_str(f"round {rnd} {series(arm.label, load)}")
             r = timed_run(eng, work, work.requests(adapter.vocab_size, run.sampling, args.seed + rnd, f"{rnd}-"),
-                          cuda, progress=(lambda: bar.update(1)) if bar is not None else None)  # fmt: skip
+                          cuda, progress=(lambda: bar.update(1)) if bar is not None else None, load=load)  # fmt: skip
             r.update(arm=arm.name, label=arm.label, prefill=arm.prefill.value, token_budget=arm.token_budget,
                      round=rnd, yardstick=speed)  # fmt: skip
             runs.append(r)
-            line = (f"round {rnd} {arm.label:{width}s} {r['tokps']:7.0f} tok/s  TTFT p50 {r['ttft_p50_ms']:6.0f} ms  "
+            line = (f"round {rnd} {arm.label:{width}s} host load {load_text(load, [r['host_load_achieved']]):11s} "
+                    f"{r['tokps']:7.0f} tok/s  TTFT p50 {r['ttft_p50_ms']:6.0f} ms  "
                     f"ITL p50/p99 {r['itl_p50_ms']:.2f}/{r['itl_p99_ms']:.1f} ms  {r['prefill_passes']} passes of "
                     f"{r['prefill_tokens_per_pass']:.0f} tokens, {r['prefill_ms']:.1f} ms each")  # fmt: skip
             (bar.write if bar is not None else print)(line)
@@ -598,7 +627,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         tp.leave()
         if not lead:
             return []
-    table, rows = summarize(runs, run.arms)
+    table, rows = summarize(runs, run.arms, args.host_load)
     device_name = torch.cuda.get_device_name() if cuda else "CPU"
     command = "python -m models.bench.traffic " + " ".join(argv if argv is not None else sys.argv[1:])
     resolved = "; ".join(f"{arm.name} {cfg.prefill.value} {budget_text(cfg.token_budget)}"
@@ -612,20 +641,21 @@ def main(argv: list[str] | None = None) -> list[dict]:
             f"(budget: prompt tokens a pass, or whole prompts): {resolved}. {args.rounds} rounds, each its own "
             f"draw of the traffic, {'served once untimed first, then ' if args.prerun else ''}timed in every arm, the "
             f"arm order reversed every other round; cells are median [min-max] over rounds, ratios paired by round "
-            f"with the host arm at the same placement and budget. Host yardstick: {host_speed}.\n\n"
+            f"with the host arm at the same placement, budget and host load. Host load: "
+            f"{host_load_text(args.host_load)}. Host yardstick: {host_speed}.\n\n"
             f"Command: `{command}`\n\n")  # fmt: skip
     (args.out / "results.md").write_text(head + table + "\n")
     keep = [{k: v for k, v in r.items() if k not in ("tokens", "ttft_ms", "itl_ms", "steps")} for r in runs]
     (args.out / "results.json").write_text(json.dumps(dict(command=command, workload=run.description, rows=rows,
                                                            runs=keep), indent=1))  # fmt: skip
-    plot(runs, [a.label for a in run.arms], args.out)
+    plot(runs, [series(a.label, load) for a in run.arms for load in args.host_load], args.out)
     print(table)
     return runs
 
 
 # -- a server's traffic (--url) ------------------------------------------------------------------------------------
 ENGINE_ONLY = ("device", "dtype", "arms", "prefill", "token_budget", "max_running", "max_bucket", "page_size",
-               "num_pages", "max_seq_len", "prefill_graphs", "prefill_graph_tokens")  # fmt: skip
+               "num_pages", "max_seq_len", "prefill_graphs", "prefill_graph_tokens", "host_load")  # fmt: skip
 
 
 def given_options(ap: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] | None) -> set[str]:
