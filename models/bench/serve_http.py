@@ -4,13 +4,13 @@ engine (``resident-triton``, the server's default on CUDA) at the same concurren
 
     python -m models.bench.serve_http --model-dir /tmp/qwen3_5-0.8b --make qwen3_5-0.8b --out results/server-h200
 
-Steps, each logged under ``--out``: (1) the checkpoint is written if ``--make`` names a shape and the directory has
-none (``models.bench.make_checkpoint``); (2) the server starts (the seconds from its launch to "ready": the first
-start of a machine compiles every kernel, later starts find them in the on-disk caches) and three requests, one after
-another, measure the first TTFTs after ready (the client made before the first is timed); (3) each workload (``--workloads``: poisson, burst, connections) runs through HTTP; (4) the
-server is stopped by SIGTERM (its drain) and started again, timed warm; (5) each workload but connections runs
-in-process; (6) ``results.md`` compares them: output tok/s, TTFT p50 and ITL p50 through HTTP against in-process,
-the front end's CPU a generated token and the engine's decode step.
+Steps, each logged under ``--out``: (1) the checkpoint is written if ``--make`` names a shape and the directory has none
+(``models.bench.make_checkpoint``); (2) the server starts (the seconds from its launch to "ready": the first start of a
+machine compiles every kernel, later starts find them in the on-disk caches) and three requests, one after another,
+measure the first TTFTs after ready (the client made before the first is timed); (3) each workload (``--workloads``:
+poisson, burst, connections) runs through HTTP; (4) the server is stopped by SIGTERM (its drain) and started again,
+timed warm; (5) each workload but connections runs in-process; (6) ``results.md`` compares them: output tok/s, TTFT p50
+and ITL p50 through HTTP against in-process, the front end's CPU a generated token and the engine's decode step.
 
 Workloads: poisson (``--num-requests`` at ``--rate`` req/s), burst (``--num-requests`` at t=0), and connections
 (``--connections`` streaming requests at t=0 with fixed lengths: every connection held until its tokens arrive).
