@@ -190,7 +190,7 @@ def summarize(runs: list[dict], arms: list[Arm | str]) -> tuple[str, list[dict]]
                            "itl_p50_ms", "itl_mean_ms", "ttft_p50_ms", "step_us", "plan_us", "attn_schedule_us",
                            "launch_us", "wait_us", "gpu_us", "h2d_copies", "h2d_bytes", "decode_tokps")})
             rows.append(row)
-            ratio = f"{row['ratio_median']:.2f}x [{row['ratio_min']:.2f}-{row['ratio_max']:.2f}]"
+            ratio = f"{row['ratio_median']:.2f}x [{row['ratio_min']:.2f}-{row['ratio_max']:.2f}]" if host else "-"
             dec = [r.get("decode_tokps", np.nan) for r in rs]
             dratio = paired_ratio(rs, host, "decode_tokps") if name != TRANSFORMERS else "-"
             iratio = paired_ratio(rs, host, "itl_mean_ms", invert=True)
