@@ -117,6 +117,30 @@ def raise_open_files_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20, hard))
 
 
+def _start(ap: OneLineParser, args, client, progress: _Progress):
+    """Launch the engine and, while it starts, check the directory and read the tokenizer on a thread (this one waits
+    for the engine and says its stages); (what it serves, the tokenizer, Whisper's audio settings or None) once both
+    are done. The front end's one-line error (SystemExit) or the engine's failure (EngineFailed) is raised."""
+    front = _front_end(ap, args) if args.in_process else None  # (transformers' lazy imports are not safe from two
+    client.launch()  # threads at once; a process of its own imports, loads and builds while this one checks and reads
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="front-end-start")
+    reading = pool.submit(lambda: front or _front_end(ap, args))
+    pool.shutdown(wait=False)
+    reported = False
+
+    def check() -> None:
+        nonlocal reported
+        if reading.done() and not reported:
+            reading.result()  # (raises the front end's error)
+            reported = True
+            progress("front end: tokenizer read", time.time() - client.launched_at)
+
+    served = client.wait_ready(progress, check=check)
+    tokenizer, audio = reading.result()
+    check()
+    return served, tokenizer, audio
+
+
 class _Progress:
     """The start-up stages on stderr, each with the seconds since the launch: a bar when stderr is a terminal (and
     wanted), else a line each."""
@@ -158,23 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     raise_open_files_limit()
     progress = _Progress(not args.no_progress and sys.stderr.isatty())
-    front = _front_end(ap, args) if args.in_process else None  # (transformers' lazy imports are not safe from two
-    client.launch()  # threads at once; a process of its own imports, loads and builds while this one checks and reads
-    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="front-end-start")
-    reading = pool.submit(lambda: front or _front_end(ap, args))
-    pool.shutdown(wait=False)
-    told = []
-
-    def check() -> None:  # (the engine's wait: the front end's own start reported once, a failure of it raised)
-        if reading.done() and not told:
-            told.append(reading.result())
-            progress("front end: tokenizer read", time.time() - client.launched_at)
-
     try:
         try:
-            served = client.wait_ready(progress, check=check)
-            tokenizer, audio = reading.result()
-            check()
+            served, tokenizer, audio = _start(ap, args, client, progress)
         except SystemExit:
             client.shutdown()
             raise
