@@ -26,7 +26,7 @@ class StepBuffers:
     write_loc: dict[str, torch.Tensor]  # APPEND pool -> [b] int32 (flat token slot in the pool)
     positions: torch.Tensor | None  # [b] int32
     recurrent_slots: torch.Tensor | None  # [b] int32
-    sampler: torch.Tensor | None  # [b, 4] int32: temperature, top_p (float32 bits), top_k, seed
+    sampler: torch.Tensor | None  # [b, len(SamplerCell)] int32: temperature, top_p (float32 bits), top_k, seed, ...
 
     flat: torch.Tensor | None = None  # [cells] int32: every buffer above is a view of it (one H2D fills all)
 

@@ -21,12 +21,29 @@ SINK_SLOT = 0  # recurrent slot 0: padding rows read and write it
 TRASH_ROW = 0  # store row 0: all zero, what padding entries of a slot row point at
 
 class SamplerCell(enum.IntEnum):
-    """The sampler's cells of a row, in order (an index into them): temperature and top_p are float32 bit patterns."""
+    """The sampler's cells of a row, in order (an index into them): temperature and top_p are float32 bit patterns.
+    A token drawn at a position below MIN_POSITION is never one of the STOP cells' ids (-1: none): a request's
+    ``min_tokens``. Sixteen in all (the row gather kernel moves a power of two)."""
 
     TEMPERATURE = 0
     TOP_P = 1
     TOP_K = 2  # 0 = off
     SEED = 3
+    MIN_POSITION = 4  # 0: no minimum
+    STOP_0 = 5  # .. STOP_10: the stop ids banned below MIN_POSITION, -1 padded
+    STOP_1 = 6
+    STOP_2 = 7
+    STOP_3 = 8
+    STOP_4 = 9
+    STOP_5 = 10
+    STOP_6 = 11
+    STOP_7 = 12
+    STOP_8 = 13
+    STOP_9 = 14
+    STOP_10 = 15
+
+
+BANNED_STOPS = SamplerCell.STOP_10 - SamplerCell.STOP_0 + 1  # stop ids a row can ban while under its minimum
 
 
 SAMPLER_CELLS = tuple(c.name.lower() for c in SamplerCell)  # their names, in order

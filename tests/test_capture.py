@@ -42,8 +42,8 @@ def test_span_width_is_min_of_context_pages_and_usable_pool_pages(page_size, pag
 def test_a_qwen_like_row_is_narrow_cells_then_one_span():
     lay = RowLayout((KVPool("kv", 16, 2048, 262144),), "kv", recurrent=True, sampler=True)
     assert [c.name for c in lay.columns] == ["kv.len", "pos_offset", "recurrent_slot", "temperature", "top_p",
-                                             "top_k", "seed"]
-    assert lay.span("kv").start == 7 and lay.width == 7 + 2047
+                                             "top_k", "seed", "min_position", *(f"stop_{i}" for i in range(11))]
+    assert lay.span("kv").start == 19 and lay.width == 19 + 2047
     assert lay.row_bytes == 4 * lay.width
     assert "2047 kv pages (append)" in lay.describe(257)
 

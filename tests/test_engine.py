@@ -126,6 +126,35 @@ def test_stop_tokens_end_requests_in_both_arms():
     assert runs[R].engine.stats.mismatches == 0
 
 
+def test_min_tokens_bans_the_stop_tokens_below_its_count_in_both_arms():
+    """A stop token drawn at output index k ends a request whose min_tokens is k, and is banned from index k (the
+    next most likely drawn) when it is k + 1: both arms, chunked prefill and decode, against transformers' greedy
+    ``generate`` with ``min_new_tokens`` (its processor masks the end tokens) and the same weights."""
+    transformers = pytest.importorskip("transformers")
+
+    cfg = attrs.evolve(BASE, max_running=4, token_budget=5)
+    free = run_arms(QWEN, cfg, PROMPTS[:8], arms=(R,))[R].tokens
+    reqs = []
+    for r, t in zip(PROMPTS[:8], free, strict=True):
+        k = next((i for i in range(1, len(t)) if t[i] not in t[:i]), None)  # (a token not drawn before it)
+        for m in () if k is None else (k, k + 1):
+            sp = attrs.evolve(r.sampling, stop_token_ids=(t[k],), min_tokens=m, ignore_eos=True)
+            reqs.append(attrs.evolve(r, sampling=sp, request_id=f"{r.request_id}-{m}"))
+    assert len(reqs) >= 8
+    runs = run_arms(QWEN, cfg, reqs)
+    assert runs[R].tokens == runs[H].tokens and runs[R].engine.stats.mismatches == 0
+    hf = transformers.Qwen3_5ForCausalLM(QWEN.model.cfg.to_hf()).eval()
+    hf.load_state_dict(QWEN.model.state_dict(), strict=True)
+    for req, out in zip(reqs, runs[R].results, strict=True):
+        sp, ids = req.sampling, torch.tensor([req.prompt])
+        assert sp.stop_token_ids[0] not in out.tokens[: sp.min_tokens]
+        with torch.no_grad():
+            ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=sp.max_tokens,
+                              min_new_tokens=sp.min_tokens, eos_token_id=sp.stop_token_ids[0], do_sample=False,
+                              pad_token_id=sp.stop_token_ids[0])[0, ids.shape[1] :].tolist()  # fmt: skip
+        assert list(out.tokens) == ref[: len(out.tokens)] and len(ref) >= len(out.tokens), (req.request_id, sp)
+
+
 def test_engine_matches_transformers_generate():
     """The whole loop on the CPU (several prompts prefilled in one batched pass, then decode steps in both arms)
     against transformers' greedy ``generate`` with the same weights; a divergence only at a near-tie of

@@ -12,8 +12,9 @@ from sim import expected_buffers
 from models.engine import AdmitRefusal, AdmitRefused, PagePool, Sampler, decode_buckets, recurrent_pool
 from models.engine.host_arm import HostFill
 from models.engine.planning import HostArm
-from models.engine.sampler import hash32
+from models.engine.sampler import ban_stops_, hash32
 from resplan import HostStreams, KVPool, RowLayout, SamplerCell, StepBuffers, StreamMode, float_bits
+from resplan.layout import BANNED_STOPS
 
 
 # -- sampler -----------------------------------------------------------------------------------------------------------
@@ -48,6 +49,37 @@ def test_greedy_and_top_k_1_are_argmax():
     pos = torch.arange(6)
     assert torch.equal(s(logits, _cells(6), pos), logits.argmax(-1))
     assert torch.equal(s(logits, _cells(6, temperature=2.0, top_k=1, seed=3), pos), logits.argmax(-1))
+
+
+def test_ban_stops_masks_a_rows_stop_ids_below_its_minimum_position_only():
+    """``ban_stops_`` against a loop over the rows, on fresh random scores: ids repeated, padded, id 0 among them, rows
+    below, at and above their minimum, rows without stop ids; then greedy and sampled draws never pick a banned id."""
+    g = torch.Generator().manual_seed(3)
+    rng = np.random.default_rng(3)
+    b, V = 24, 30
+    scores = torch.randn(b, V, generator=g)
+    cells = _cells(b, temperature=1.0, seed=11).numpy()
+    cells[:, SamplerCell.STOP_0 :] = -1
+    for r in range(b):
+        n = int(rng.integers(0, BANNED_STOPS + 1))
+        cells[r, SamplerCell.STOP_0 : SamplerCell.STOP_0 + n] = rng.choice([0, 1, 2, *rng.integers(0, V, 4)], n)
+        cells[r, SamplerCell.MIN_POSITION] = int(rng.integers(0, 8)) if n else 0
+    pos = torch.from_numpy(rng.integers(0, 8, b))
+    got = scores.clone()
+    ban_stops_(got, torch.from_numpy(cells), pos)
+    want = scores.clone()
+    for r in range(b):
+        if pos[r] < cells[r, SamplerCell.MIN_POSITION]:
+            for t in cells[r, SamplerCell.STOP_0 :]:
+                if t >= 0:
+                    want[r, t] = float("-inf")
+    assert torch.equal(got, want) and (got != scores).any()
+    banned = torch.isinf(want)
+    for temperature in (0.0, 1.0):
+        c = cells.copy()
+        c[:, SamplerCell.TEMPERATURE] = float_bits(temperature)
+        drawn = Sampler(V, "cpu")(scores, torch.from_numpy(c), pos)
+        assert not banned[torch.arange(b), drawn].any()
 
 
 def test_a_draw_depends_on_seed_and_position_only():
@@ -127,7 +159,7 @@ def test_host_fill_matches_the_streams(exact, n, bucket):
             s.pages[np.arange(W)[None, :] >= used[:, None]] = 0
     st.pos_offset[:] = rng.integers(0, 5, H)
     st.recurrent_slot[:] = rng.integers(1, 9, H)
-    st.sampler[:] = rng.integers(-(2**31), 2**31 - 1, (H, 4))
+    st.sampler[:] = rng.integers(-(2**31), 2**31 - 1, (H, len(SamplerCell)))
     bufs = StepBuffers.allocate(lay, bucket)
     fill = HostFill(lay, bufs, exact_pages=exact)
     h = rng.permutation(H)[:n].astype(np.int64)

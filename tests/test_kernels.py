@@ -208,12 +208,14 @@ def test_gather_rows_padding_reads_trash_row(layout_id: str) -> None:
 
 
 # -- scatter_cells ------------------------------------------------------------------------------------------------
-def make_staging(store: torch.Tensor, n: int, cap: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A staging buffer with n live entries (distinct flat indices off the trash row) and stale entries after them."""
+def make_staging(store: torch.Tensor, n: int, cap: int, seed: int,
+                 low: int = -(2**31)) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """A staging buffer with n live entries (distinct flat indices off the trash row, values in [low, 2^31)) and
+    stale entries after them."""
     g = _gen(seed + 100)
     row_w = store.shape[1]
     idx = torch.randperm(store.numel() - row_w, generator=g)[:cap] + row_w
-    val = _randint(g, -(2**31), 2**31 - 1, (cap,))
+    val = _randint(g, low, 2**31 - 1, (cap,))
     staging = torch.empty(2 + 2 * cap, dtype=torch.int32)
     staging[0], staging[1] = n, 12345
     staging[2::2], staging[3::2] = idx.to(torch.int32), val
@@ -280,7 +282,7 @@ def test_step_cycle_matches_reference(layout_id: str) -> None:
     """scatter -> gather -> commit -> gather again, kernels against references on twin stores."""
     layout = LAYOUTS[layout_id]
     store, slot_row = make_case(layout, seed=7)
-    staging, _ = make_staging(store, 6, 8, seed=7)
+    staging, _ = make_staging(store, 6, 8, seed=7, low=0)  # (a cell may be a stored length: never negative)
     store_ref, staging_ref = store.clone(), staging.clone()
     cols = append_len_cols(layout)
     b = slot_row.shape[0]
@@ -336,7 +338,7 @@ def test_step_in_cuda_graph(layout_id: str) -> None:
     torch.cuda.synchronize()
     assert torch.equal(store, store_ref), "capture must not run the kernels"
     for step in range(3):
-        new_staging, _ = make_staging(store, 5, 8, seed=20 + step)
+        new_staging, _ = make_staging(store, 5, 8, seed=20 + step, low=0)
         staging.copy_(new_staging)
         _, new_slots = make_case(layout, seed=30 + step)
         slot_row.copy_(new_slots)

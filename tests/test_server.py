@@ -140,6 +140,25 @@ def test_chat_completions_text_equals_generates_and_usage_counts(server, api, ck
     assert all(c.usage is None for c in chunks[:-1])
 
 
+def test_min_tokens_holds_back_the_stop_token_the_model_would_draw_first(server, api, ckpt, tok):
+    """The greedy first token made a stop token: without min_tokens the output is that token; with min_tokens 3 it
+    is at least 3 tokens, the engine's own output for the same request (the engine's tests check it against
+    transformers' min_new_tokens)."""
+    from models.engine import Engine, EngineConfig, Request, SamplingParams
+
+    engine = Engine.from_pretrained(ckpt, EngineConfig(device="cpu", max_seq_len=64))
+    prompt = [5, 6, 7, 8]
+    first = engine.run([Request(prompt, SamplingParams(max_tokens=1, ignore_eos=True))])[0].tokens[0]
+    held = SamplingParams(max_tokens=6, stop_token_ids=(first,), ignore_eos=True, min_tokens=3)
+    want = engine.run([Request(prompt, held)])[0].tokens
+    kw = dict(model="qwen", prompt=prompt, max_tokens=6, temperature=0)
+    plain = api.completions.create(**kw, extra_body={"ignore_eos": True, "stop_token_ids": [first]})
+    assert plain.usage.completion_tokens == 1 and plain.choices[0].finish_reason == "stop"
+    got = api.completions.create(**kw, extra_body={"ignore_eos": True, "stop_token_ids": [first], "min_tokens": 3})
+    assert got.usage.completion_tokens == len(want) >= 3 and want[0] != first
+    assert got.choices[0].text == tok.decode(want)
+
+
 def test_a_stop_string_split_across_tokens_ends_the_text_before_it(server, api, tok):
     ids = tok.encode(PROMPT)
     full = api.completions.create(model="qwen", prompt=ids, max_tokens=24, temperature=0,
@@ -258,7 +277,8 @@ BAD = [
     ("completions", {"prompt": "x", "logprobs": 6}, 400, "logprobs"),
     ("completions", {"prompt": "x", "logprobs": 1, "echo": True}, 400, "echo"),
     ("chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, 400, "top_logprobs"),
-    ("completions", {"prompt": "x", "min_tokens": 3}, 400, "min_tokens"),
+    ("completions", {"prompt": "x", "max_tokens": 2, "min_tokens": 3}, 400, "min_tokens"),
+    ("completions", {"prompt": "x", "min_tokens": 2, "stop_token_ids": list(range(5, 17))}, 400, "min_tokens"),
     ("completions", {"max_tokens": 3}, 400, "prompt"),
     ("completions", {"prompt": "x", "model": "gpt-9"}, 404, "model"),
     ("chat/completions", {"messages": []}, 400, "messages"),

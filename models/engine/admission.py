@@ -126,7 +126,8 @@ class Admission:
 
     def _take(self, h: int, pend: Pending) -> None:
         """Handle h's prompt (and context) pages and recurrent slot, each of which may refuse (AdmitRefused). Its
-        streams start empty, its sampler cells hold the request's."""
+        streams start empty, its sampler cells hold the request's (with ``min_tokens``: the position its stop tokens
+        are banned below, and those tokens)."""
         st = self.streams
         for k, n in pend.pages:
             pages = self.page_pools[k].take(n)
@@ -143,6 +144,10 @@ class Admission:
         st.sampler[h, SamplerCell.TOP_P] = float_bits(sp.top_p)
         st.sampler[h, SamplerCell.TOP_K] = sp.top_k
         st.sampler[h, SamplerCell.SEED] = sp.seed
+        banned = pend.stops if sp.min_tokens else ()  # (its output's token j is drawn at position prompt + j - 1)
+        st.sampler[h, SamplerCell.MIN_POSITION] = len(pend.request.prompt) - 1 + sp.min_tokens if banned else 0
+        st.sampler[h, SamplerCell.STOP_0 :] = -1
+        st.sampler[h, SamplerCell.STOP_0 : SamplerCell.STOP_0 + len(banned)] = banned
 
     def _rollback(self, txn: AdmitTxn) -> np.ndarray:
         """Give back everything a refused admit took, newest first; returns the pages given back."""

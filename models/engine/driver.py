@@ -41,6 +41,7 @@ from models.engine.requests import (
     Result,
     StepOutput,
     TokenLogprobs,
+    stop_set,
     validate,
 )
 from models.engine.sampler import Sampler, SamplingMode
@@ -87,7 +88,7 @@ class Engine:
                                self.admission.n_pages, ps, cfg.prefill_graphs, cfg.prefill_graph_tokens, H, self.device,
                                cfg.timing, kernels, prefill_capture,
                                pass_stream if cfg.prefill.beside else None)  # fmt: skip
-        self.limits = Limits(adapter.name, adapter.vocab_size, cfg.max_seq_len)
+        self.limits = Limits(adapter.name, adapter.vocab_size, cfg.max_seq_len, tuple(adapter.eos_token_ids))
         self.stats, self.early, self._arrivals = EngineStats(), EarlyStep(), itertools.count()
         step_stream = (priority_stream(self.device, DECODE_STREAM_PRIORITY)
                        if cfg.prefill is PrefillPlacement.BESIDE_PRIORITY else None)  # fmt: skip
@@ -119,7 +120,8 @@ class Engine:
         self.adapter.validate(request)
         rid = self.table.register(request, arrived)
         pages = self.admission.pages_needed(len(request.prompt), self.adapter.read_tokens(request))
-        self.scheduler.enqueue(Pending(rid, request, next(self._arrivals), pages))
+        stops = stop_set(request.sampling, self.adapter.eos_token_ids)
+        self.scheduler.enqueue(Pending(rid, request, next(self._arrivals), pages, stops))
         return rid
 
     def abort(self, request_id: str) -> bool:

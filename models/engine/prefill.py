@@ -276,12 +276,13 @@ class Prefill:
         drawn_at = ends + list(range(len(chunks), len(inputs)))  # the ended chunks, then the decode rows
         if not drawn_at:
             return hs, tuple(contexts), None, None, time.perf_counter_ns() - t0
-        cells_h = st.sampler[np.concatenate([hs, rows])]  # [m + r, 4]
+        cells_h = st.sampler[np.concatenate([hs, rows])]  # [m + r, len(SamplerCell)]
         picked = logits[device_array(np.array(drawn_at, np.int64), self.device)]  # [m + r, V]
         asks = rows_logprobs or any(requests[i].sampling.logprobs is not None for i in ends)
-        if not asks and not cells_h[:, SamplerCell.TEMPERATURE].any():  # every drawn row greedy, none asking for
-            drawn = picked.argmax(-1)  # logprobs: argmax, as a greedy decode graph takes it (H200, 32 rows: 25 us,
-            return hs, tuple(contexts), drawn, None, time.perf_counter_ns() - t0  # the sampler 380; bench.sampler)
+        plain = not cells_h[:, SamplerCell.TEMPERATURE].any() and not cells_h[:, SamplerCell.MIN_POSITION].any()
+        if not asks and plain:  # every drawn row greedy, none asking for logprobs, none under a min_tokens: the
+            drawn = picked.argmax(-1)  # argmax, as a greedy decode graph takes it (H200, 32 rows: 25 us, the
+            return hs, tuple(contexts), drawn, None, time.perf_counter_ns() - t0  # sampler 380; bench.sampler)
         pos = [inputs[i].pos_offset + inputs[i].start + len(inputs[i].ids) - 1 for i in drawn_at]
         drawn, candidates = self.sampler.draw(picked, device_array(cells_h, self.device),
                                               device_array(np.array(pos, np.int64), self.device))  # fmt: skip

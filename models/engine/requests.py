@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 import attrs
 import numpy as np
 
+from resplan.layout import BANNED_STOPS
+
 if TYPE_CHECKING:
     import torch
 
@@ -34,7 +36,9 @@ class SamplingParams:
     ``ignore_eos``, the model's end-of-sequence tokens (a checkpoint's generation_config.json; random-weight models
     have none). ``logprobs``: None, or k in [0, ``MAX_LOGPROBS``]: each token comes with its log-probability and the
     k most likely tokens' at its position (OpenAI's logprobs / top_logprobs), log_softmax of the raw logits in
-    float32 (temperature 1: before temperature, top-k and top-p)."""
+    float32 (temperature 1: before temperature, top-k and top-p). ``min_tokens``: no stop token (its own, or an
+    end-of-sequence token it does not ignore) is drawn before this many tokens (at most ``BANNED_STOPS`` of them:
+    the sampler masks them in the graph), as vLLM's and OpenAI-compatible servers' ``min_tokens``."""
 
     max_tokens: int = 16
     temperature: float = 0.0
@@ -44,6 +48,12 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=tuple)
     ignore_eos: bool = False
     logprobs: int | None = None
+    min_tokens: int = 0
+
+
+def stop_set(sp: SamplingParams, eos: Sequence[int]) -> tuple[int, ...]:
+    """The tokens that end a request: its ``stop_token_ids`` and, unless it ignores them, ``eos``; in order, once."""
+    return tuple(sp.stop_token_ids) if sp.ignore_eos else tuple(dict.fromkeys((*sp.stop_token_ids, *eos)))
 
 
 @attrs.frozen(eq=False)
@@ -130,11 +140,13 @@ class InvalidRequest(ValueError):
 
 @attrs.frozen
 class Limits:
-    """What the serving engine accepts: its model's name and vocabulary, and its context."""
+    """What the serving engine accepts: its model's name and vocabulary, its context, and its end-of-sequence
+    tokens."""
 
     model: str
     vocab_size: int
     max_seq_len: int
+    eos_token_ids: tuple[int, ...] = ()
 
 
 def validate(req: Request, limits: Limits) -> None:
@@ -169,6 +181,14 @@ def validate(req: Request, limits: Limits) -> None:
     if sp.logprobs is not None and (not _is_int(sp.logprobs) or not 0 <= sp.logprobs <= MAX_LOGPROBS):
         raise InvalidRequest("logprobs", f"must be None or an integer in [0, {MAX_LOGPROBS}] (the top alternatives "
                                          f"each token comes with), got {sp.logprobs!r}")  # fmt: skip
+    if not _is_int(sp.min_tokens) or not 0 <= sp.min_tokens <= sp.max_tokens:
+        raise InvalidRequest("min_tokens", f"must be an integer in [0, max_tokens = {sp.max_tokens}], got "
+                                           f"{sp.min_tokens!r}")  # fmt: skip
+    if sp.min_tokens and len(stop_set(sp, limits.eos_token_ids)) > BANNED_STOPS:
+        raise InvalidRequest("min_tokens", f"with min_tokens the stop tokens (stop_token_ids, and the model's "
+                                           f"{len(limits.eos_token_ids)} end-of-sequence tokens unless ignore_eos) "
+                                           f"must be at most {BANNED_STOPS}: the sampler masks them in the graph; "
+                                           f"this request has {len(stop_set(sp, limits.eos_token_ids))}")  # fmt: skip
 
 
 def _token_ids(field: str, ids: Sequence, vocab: int) -> None:

@@ -7,7 +7,8 @@ Gumbel-max with noise from a counter-based hash of (seed, position, token id) in
 the ``CANDIDATES`` most likely tokens only (submission refuses a top-k above it; top-p's mass is taken within them): a
 full sort of a 248k vocabulary every step cost milliseconds of GPU time at c=64; ``topk`` of 256 costs a fraction.
 The same function samples a prefill's first token and every decode token, so both planning arms (and any batch a row
-lands in) draw the same token from the same logits.
+lands in) draw the same token from the same logits. A row under its ``min_tokens`` draws with its stop tokens at -inf
+(``ban_stops_``); its logprobs stay those of the raw logits.
 
 A step's ``SamplingMode`` picks its graph: all rows greedy, argmax; any row sampled, the sampler; any row asking for
 logprobs, the sampler (whose temperature-0 rows take the argmax) and ``logprobs``: log_softmax of the raw logits, the
@@ -23,7 +24,7 @@ import enum
 import torch
 
 from models.engine.requests import CANDIDATES, MAX_LOGPROBS  # the tokens a row draws from; top logprobs kept
-from resplan.layout import SamplerCell
+from resplan.layout import BANNED_STOPS, SamplerCell
 
 M32 = 0xFFFFFFFF
 
@@ -60,8 +61,8 @@ def uniforms(seed: torch.Tensor, position: torch.Tensor, salt: torch.Tensor) -> 
 
 
 class Sampler:
-    """``sampler(logits [b, V], cells [b, 4] int32, positions [b] int) -> tokens [b] int64``; ``draw`` also returns
-    the candidates."""
+    """``sampler(logits [b, V], cells [b, len(SamplerCell)] int32, positions [b] int) -> tokens [b] int64``;
+    ``draw`` also returns the candidates."""
 
     def __init__(self, vocab_size: int, device: torch.device | str) -> None:
         self.vocab_size = vocab_size
@@ -80,8 +81,9 @@ class Sampler:
         temp = cells[:, SamplerCell.TEMPERATURE].view(torch.float32)  # [b]
         top_p = cells[:, SamplerCell.TOP_P].view(torch.float32)  # [b]
         top_k = cells[:, SamplerCell.TOP_K].long()  # [b]
-        greedy = logits.argmax(-1)  # [b]
-        scaled = logits / torch.where(temp > 0, temp, 1.0)[:, None]  # [b, V]
+        scaled = logits / torch.where(temp > 0, temp, 1.0)[:, None]  # [b, V] (a greedy row's: its logits)
+        ban_stops_(scaled, cells, positions)
+        greedy = scaled.argmax(-1)  # [b]
         K = min(self.vocab_size, CANDIDATES)
         vals, idx = scaled.topk(K, dim=-1)  # [b, K] descending
         k = torch.where(top_k > 0, top_k.clamp(max=K), K)  # [b]
@@ -95,6 +97,18 @@ class Sampler:
         score = torch.where(keep, vals + noise, float("-inf"))
         drawn = idx.gather(1, score.argmax(-1, keepdim=True))[:, 0]  # [b]
         return torch.where(temp > 0, drawn, greedy), idx
+
+
+def ban_stops_(scores: torch.Tensor, cells: torch.Tensor, positions: torch.Tensor) -> None:
+    """In place: a row drawing at a position below its MIN_POSITION cell gets -inf for each of its STOP cells' ids
+    (a request's ``min_tokens``). scores [b, V] float, cells [b, len(SamplerCell)] int32, positions [b] int. Static
+    shapes, no host sync: a [b, BANNED_STOPS] gather and scatter. Padding ids (-1) repeat the row's first id, so that
+    every write to a column carries one value: -inf on a banned row (whose first id is a real one), else the column's
+    own."""
+    ids = cells[:, SamplerCell.STOP_0 : SamplerCell.STOP_0 + BANNED_STOPS].long()  # [b, S]
+    ids = torch.where(ids >= 0, ids, ids[:, :1].clamp(min=0))
+    banned = positions.long() < cells[:, SamplerCell.MIN_POSITION].long()  # [b]
+    scores.scatter_(1, ids, torch.where(banned[:, None], float("-inf"), scores.gather(1, ids)))
 
 
 def logprobs(logits: torch.Tensor, tokens: torch.Tensor,

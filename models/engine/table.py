@@ -20,6 +20,7 @@ from models.engine.requests import (
     Result,
     StepOutput,
     TokenLogprobs,
+    stop_set,
 )
 from models.engine.sampler import SamplingMode
 from models.engine.scheduler import Pending
@@ -49,12 +50,14 @@ class RequestTable:
         self.t_first = np.zeros(H)  # wall clock of each handle's first token
         self.t_last = np.zeros(H)  # and of its latest
         self.max_tokens = np.zeros(H, np.int64)
+        self.min_tokens = np.zeros(H, np.int64)  # no stop token before this many (0 when it has no stop tokens)
         self.sampling = np.zeros(H, bool)  # temperature > 0: the step replays the sampling graph
         self.prompt_len = np.zeros(H, np.int64)
         self.last_token = np.zeros(H, np.int64)
         self.out = np.zeros((H, max_seq_len), np.int32)  # generated tokens by handle
         self.logprobs = np.full(H, -1, np.int64)  # the top logprobs each handle's request asked for; -1: none
         self.asking = 0  # admitted requests asking for logprobs (0: no step looks at them)
+        self.minimums = 0  # admitted requests with a min_tokens (0: no step looks at them)
         self.out_lp = np.zeros((H, max_seq_len), np.float32)  # each generated token's logprob (if asked for)
         self.out_top_ids = np.zeros((H, max_seq_len, MAX_LOGPROBS), np.int32)  # and the most likely tokens'
         self.out_top_lp = np.zeros((H, max_seq_len, MAX_LOGPROBS), np.float32)
@@ -109,7 +112,9 @@ class RequestTable:
         self.max_tokens[h] = sp.max_tokens
         self.prompt_len[h] = len(pend.request.prompt)
         self.last_token[h] = pend.request.prompt[-1]
-        stops = sp.stop_token_ids if sp.ignore_eos else tuple(dict.fromkeys(sp.stop_token_ids + eos))
+        stops = stop_set(sp, eos)
+        self.min_tokens[h] = sp.min_tokens if stops else 0
+        self.minimums += bool(self.min_tokens[h])
         if len(stops) > self.stop.shape[1]:
             self.stop = np.pad(self.stop, ((0, 0), (0, len(stops) - self.stop.shape[1])), constant_values=-1)
         self.stop[h] = -1
@@ -125,10 +130,13 @@ class RequestTable:
 
     def mode(self, rows: np.ndarray) -> SamplingMode:
         """How a step of ``rows`` draws, so which graph it replays: LOGPROBS when a row asks for logprobs, SAMPLE
-        when one samples, else GREEDY (the argmax graph)."""
+        when one samples or may still be under its ``min_tokens`` (the sampler masks its stop tokens), else GREEDY
+        (the argmax graph)."""
         if self.asks_logprobs(rows):
             return SamplingMode.LOGPROBS
-        return SamplingMode.SAMPLE if self.sampling[rows].any() else SamplingMode.GREEDY
+        if self.sampling[rows].any() or self.minimums and (self.min_tokens[rows] > self.gen[rows]).any():
+            return SamplingMode.SAMPLE
+        return SamplingMode.GREEDY
 
     def asks_logprobs(self, rows: np.ndarray) -> bool:
         """Some row's request asks for logprobs."""
@@ -188,6 +196,9 @@ class RequestTable:
         self.serial[h] += 1
         self.rid_of[h] = None
         self.rids.discard(rid)
+        if self.min_tokens[h]:
+            self.min_tokens[h] = 0
+            self.minimums -= 1
         lps, tops = self._logprobs_of(h, n)
         return Result(rid, int(self.prompt_len[h]), tuple(self.out[h, :n].tolist()), reason, ttft, itl, lps, tops)
 

@@ -299,15 +299,16 @@ def _sampling(state: ServerState, body: SamplingFields, prompt_len: int, chat: b
     if prompt_len + max_tokens > context:
         raise HTTPError(400, f"the context is {context} tokens, but the prompt is {prompt_len} tokens and "
                              f"{which} asks for {max_tokens} more", which)  # fmt: skip
-    if body.min_tokens:
-        raise HTTPError(400, "min_tokens is not supported by this server (stop tokens are not masked)", "min_tokens")
+    if body.min_tokens > max_tokens:
+        raise HTTPError(400, f"min_tokens ({body.min_tokens}) is more than {which} ({max_tokens})", "min_tokens")
     logprobs = _logprobs_asked(body, chat)
     temperature = body.temperature if body.temperature is not None else float(gen.get("temperature", 1.0))
     top_p = body.top_p if body.top_p is not None else float(gen.get("top_p", 1.0))
     top_k = body.top_k if body.top_k is not None else int(gen.get("top_k", 0) or 0)
     seed = body.seed + index if body.seed is not None else random.randrange(2**31)
     return dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=max(top_k, 0), seed=seed,
-                stop_token_ids=list(body.stop_token_ids or ()), ignore_eos=body.ignore_eos, logprobs=logprobs)
+                stop_token_ids=list(body.stop_token_ids or ()), ignore_eos=body.ignore_eos, logprobs=logprobs,
+                min_tokens=body.min_tokens)
 
 
 def _logprobs_asked(body: SamplingFields, chat: bool) -> int | None:
