@@ -118,6 +118,6 @@ def test_a_run_gives_every_arm_at_every_load_alternated_each_row_labelled_by_its
     assert calls == order + order[::-1]
     md = (tmp_path / "results.md").read_text()
     assert "| qwen3_5-0.8b c=1 | 0 | resident-triton |" in md
-    assert ("| qwen3_5-0.8b c=1 | 0.6 (0.54) | resident-triton | beside | whole | 100 [100-100] | nanx [nan-nan] | - "
+    assert ("| qwen3_5-0.8b c=1 | 0.6 (0.54) | resident-triton | beside | whole | 100 [100-100] | - | - "
             "| 1.00x [1.00-1.00] |") in md  # no host arm ran; paired with host-triton-overlap at its load
     assert "Host load: 0, 0.6 (--host-load:" in md
