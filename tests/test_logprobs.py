@@ -93,7 +93,7 @@ def test_the_outbox_aligns_logprobs_with_tokens_and_hides_what_was_not_asked():
     for none, and past k for the row that asked for 2; the result keeps k (id, logprob) pairs a token."""
     t = RequestTable(3, 16)
     for h, k in enumerate((None, 2, 0)):
-        t.admit(h, Pending(f"r{h}", Request((1, 2), SP(logprobs=k)), h, ()), ())
+        t.admit(h, Pending(f"r{h}", Request((1, 2), SP(logprobs=k)), h, (), ()))
     assert t.mode(np.array([0])) is SamplingMode.GREEDY and t.mode(np.array([0, 1])) is SamplingMode.LOGPROBS
     rows = np.arange(3)
     t.emit(rows[:1], np.array([5]), False)

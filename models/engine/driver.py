@@ -120,7 +120,7 @@ class Engine:
         self.adapter.validate(request)
         rid = self.table.register(request, arrived)
         pages = self.admission.pages_needed(len(request.prompt), self.adapter.read_tokens(request))
-        stops = stop_set(request.sampling, self.adapter.eos_token_ids)
+        stops = stop_set(request.sampling, self.limits.eos_token_ids)
         self.scheduler.enqueue(Pending(rid, request, next(self._arrivals), pages, stops))
         return rid
 
@@ -226,7 +226,7 @@ class Engine:
         """Admitted requests join the table and the scheduler; returns their first chunks."""
         chunks = []
         for h, (pend, n) in zip(handles, admits, strict=True):
-            self.table.admit(h, pend, self.adapter.eos_token_ids)
+            self.table.admit(h, pend)
             self.launcher.forget(h)
             self.scheduler.admit(h, pend)
             chunks.append(Chunk(h, 0, n, n == len(pend.request.prompt)))

@@ -184,11 +184,12 @@ def validate(req: Request, limits: Limits) -> None:
     if not _is_int(sp.min_tokens) or not 0 <= sp.min_tokens <= sp.max_tokens:
         raise InvalidRequest("min_tokens", f"must be an integer in [0, max_tokens = {sp.max_tokens}], got "
                                            f"{sp.min_tokens!r}")  # fmt: skip
-    if sp.min_tokens and len(stop_set(sp, limits.eos_token_ids)) > BANNED_STOPS:
+    n_stops = len(stop_set(sp, limits.eos_token_ids)) if sp.min_tokens else 0
+    if n_stops > BANNED_STOPS:
         raise InvalidRequest("min_tokens", f"with min_tokens the stop tokens (stop_token_ids, and the model's "
                                            f"{len(limits.eos_token_ids)} end-of-sequence tokens unless ignore_eos) "
                                            f"must be at most {BANNED_STOPS}: the sampler masks them in the graph; "
-                                           f"this request has {len(stop_set(sp, limits.eos_token_ids))}")  # fmt: skip
+                                           f"this request has {n_stops}")  # fmt: skip
 
 
 def _token_ids(field: str, ids: Sequence, vocab: int) -> None:

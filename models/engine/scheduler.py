@@ -59,7 +59,7 @@ class Pending:
     request: Request
     arrival: int
     pages: tuple[tuple[str, int], ...]  # (pool, pages it takes at admission): its whole prompt, its context
-    stops: tuple[int, ...] = ()  # the tokens that end it (requests.stop_set): what min_tokens bans
+    stops: tuple[int, ...]  # the tokens that end it (requests.stop_set, once at submission): what min_tokens bans
 
 
 @attrs.frozen

@@ -20,7 +20,6 @@ from models.engine.requests import (
     Result,
     StepOutput,
     TokenLogprobs,
-    stop_set,
 )
 from models.engine.sampler import SamplingMode
 from models.engine.scheduler import Pending
@@ -97,9 +96,8 @@ class RequestTable:
         return Result(pend.rid, len(pend.request.prompt), (), FinishReason.ABORT)
 
     # -- admitted requests ---------------------------------------------------------------------------------------
-    def admit(self, h: int, pend: Pending, eos: tuple[int, ...]) -> None:
-        """Handle h now serves ``pend``: its limits, sampling mode and stop tokens (its own, and ``eos`` unless it
-        ignores them)."""
+    def admit(self, h: int, pend: Pending) -> None:
+        """Handle h now serves ``pend``: its limits, sampling mode and stop tokens (``pend.stops``)."""
         sp = pend.request.sampling
         self.serial[h] += 1
         self.issued[h] = 0
@@ -112,7 +110,7 @@ class RequestTable:
         self.max_tokens[h] = sp.max_tokens
         self.prompt_len[h] = len(pend.request.prompt)
         self.last_token[h] = pend.request.prompt[-1]
-        stops = stop_set(sp, eos)
+        stops = pend.stops
         self.min_tokens[h] = sp.min_tokens if stops else 0
         self.minimums += bool(self.min_tokens[h])
         if len(stops) > self.stop.shape[1]:

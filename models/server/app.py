@@ -84,6 +84,10 @@ class ServerState:
     active: int = 0  # HTTP generation requests being served
     metrics: Metrics | None = None
 
+    def start_metrics(self) -> None:
+        """Metrics from now on (a new registry): the server's own warm-up requests are not counted."""
+        self.metrics = Metrics(lambda: self.client.load)
+
 
 @attrs.define(eq=False)
 class Choice:
@@ -108,7 +112,7 @@ def build_app(state: ServerState) -> FastAPI:
 
     app = FastAPI(title="resplan", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.server = state
-    state.metrics = Metrics(lambda: state.client.load)
+    state.start_metrics()
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):

@@ -231,8 +231,6 @@ async def warm_front_end(state, host: str, port: int) -> None:
     import asyncio
     import json
 
-    from models.server.metrics import Metrics
-
     bodies = [] if state.audio is not None else [
         ("/v1/completions", {"prompt": [1, 2, 3, 4], "max_tokens": 2, "stream": True, "ignore_eos": True}),
         *([("/v1/chat/completions", {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 2,
@@ -251,7 +249,7 @@ async def warm_front_end(state, host: str, port: int) -> None:
                 raise RuntimeError(reply.decode(errors="replace").split("\r\n", 1)[0])
         except Exception as e:  # noqa: BLE001 (reported; the server serves on)
             print(f"warning: the warm-up request to {path} failed: {e}", file=sys.stderr, flush=True)
-    state.metrics = Metrics(lambda: state.client.load)
+    state.start_metrics()
 
 
 class _DrainingServer:

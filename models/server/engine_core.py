@@ -78,15 +78,15 @@ def unpack(data: bytes) -> list:
 def build_engine(spec: EngineSpec, progress):
     """The engine ``spec`` describes and what it serves; ``progress(stage)`` is told each stage as it starts."""
     progress("importing torch and the engine")
-    os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")  # autotuned kernels' picks kept on disk with the compiled
-    import torch  # kernels (else every start benchmarks every config of every autotuned kernel again)
+    import torch
 
     from models.engine.adapters import build_adapter
     from models.engine.config import PrefillPlacement
     from models.engine.driver import Engine
-    from models.engine.serving import serving_config
+    from models.engine.serving import keep_autotuning_on_disk, serving_config
     from models.layers.decode_attention import Backend
 
+    keep_autotuning_on_disk()
     dtype = getattr(torch, spec.dtype) if spec.dtype else None
     device = spec.device or ("cuda" if torch.cuda.is_available() else "cpu")
     progress("loading weights")
