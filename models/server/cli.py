@@ -21,9 +21,12 @@ import argparse
 import concurrent.futures
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 from models.cli import OneLineParser, positive_int
+from models.server.heap import freeze_heap
 
 DRAIN_TIMEOUT_S = 60.0
 KEEP_ALIVE_S = 15.0  # an idle HTTP connection is closed after this (clients' pools keep theirs about 5 s)
@@ -78,24 +81,33 @@ def _check_options(ap: OneLineParser, args) -> None:
         ap.error(f"argument --model-dir: {args.model_dir} holds no config.json (a Hugging Face model directory)")
 
 
-def _check_model(ap: OneLineParser, args) -> None:
-    """One-line errors for the device asked for and the directory, while the engine process starts."""
+def _check_model(error: Callable[[str], NoReturn], args) -> None:
+    """One-line errors (``error``) for the device asked for and the directory, while the engine process starts."""
     from models.engine.checkpoint import CheckpointError, read_checkpoint
 
     if args.device is not None:
         import torch
 
         if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
-            ap.error("argument --device: cuda asked for, but this machine has no CUDA GPU (use --device cpu)")
+            error("argument --device: cuda asked for, but this machine has no CUDA GPU (use --device cpu)")
     try:
         read_checkpoint(args.model_dir)
     except CheckpointError as e:
-        ap.error(str(e))
+        error(str(e))
 
 
-def _front_end(ap: OneLineParser, args):
+class _Refused(Exception):
+    """A one-line refusal found on the start-up thread: the main thread says it (``ap.error``), after any stage the
+    engine reported first, never in between."""
+
+
+def _refuse(message: str) -> NoReturn:
+    raise _Refused(message)
+
+
+def _front_end(error: Callable[[str], NoReturn], args):
     """The front end's own start: the directory checked, the tokenizer read, Whisper's audio settings (or None)."""
-    _check_model(ap, args)
+    _check_model(error, args)
     import uvicorn  # noqa: F401 (the HTTP stack imported here, while the engine loads)
 
     from models.engine.text import Tokenizer, TokenizerError
@@ -104,7 +116,7 @@ def _front_end(ap: OneLineParser, args):
     try:
         return Tokenizer.from_pretrained(args.model_dir), AudioFront.of(args.model_dir)
     except (TokenizerError, ValueError) as e:
-        ap.error(str(e))
+        error(str(e))
 
 
 def raise_open_files_limit() -> None:
@@ -121,23 +133,36 @@ def _start(ap: OneLineParser, args, client, progress: _Progress):
     """Launch the engine and, while it starts, check the directory and read the tokenizer on a thread (this one waits
     for the engine and says its stages); (what it serves, the tokenizer, Whisper's audio settings or None) once both
     are done. The front end's one-line error (SystemExit) or the engine's failure (EngineFailed) is raised."""
-    front = _front_end(ap, args) if args.in_process else None  # (transformers' lazy imports are not safe from two
+    front = _front_end(ap.error, args) if args.in_process else None  # (transformers' lazy imports are not safe from two
     client.launch()  # threads at once; a process of its own imports, loads and builds while this one checks and reads
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="front-end-start")
-    reading = pool.submit(lambda: front or _front_end(ap, args))
+    reading = pool.submit(lambda: front or _front_end(_refuse, args))
     pool.shutdown(wait=False)
     reported = False
+    held: list[tuple[str, float]] = []  # the engine's stages until the front end's checks pass: a refusal is one line
 
     def check() -> None:
         nonlocal reported
         if reading.done() and not reported:
-            reading.result()  # (raises the front end's error)
+            try:
+                reading.result()
+            except _Refused as e:
+                ap.error(str(e))
             reported = True
+            for stage in held:
+                progress(*stage)
             progress("front end: tokenizer read", time.time() - client.launched_at)
 
-    served = client.wait_ready(progress, check=check)
-    tokenizer, audio = reading.result()
+    def say(stage: str, seconds: float) -> None:
+        if reported:
+            progress(stage, seconds)
+        else:
+            held.append((stage, seconds))
+
+    served = client.wait_ready(say, check=check)
+    concurrent.futures.wait([reading])
     check()
+    tokenizer, audio = reading.result()
     return served, tokenizer, audio
 
 
@@ -249,6 +274,7 @@ async def warm_front_end(state, host: str, port: int) -> None:
                 raise RuntimeError(reply.decode(errors="replace").split("\r\n", 1)[0])
         except Exception as e:  # noqa: BLE001 (reported; the server serves on)
             print(f"warning: the warm-up request to {path} failed: {e}", file=sys.stderr, flush=True)
+    freeze_heap()
     state.start_metrics()
 
 
