@@ -119,6 +119,7 @@ def serve_front_end(tokenizer_dir: Path, port: int, step_ms: float, max_running:
     from models.server.cli import raise_open_files_limit
     from models.server.client import EngineClient
     from models.server.engine_core import EngineSpec
+    from models.server.heap import freeze_heap
 
     raise_open_files_limit()
     spec = EngineSpec(None, choices=dict(vocab=VOCAB, max_running=max_running, step_ms=step_ms,
@@ -126,6 +127,7 @@ def serve_front_end(tokenizer_dir: Path, port: int, step_ms: float, max_running:
     client = EngineClient(spec, engine_main=paced_main)
     client.start()
     state = ServerState(client, Tokenizer.from_pretrained(tokenizer_dir), "paced", 1 << 20)
+    freeze_heap()
     server = uvicorn.Server(uvicorn.Config(build_app(state), host="127.0.0.1", port=port, log_level="warning"))
     print("ready", flush=True)
     try:

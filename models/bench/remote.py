@@ -47,6 +47,7 @@ import numpy as np
 
 from models.bench.workload import WorkloadError
 from models.engine import Request
+from models.server.heap import freeze_heap
 
 GOODPUT_NAMES = ("ttft", "tpot", "itl", "e2el")
 # an event of one choice with text, no logprobs, no finish reason and no usage: a token's (read without parsing)
@@ -294,6 +295,7 @@ def _worker_round(url: str, max_connections: int | None, timeout_s: float, paylo
                 tasks.append(asyncio.create_task(stream_one(client, payload, Outcome(mt, pl), due)))
             return list(await asyncio.gather(*tasks))
 
+    freeze_heap()  # (as the server's processes do: no collection of the start-up's objects in a stream's timing)
     cpu = time.process_time()
     outs = asyncio.run(go())
     return outs, time.process_time() - cpu, time.perf_counter()
@@ -446,6 +448,9 @@ async def _counters(url: str, timeout_s: float) -> dict[str, float]:
 
 
 # -- metrics -------------------------------------------------------------------------------------------------------
+DECILES = tuple(range(10, 100, 10))  # the ITL's deciles, kept in results.json: its shape around one step
+
+
 def _stats(prefix: str, x: np.ndarray) -> dict:
     nan = float("nan")
     return {f"{prefix}_mean_ms": float(x.mean()) if x.size else nan,
@@ -478,6 +483,7 @@ def round_metrics(outs: list[Outcome], wall: float, targets: dict[str, float]) -
         goodput_reqps=good / wall if targets else float("nan"),
         goodput_frac=good / len(outs) if targets and outs else float("nan"), good=good,
         **_stats("ttft", ttft), **_stats("itl", itl), **_stats("tpot", tpot), **_stats("e2el", e2el),
+        itl_ms_deciles=np.percentile(itl, DECILES).tolist() if itl.size else [],
         lag_p99_ms=float(np.percentile(lag, 99)) if lag.size else float("nan"),
         lag_max_ms=float(lag.max()) if lag.size else float("nan"),
         ttft_ms=ttft.tolist(), itl_ms=itl.tolist(), tpot_ms=tpot.tolist(), e2el_ms=e2el.tolist(),

@@ -82,7 +82,7 @@ from models.bench.arms import (
     round_order,
 )
 from models.bench.host_load import HostLoad, host_load_text, load_text
-from models.bench.remote import goodput_targets, server_url
+from models.bench.remote import DECILES, goodput_targets, server_url
 from models.bench.workload import Lengths, Sampling, Workload, WorkloadError, arrival_times, read_trace
 from models.cli import OneLineParser, fraction, positive_int, rate
 from models.engine import Engine, EngineConfig, PrefillPlacement
@@ -409,6 +409,7 @@ def timed_run(engine: Engine, workload: Workload, requests: list, cuda: bool,
         tokps=out_tokens / wall, reqps=len(results) / wall, wall_s=wall, output_tokens=out_tokens,
         ttft_p50_ms=_pct(ttft, 50), ttft_p90_ms=_pct(ttft, 90), ttft_p99_ms=_pct(ttft, 99),
         itl_p50_ms=_pct(itl, 50), itl_p90_ms=_pct(itl, 90), itl_p99_ms=_pct(itl, 99),
+        itl_ms_deciles=np.percentile(itl, DECILES).tolist() if itl.size else [],
         tpot_mean_ms=float(tpot.mean()) if tpot.size else float("nan"),
         decode_steps=d["decode_steps"], mixed_steps=d["mixed_steps"], prefill_steps=d["prefill_steps"],
         decode_beside_pass=d["decode_beside_pass"],

@@ -27,6 +27,8 @@ import attrs
 import msgpack
 import zmq
 
+from models.server.heap import freeze_heap
+
 ALIVE_CHECK_MS = 1000  # an idle engine looks this often whether its parent process is still there
 
 
@@ -212,6 +214,7 @@ def run_core(build, spec: EngineSpec, inbox_addr: str, outbox_addr: str, parent:
     outbox.connect(outbox_addr)
     try:  # (the times are the wall clock's: the front end says them from its own start)
         engine, served = build(spec, lambda stage: outbox.send(pack(Kind.PROGRESS, stage, time.time())))
+        freeze_heap()
         outbox.send(pack(Kind.READY, attrs.asdict(served), time.time()))
         serve(engine, inbox, outbox, parent)
     except Exception:  # the front end reports it (with this traceback) and stops; the process ends quietly
