@@ -100,6 +100,10 @@ class Adapter:
         from ``workspaces`` (the engine's; None: a private one)."""
         raise NotImplementedError
 
+    def recurrent_pools(self, state) -> tuple[torch.Tensor, ...]:
+        """Every tensor indexed by recurrent slot (one a layer and kind: conv, SSM); () when the model keeps none."""
+        return ()
+
     def kv_caches(self, state, key: str) -> tuple[torch.Tensor, ...]:
         """One pool's caches, one a layer: [num_pages, 2, page_size, heads, head_dim]."""
         raise NotImplementedError
@@ -162,6 +166,9 @@ class QwenAdapter(Adapter):
 
     def kv_caches(self, state, key):
         return state.kv
+
+    def recurrent_pools(self, state) -> tuple[torch.Tensor, ...]:
+        return state.conv + state.ssm
 
     def prefill_last(self, state, chunks, kc=DEFAULT):
         """All chunks in one pass (``Qwen35Model.prefill_batch``)."""

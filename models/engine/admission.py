@@ -17,10 +17,14 @@ import numpy as np
 import torch
 
 from models.engine.pools import AdmitRefusal, AdmitRefused, AdmitTxn, Crossing, PagePool, handle_pool, recurrent_pool
+from models.engine.prefix_cache import ROOT as ROOT_KEY
+from models.engine.prefix_cache import Checkpoint, Checkpoints, PageRefs, chain_keys, tail_bytes
 from models.engine.scheduler import Chunk, Pending
+from models.engine.stats import Counts
 from resplan import HostStreams, RowLayout, SamplerCell, float_bits
 from resplan.layout import SINK_PAGE
 
+SAVE_GRID = 64  # a pass saves a state where its delta rule's 64-token chunks start (counted from the chunk's start)
 _NO_PAGES = np.zeros(0, np.int32)
 _NO_PAGES.flags.writeable = False
 
@@ -34,12 +38,51 @@ class Admitted:
     pages the rollback gave back."""
 
     handles: tuple[int, ...]
+    starts: tuple[int, ...] = ()  # each admitted request's first stream position to prefill (a restored checkpoint's)
     refused: AdmitRefusal | None = None
     ahead: int = 0
     given: np.ndarray = _NO_PAGES  # [k] int32
 
 
 _NOTHING = Admitted(())  # a step's admit that admitted no request (decode rows only)
+
+
+@attrs.frozen(slots=True)
+class CacheCounts(Counts):
+    """What the prefix cache did."""
+
+    prefix_hits: int = 0  # requests that restored a checkpoint
+    prefix_cached_tokens: int = 0  # prompt tokens they did not prefill (the checkpoints' positions)
+    checkpoints_taken: int = 0
+    checkpoints_evicted: int = 0
+    cached_pages_evicted: int = 0
+
+
+@attrs.frozen
+class PrefixSettings:
+    """The prefix cache's place in the pools: checkpoint slots ``first_slot ..`` of the recurrent pools, a
+    checkpoint every ``interval`` tokens of a prompt (and at its end, and at a finished stream's end), and the device
+    copies (``copy_states(src, dst)``: recurrent slots, every layer; ``copy_pages(src, dst)``: KV pages of the cached
+    pool, every layer)."""
+
+    pool: str  # the APPEND pool whose pages are shared
+    first_slot: int
+    slots: int
+    interval: int
+    copy_states: Callable[[np.ndarray, np.ndarray], None]
+    copy_pages: Callable[[np.ndarray, np.ndarray], None]
+
+
+def index_copier(tensors: tuple[torch.Tensor, ...], device: torch.device) -> Callable[[np.ndarray, np.ndarray], None]:
+    """``copy(src, dst)``: rows ``dst`` of every tensor take rows ``src`` (slots or pages), on the current stream."""
+
+    def copy(src: np.ndarray, dst: np.ndarray) -> None:
+        s = torch.from_numpy(np.asarray(src, np.int64)).to(device, non_blocking=True)
+        d = torch.from_numpy(np.asarray(dst, np.int64)).to(device, non_blocking=True)
+        for t in tensors:
+            t.index_copy_(0, d, t.index_select(0, s))
+
+    return copy
 
 
 class Admission:
@@ -51,6 +94,7 @@ class Admission:
         rec_slots: int | None,  # None: the model keeps no recurrent state
         kv_caches: Callable[[str], tuple[torch.Tensor, ...]],  # a pool's caches, one a layer (offload copies)
         device: torch.device,
+        prefix: PrefixSettings | None = None,  # the prefix cache (recurrent models), None: off
     ) -> None:
         self.layout = layout
         self.page_size = layout.pools[0].page_size
@@ -64,21 +108,59 @@ class Admission:
         self.saved: dict[int, Saved] = {}  # offloaded handles' page copies
         self.kv_caches = kv_caches
         self.device = device
+        self.prefix = prefix
+        self.refs = PageRefs(page_counts[prefix.pool]) if prefix is not None else None
+        self.checkpoints = Checkpoints(prefix.first_slot, prefix.slots, self.page_size) if prefix is not None else None
+        self.keys: dict[int, list[bytes]] = {}  # an admitted handle's prompt chain keys (prefix cache on)
+        self.cache_counts: list[CacheCounts] = []  # what the cache did since the driver last took them
+        self.in_flight: list[Checkpoint] = []  # the saves of the pass in flight (one at a time), not indexed yet
 
     def free(self) -> dict[str, int]:
-        return {k: p.free for k, p in self.page_pools.items()}
+        """Pages each pool can hand out: its free ring, and the cached pages nobody holds (evicted on demand)."""
+        out = {k: p.free for k, p in self.page_pools.items()}
+        if self.refs is not None:
+            out[self.prefix.pool] += self.refs.evictable
+        return out
 
     def pages_in_use(self) -> tuple[int, int]:
-        """(pages held, pages that can be held) of the APPEND pools, summed (page 0, the sink, is never held)."""
-        pools = [self.page_pools[k] for k in self.append_keys]
-        total = sum(p.capacity for p in pools)
-        return total - sum(p.free for p in pools), total
+        """(pages held, pages that can be held) of the APPEND pools, summed (page 0, the sink, is never held; a cached
+        page nobody holds is not in use)."""
+        total = sum(self.page_pools[k].capacity for k in self.append_keys)
+        return total - sum(self.free()[k] for k in self.append_keys), total
 
     def pages_needed(self, prompt_len: int, context: dict[str, int]) -> tuple[tuple[str, int], ...]:
         """Pages a request takes at admission, by pool: its whole prompt in each APPEND pool, its context (tokens by
         READ pool) in each READ pool."""
         return tuple((k, int(p.pages_for(prompt_len if k in self.append_keys else context[k])))
                      for k, p in self.page_pools.items())  # fmt: skip
+
+    def take_counts(self) -> list[CacheCounts]:
+        out, self.cache_counts = self.cache_counts, []
+        return out
+
+    def _take_pages(self, k: str, n: int) -> np.ndarray:
+        """[n] int32 pages of pool k, each now held once; cached pages nobody holds are evicted (least recently let
+        go first) when the ring is short. AdmitRefused(NO_PAGES) when even that is not enough."""
+        pool = self.page_pools[k]
+        if self.refs is None or k != self.prefix.pool:
+            return pool.take(n)
+        short = n - pool.free
+        if short > 0:
+            if short > self.refs.evictable:
+                raise AdmitRefused(AdmitRefusal.NO_PAGES, f"pool {k!r}: {n} pages asked, {pool.free} free and "
+                                                          f"{self.refs.evictable} cached")  # fmt: skip
+            pool.give(self.refs.evict(short))
+            self.cache_counts.append(CacheCounts(cached_pages_evicted=short))
+        pages = pool.take(n)
+        self.refs.hold(pages)
+        return pages
+
+    def _give_pages(self, k: str, pages: np.ndarray) -> None:
+        """Pages of pool k lose their holder (in the order given): those nobody holds and no key caches go back."""
+        if self.refs is None or k != self.prefix.pool:
+            self.page_pools[k].give(pages)
+        else:
+            self.page_pools[k].give(self.refs.let_go(pages))
 
     # -- a step's admit transaction ------------------------------------------------------------------------------
     def crossing_need(self, rows: np.ndarray) -> dict[str, int]:
@@ -91,8 +173,8 @@ class Admission:
 
     def crossings_fit(self, rows: np.ndarray) -> bool:
         """Whether every APPEND pool has a free page for each of the rows' next tokens that opens one."""
-        need = self.crossing_need(rows)
-        return all(need[k] <= self.page_pools[k].free for k in need)
+        need, free = self.crossing_need(rows), self.free()
+        return all(need[k] <= free[k] for k in need)
 
     def take_crossings(self, rows: np.ndarray, txn: AdmitTxn) -> None:
         """A page for each row whose next token opens one (vectorised per pool)."""
@@ -103,7 +185,7 @@ class Admission:
             if not need.any():
                 continue
             h, c = rows[need], col[need]
-            pages = self.page_pools[k].take(h.size)
+            pages = self._take_pages(k, h.size)
             s.pages[h, c] = pages
             held[h] += 1
             txn.crossings.append(Crossing(k, h, c, pages))
@@ -112,25 +194,32 @@ class Admission:
         """The step's admit as one transaction: the decode rows' crossing pages, then for each admitted request a
         handle, its prompt's (and context's) pages and a recurrent slot. When a pool refuses, everything the
         transaction took (``txn``'s crossings taken early included) is given back."""
-        ahead = 0
+        ahead, starts = 0, []
         try:
             self.take_crossings(rows, txn)
             for pend, _ in admits:
                 h = self.handles.take()
                 txn.admitted.append(h)
-                self._take(h, pend)
+                starts.append(self._take(h, pend))
                 ahead += 1
         except AdmitRefused as e:
-            return Admitted((), e.reason, ahead, self._rollback(txn))
-        return Admitted(tuple(txn.admitted)) if txn.admitted else _NOTHING
+            return Admitted((), (), e.reason, ahead, self._rollback(txn))
+        return Admitted(tuple(txn.admitted), tuple(starts)) if txn.admitted else _NOTHING
 
-    def _take(self, h: int, pend: Pending) -> None:
+    def _take(self, h: int, pend: Pending) -> int:
         """Handle h's prompt (and context) pages and recurrent slot, each of which may refuse (AdmitRefused). Its
-        streams start empty, its sampler cells hold the request's (with ``min_tokens``: the position its stop tokens
-        are banned below, and those tokens)."""
+        streams start empty, or (prefix cache) at the deepest checkpoint its prompt hits: cached pages shared, the
+        checkpoint's state and tail page copied in. Its sampler cells hold the request's (with ``min_tokens``: the
+        position its stop tokens are banned below, and those tokens). Returns the first position to prefill."""
         st = self.streams
+        ck, shared = self._restore_point(h, pend)
+        start = ck.position if ck is not None else 0
         for k, n in pend.pages:
-            pages = self.page_pools[k].take(n)
+            lead = shared if ck is not None and k == self.prefix.pool else _NO_PAGES
+            pages = self._take_pages(k, n - lead.size)
+            if lead.size:
+                self.refs.hold(lead)
+                pages = np.concatenate([lead, pages])
             st.kv[k].pages[h, :n] = pages
             self.n_pages[k][h] = n
         if self.rec is not None:
@@ -138,6 +227,8 @@ class Admission:
         for s in st.kv.values():
             s.lengths[h] = 0
             s.epoch[h] += 1
+        if ck is not None:
+            self._restore(h, ck, shared.size)
         st.pos_offset[h] = 0
         sp = pend.request.sampling
         st.sampler[h, SamplerCell.TEMPERATURE] = float_bits(sp.temperature)
@@ -148,6 +239,127 @@ class Admission:
         st.sampler[h, SamplerCell.MIN_POSITION] = len(pend.request.prompt) - 1 + sp.min_tokens if banned else 0
         st.sampler[h, SamplerCell.STOP_0 :] = -1
         st.sampler[h, SamplerCell.STOP_0 : SamplerCell.STOP_0 + len(banned)] = banned
+        return start
+
+    # -- the prefix cache --------------------------------------------------------------------------------------------
+    def _restore_point(self, h: int, pend: Pending) -> tuple[Checkpoint | None, np.ndarray]:
+        """The checkpoint handle h's prompt restores (None: none) and the cached pages below it it shares."""
+        if self.refs is None:
+            return None, _NO_PAGES
+        prompt = np.asarray(pend.request.prompt, np.int64)
+        keys = self.keys[h] = chain_keys(prompt, self.page_size)
+        run = self.refs.cached_run(keys)
+        ck = self.checkpoints.deepest(prompt, keys, len(run), len(prompt) - 1)
+        if ck is None:
+            return None, _NO_PAGES
+        return ck, np.asarray(run[: ck.position // self.page_size], np.int32)
+
+    def _restore(self, h: int, ck: Checkpoint, shared: int) -> None:
+        """Handle h starts at checkpoint ``ck``: its state copied into h's slot, its tail page into h's page after
+        the ``shared`` ones; h's APPEND lengths at its position."""
+        st, k = self.streams, self.prefix.pool
+        self.prefix.copy_states(np.array([ck.slot]), np.array([st.recurrent_slot[h]]))
+        if ck.tail_page:
+            self.prefix.copy_pages(np.array([ck.tail_page]), st.kv[k].pages[h, shared : shared + 1].copy())
+        for key in self.append_keys:
+            st.kv[key].lengths[h] = ck.position
+        self.cache_counts.append(CacheCounts(prefix_hits=1, prefix_cached_tokens=ck.position))
+
+    def _checkpoint(self, h: int, position: int, base: bytes, tail: bytes) -> Checkpoint | None:
+        """A checkpoint of handle h's stream at ``position`` (its tail page held) in a slot reserved now (a least
+        recently used checkpoint evicted if none is free; None when every slot is a save in flight). Not indexed."""
+        slot = self._reserve()
+        if slot is None:
+            return None
+        tail_page = 0
+        if position % self.page_size:
+            tail_page = int(self.streams.kv[self.prefix.pool].pages[h, position // self.page_size])
+            self.refs.hold(np.array([tail_page], np.int32))
+        return Checkpoint(slot, position, base, tail, tail_page)
+
+    def _reserve(self) -> int | None:
+        """A checkpoint slot (an evicted checkpoint's tail page let go); None when every slot is a save in flight."""
+        if not self.checkpoints.free and not len(self.checkpoints):
+            return None
+        slot, old = self.checkpoints.reserve()
+        if old is not None:
+            if old.tail_page:
+                self._give_pages(self.prefix.pool, np.array([old.tail_page], np.int32))
+            self.cache_counts.append(CacheCounts(checkpoints_evicted=1))
+        return slot
+
+    def keep(self, h: int, tokens: np.ndarray) -> None:
+        """Handle h's stream is done: its full pages cached under their chain keys, and its state (the slot's, after
+        its ``lengths`` tokens, the first of ``tokens``) checkpointed, unless one is there already. The state copy
+        goes on the current stream after the steps that wrote the slot."""
+        if self.refs is None:
+            return
+        k, ps = self.prefix.pool, self.page_size
+        n = int(self.streams.kv[k].lengths[h])
+        if n == 0:
+            return
+        prompt_keys = self.keys.get(h, [])
+        keys = prompt_keys[: n // ps]
+        keys += chain_keys(tokens[:n], ps, len(keys), keys[-1] if keys else ROOT_KEY)
+        self.refs.insert(self.streams.kv[k].pages[h, : n // ps].astype(np.int32), keys)
+        base = keys[-1] if n >= ps else ROOT_KEY
+        tail = tail_bytes(tokens, (n // ps) * ps, n)
+        if self.checkpoints.has(base, tail):
+            return
+        ck = self._checkpoint(h, n, base, tail)
+        if ck is None:
+            return
+        self.prefix.copy_states(np.array([self.streams.recurrent_slot[h]]), np.array([ck.slot]))
+        self.checkpoints.add(ck)
+        self.cache_counts.append(CacheCounts(checkpoints_taken=1))
+
+    def saves(self, chunk: Chunk, prompt: np.ndarray) -> list[tuple[int, int]]:
+        """The checkpoints a pass takes of ``chunk``: every ``interval`` tokens of its prompt (where the pass's
+        64-token grid from the chunk's start meets them) and the prompt's end, less those already there. Returns the
+        pass's (position, slot) saves; their checkpoints are indexed when the pass lands (``landed``)."""
+        if self.refs is None:
+            return []
+        h, ps, iv = chunk.handle, self.page_size, self.prefix.interval
+        end = chunk.start + chunk.n
+        at = [p for p in range(-(-(chunk.start + 1) // iv) * iv, end + 1, iv)
+              if (p - chunk.start) % SAVE_GRID == 0 or p == end]  # fmt: skip
+        if chunk.last and end not in at:
+            at.append(end)
+        keys = self.keys[h]
+        out = []
+        for p in at:
+            base = keys[p // ps - 1] if p >= ps else ROOT_KEY
+            tail = tail_bytes(prompt, (p // ps) * ps, p)
+            if self.checkpoints.has(base, tail):
+                continue
+            ck = self._checkpoint(h, p, base, tail)
+            if ck is None:
+                break  # every slot is a save in flight (a pool smaller than one pass's saves)
+            out.append((p, ck.slot))
+            self.in_flight.append(ck)
+        return out
+
+    def landed(self, chunks: Sequence[Chunk]) -> None:
+        """A pass landed: the full pages its chunks completed are cached, its checkpoints (``saves``) indexed."""
+        if self.refs is None:
+            return
+        cks, self.in_flight = self.in_flight, []
+        k, ps = self.prefix.pool, self.page_size
+        for c in chunks:
+            keys = self.keys.get(c.handle)
+            if keys is None:  # (the request ended meanwhile)
+                continue
+            lo, hi = c.start // ps, min((c.start + c.n) // ps, len(keys))
+            self.refs.insert(self.streams.kv[k].pages[c.handle, lo:hi].astype(np.int32), keys[lo:hi])
+        for ck in cks:
+            if self.checkpoints.has(ck.base, ck.tail):  # (another took it meanwhile)
+                if ck.tail_page:
+                    self._give_pages(k, np.array([ck.tail_page], np.int32))
+                self.checkpoints.unreserve(ck.slot)
+                continue
+            self.checkpoints.add(ck)
+        if cks:
+            self.cache_counts.append(CacheCounts(checkpoints_taken=len(cks)))
 
     def _rollback(self, txn: AdmitTxn) -> np.ndarray:
         """Give back everything a refused admit took, newest first; returns the pages given back."""
@@ -164,7 +376,7 @@ class Admission:
             h = c.handles[still]
             s.pages[h, c.cols[still]] = SINK_PAGE
             held[h] -= 1
-            self.page_pools[c.pool].give(c.pages[still])
+            self._give_pages(c.pool, c.pages[still])
             given.append(c.pages[still])
         return np.concatenate(given) if given else _NO_PAGES
 
@@ -174,7 +386,7 @@ class Admission:
         for k, held in self.n_pages.items():
             s = self.streams.kv[k]
             pages = s.pages[h, : held[h]].copy()
-            self.page_pools[k].give(pages)
+            self._give_pages(k, pages[::-1])  # the last page first: a chain's tail is evicted before its head
             given.append(pages)
             s.pages[h] = SINK_PAGE
             held[h] = 0
@@ -207,6 +419,7 @@ class Admission:
         empty. Returns the pages given back."""
         given = self._free_pages(h)
         self.saved.pop(h, None)
+        self.keys.pop(h, None)
         for s in self.streams.kv.values():
             s.lengths[h] = 0
         if self.rec is not None:
@@ -228,13 +441,14 @@ class Admission:
 
     def reload_fits(self, h: int, watermark: int) -> bool:
         """Whether offloaded handle h's pages fit with ``watermark`` pages left free in each APPEND pool."""
-        return all(n + (watermark if k in self.append_keys else 0) <= self.page_pools[k].free
+        free = self.free()
+        return all(n + (watermark if k in self.append_keys else 0) <= free[k]
                    for k, (n, _) in self.saved[h].items())  # fmt: skip
 
     def reload(self, h: int) -> None:
         """Handle h's pages back from the host copies, on new pages."""
         for k, (n, copies) in self.saved.pop(h).items():
-            pages = self.page_pools[k].take(n)
+            pages = self._take_pages(k, n)
             self.streams.kv[k].pages[h, :n] = pages
             self.streams.kv[k].epoch[h] += 1
             self.n_pages[k][h] = n

@@ -42,6 +42,8 @@ class PrefillPlacement(enum.Enum):
 IN_STEP_TOKEN_BUDGET = 1024  # every decode row waits for the pass: the best of 512 / 1024 / 2048
 BESIDE_TOKEN_BUDGET = 2048  # the rows run beside it: long prompts' TTFT p99 81 -> 59 ms at 1024 -> 2048
 DECODE_STREAM_PRIORITY = -1  # BESIDE_PRIORITY: the engine's step stream, above the passes' stream at priority 0
+CHECKPOINTS_PER_ROW = 4  # the checkpoint pool's default size, per request running at once
+CHECKPOINT_GRID = 64  # the delta rule's chunk: a pass saves states only where its chunks start
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 DEFAULT_CONTEXT = 256  # EngineConfig.max_seq_len's default where the model's is longer (the KV pools hold every
 # running request at the context: a serving context is chosen by models.engine.serving)
@@ -70,6 +72,10 @@ def _dtype(_inst, attribute, value) -> None:
 def _default_placement(cfg: EngineConfig) -> PrefillPlacement:
     """Beside the decode steps where the device has streams (CUDA), else in the step."""
     return PrefillPlacement.BESIDE if torch.device(cfg.device).type == "cuda" else PrefillPlacement.IN_STEP
+
+
+def _default_checkpoints(cfg: EngineConfig) -> int:
+    return CHECKPOINTS_PER_ROW * cfg.max_running if cfg.prefix_cache else 0
 
 
 def _default_budget(cfg: EngineConfig) -> int:
@@ -106,6 +112,12 @@ class EngineConfig:
     token_budget: int | None = attrs.field(default=attrs.Factory(_default_budget, takes_self=True),
                                            validator=_token_budget)  # fmt: skip
     kernels: KernelChoices = KernelChoices()  # kernel forms: the decode path and its folds, PDL, the prefill kernels
+    # share KV pages by the token chain that wrote them and restore recurrent-state checkpoints (prefix_cache.py)
+    prefix_cache: bool = False
+    # checkpoint slots beside the requests' in the recurrent pools; default 4 x max_running with the cache, else 0
+    checkpoints: int = attrs.field(default=attrs.Factory(_default_checkpoints, takes_self=True),
+                                   validator=attrs.validators.ge(0))  # fmt: skip
+    checkpoint_interval: int = attrs.field(default=512, validator=_positive)  # tokens between a prompt's checkpoints
 
     def __attrs_post_init__(self) -> None:
         cuda = torch.device(self.device).type == "cuda"
@@ -119,6 +131,12 @@ class EngineConfig:
         if self.prefill is PrefillPlacement.BESIDE_PRIORITY and not cuda:
             raise ValueError(f"prefill BESIDE_PRIORITY ranks the steps' CUDA stream above the passes'; device "
                              f"{self.device} has no streams")  # fmt: skip
+        if self.prefix_cache and self.checkpoints < 1:
+            raise ValueError("prefix_cache needs checkpoints >= 1 (slots for the recurrent-state checkpoints)")
+        interval = self.checkpoint_interval
+        if self.prefix_cache and (interval % CHECKPOINT_GRID or interval % self.page_size):
+            raise ValueError(f"checkpoint_interval {self.checkpoint_interval} must be a multiple of the delta rule's "
+                             f"chunk ({CHECKPOINT_GRID}) and of page_size ({self.page_size})")  # fmt: skip
         if self.attention in (Backend.FA2, Backend.XQA) and not cuda:
             raise ValueError(f"attention {self.attention.value} runs on CUDA only; on {self.device} use torch or "
                              f"triton (Backend.TORCH / Backend.TRITON)")  # fmt: skip
@@ -148,6 +166,9 @@ def check_fits(config: EngineConfig, adapter) -> None:
     if config.dtype is not None and config.dtype != w.dtype:
         raise ValueError(f"EngineConfig.dtype is {config.dtype} but {adapter.name}'s weights are {w.dtype}: build the "
                          "adapter in that dtype, or leave dtype None")  # fmt: skip
+    if config.prefix_cache and not (adapter.recurrent and len(adapter.pools) == 1):
+        raise ValueError(f"prefix_cache serves a hybrid model with one KV pool and recurrent state (Qwen3.5); "
+                         f"{adapter.name} has pools {[p.key for p in adapter.pools]}")  # fmt: skip
     refusal = adapter.prefill_capture_refusal(config.kernels) if config.prefill_graphs else None
     if refusal is not None:
         raise ValueError(f"prefill_graphs: {adapter.name} cannot capture its prefill pass: {refusal}; use "

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from models.engine.adapters import Adapter
-from models.engine.admission import Admission
+from models.engine.admission import Admission, Admitted, PrefixSettings, index_copier
 from models.engine.config import DECODE_STREAM_PRIORITY, EngineConfig, Planning, PrefillPlacement, fit
 from models.engine.core import run_requests
 from models.engine.graphs import build_graphs, engine_streams, priority_stream
@@ -45,7 +45,7 @@ from models.engine.requests import (
     validate,
 )
 from models.engine.sampler import Sampler, SamplingMode
-from models.engine.scheduler import Batch, Chunk, Pending, Scheduler, decode_buckets, handles_of
+from models.engine.scheduler import Batch, Chunk, Pending, Scheduler, Status, decode_buckets, handles_of
 from models.engine.stats import EARLY_STEP, NO_EARLY_STEP, EngineStats, Events, StepCounts, Tokens
 from models.engine.table import RequestTable
 from models.layers.flashinfer_attention import Workspaces
@@ -66,9 +66,15 @@ class Engine:
                                    rows_in_budget=cfg.prefill is PrefillPlacement.IN_PASS)  # fmt: skip
         rec_slots = cfg.rec_slots if cfg.rec_slots is not None else H + 1
         kernels, workspaces = cfg.kernels.resolved(), Workspaces(self.device)  # (the environment read once, here)
-        self.model_state = adapter.allocate(counts, ps, rec_slots, self.device, dtype, workspaces)
+        self.model_state = adapter.allocate(counts, ps, rec_slots + cfg.checkpoints, self.device, dtype, workspaces)
+        prefix = None
+        if cfg.prefix_cache:  # the checkpoints' slots follow the requests' in the recurrent pools
+            pool = self.layout.append_keys[0]
+            prefix = PrefixSettings(pool, rec_slots, cfg.checkpoints, cfg.checkpoint_interval,
+                                    index_copier(adapter.recurrent_pools(self.model_state), self.device),
+                                    index_copier(adapter.kv_caches(self.model_state, pool), self.device))  # fmt: skip
         self.admission = Admission(self.layout, counts, H, rec_slots if adapter.recurrent else None,
-                                   partial(adapter.kv_caches, self.model_state), self.device)  # fmt: skip
+                                   partial(adapter.kv_caches, self.model_state), self.device, prefix)  # fmt: skip
         self.streams = self.admission.streams  # (admission writes them; the arms and the passes read them)
         self.table = RequestTable(H, cfg.max_seq_len)
         self.executor = Executor(self.layout, self.buckets, self.device)
@@ -187,6 +193,8 @@ class Engine:
         self._land_pass(wait=False)
         if self.config.prepare_early:
             self.early = self._prepare_next()
+        for counts in self.admission.take_counts():  # (the prefix cache's, if any)
+            self.stats.add(counts)
         took = time.perf_counter_ns() - t0
         if decode:  # the whole iteration: what it prepared early saves a later one
             self.stats.add(StepCounts(1, 1, batch.rows.size, beside, overlapped, decode_ns=took))
@@ -217,19 +225,21 @@ class Engine:
             else:
                 admitted = self.admission.admit(batch.rows, batch.admits, self.early.take_txn())
                 if admitted.refused is None:
-                    return batch, batch.chunks + self._admitted(admitted.handles, batch.admits), landed_ns
+                    return batch, batch.chunks + self._admitted(admitted, batch.admits), landed_ns
                 self.stats.add(self.early.given_back(admitted.given))  # rolled back whole: the retry admits those ahead
                 self.scheduler.refused(admitted.ahead)  # (of the refused one)
                 self.stats.add(Events(refused_admits=1))
 
-    def _admitted(self, handles: tuple[int, ...], admits: tuple[tuple[Pending, int], ...]) -> tuple[Chunk, ...]:
-        """Admitted requests join the table and the scheduler; returns their first chunks."""
+    def _admitted(self, admitted: Admitted, admits: tuple[tuple[Pending, int], ...]) -> tuple[Chunk, ...]:
+        """Admitted requests join the table and the scheduler; returns their first chunks (from a restored
+        checkpoint's position, within the tokens the step composed for them)."""
         chunks = []
-        for h, (pend, n) in zip(handles, admits, strict=True):
+        for h, start, (pend, n) in zip(admitted.handles, admitted.starts, admits, strict=True):
             self.table.admit(h, pend)
             self.launcher.forget(h)
-            self.scheduler.admit(h, pend)
-            chunks.append(Chunk(h, 0, n, n == len(pend.request.prompt)))
+            self.scheduler.admit(h, pend, start)
+            n = min(n, len(pend.request.prompt) - start)
+            chunks.append(Chunk(h, start, n, start + n == len(pend.request.prompt)))
         return tuple(chunks)
 
     def _decode_step(self, batch: Batch, early) -> tuple[int, int]:
@@ -310,6 +320,7 @@ class Engine:
         """A pass landed at step ``seq``: the scheduler counts its chunks, the prompts it ended have issued their
         first token, and the rows it (and a mixed step's host fill, ``touched``) wrote are stale in the store."""
         self.stats.add(prefilled.counts)
+        self.admission.landed(prefilled.chunks)
         self.scheduler.prefilled_chunks(prefilled.chunks, seq)
         self.table.started(prefilled.ended)
         handles = handles_of(prefilled.chunks)
@@ -380,8 +391,12 @@ class Engine:
                 self._finish(int(rows[i]), FinishReason.STOP if emitted.stopped[i] else FinishReason.LENGTH)
 
     def _finish(self, h: int, reason: FinishReason) -> None:
-        """Handle h's request ends: every part lets it go, and its result goes to the outbox."""
+        """Handle h's request ends: every part lets it go (a prefilled stream's pages and state kept in the prefix
+        cache), and its result goes to the outbox."""
+        prompt = self.table.requests((h,))[0].prompt
         result = self.table.finish(h, reason)
+        if self.config.prefix_cache and self.scheduler.status[h] in (Status.DECODING, Status.RETIRING):
+            self.admission.keep(h, np.concatenate([np.asarray(prompt, np.int64), np.asarray(result.tokens, np.int64)]))
         self.arm.release(h)
         self.stats.add(self.early.given_back(self.admission.release(h)))
         self.scheduler.finish(h)

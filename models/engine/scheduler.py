@@ -228,14 +228,15 @@ class Scheduler:
         return int(np.count_nonzero(self.status == _DECODING)) if holding else 0
 
     # -- transitions (the engine calls these as it carries a step out) -----------------------------------------------
-    def admit(self, h: int, pend: Pending) -> None:
+    def admit(self, h: int, pend: Pending, start: int = 0) -> None:
+        """A waiting request holds handle h; its prompt is prefilled from ``start`` (a restored checkpoint's)."""
         self._rows = None
         self.waiting.remove(pend)
         self.status[h] = Status.PREFILLING
         self.arrival[h] = pend.arrival
         self.last_run[h] = -1
         self.prompt_len[h] = len(pend.request.prompt)
-        self.prefilled[h] = 0
+        self.prefilled[h] = start
         self.prefilling.append(h)
         self.admitted += 1
         if self.admit_quota is not None:

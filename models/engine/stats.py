@@ -108,6 +108,11 @@ class EngineStats:
     refused_admits: int = 0
     offloads: int = 0
     reloads: int = 0
+    prefix_hits: int = 0  # prefix cache: requests that restored a checkpoint
+    prefix_cached_tokens: int = 0  # prompt tokens they did not prefill (their checkpoints' positions)
+    checkpoints_taken: int = 0  # recurrent-state checkpoints saved (in passes, and at streams' ends)
+    checkpoints_evicted: int = 0  # checkpoints whose slot a newer one took (least recently used first)
+    cached_pages_evicted: int = 0  # cached KV pages nobody held, handed out again (least recently let go first)
     row_checks: int = 0
     mismatches: int = 0
     first_mismatches: list[Mismatch] = attrs.Factory(list)
