@@ -16,6 +16,12 @@ events of one read share its time; a read's lines are split on bytes and only ``
 * TPOT: (E2EL - TTFT) / (output tokens - 1), the output tokens from the usage chunk's ``completion_tokens``, else
   the chunks carrying tokens.
 
+A chat's later turn (``--shape chat``, a trace's sessions) is sent when the turn before it has ended (plus its think
+time), its prompt that turn's prompt ids, the output ids the server returned for it and its own new message: a turn
+that a later one continues asks for them with ``return_token_ids`` (vLLM's field, which ``models.server`` takes too;
+re-tokenizing the returned text need not give the same ids). If that turn failed, or the server returned no ids, the
+turns after it are not sent and fail with that reason. A chat's turns all go through one client process.
+
 A request fails, counted and reported with its error (never dropped), on an HTTP error status, a broken stream, a
 stream that ends before ``data: [DONE]``, an error event in the stream, or no token at all. Goodput
 (``--goodput ttft:MS,tpot:MS``, vLLM's; ``itl:MS`` and ``e2el:MS`` too): the requests that completed and met every

@@ -11,6 +11,17 @@ or ``--trace FILE.jsonl`` (one ``{"arrival_s", "prompt_len", "output_len"}`` a l
 ``--sampled-frac`` of the requests sample (``--temperature``, ``--top-p``, ``--top-k``), ``--stop-frac`` carry stop
 tokens (random ids: with random weights they rarely fire; the requests end at their length).
 
+Traffic that repeats itself, for a prefix cache (``--shape``; default ``independent``: every prompt its own random
+tokens): ``system-prompt``: every prompt begins with one shared prefix of ``--system-len`` random tokens (default 2000;
+drawn anew each round), then its own ``--prompt-len`` tokens. ``chat``: ``--users`` users (default 64) starting at
+``--rate`` (Poisson; inf: all at t=0), each sending ``--turns`` turns (default 6) in a closed loop: turn 1 is a message
+of ``--prompt-len`` tokens; turn k+1 is sent once turn k has finished plus ``--think-s`` (default 0), its prompt the
+whole history: turn k's prompt, exactly the tokens turn k generated (in process: the engine's result; with ``--url``:
+the ids the server returned, ``return_token_ids``) and a new message; replies of ``--gen-len`` tokens. A trace says
+the same per line (``"prefix_id"``/``"prefix_len"``, ``"session"``/``"turn"``/``"think_s"``: ``workload.load_trace``).
+The workload's description names the shape, and the report counts the prompt tokens sent (``prompt tokens``): a chat
+resends its history every turn. A turn's TTFT counts from when it was due (the previous turn's end plus think time).
+
 Every arm (``models/bench/arms.py``: an engine arm of ``--arms``, host, host-overlap, host-triton-overlap, resident-fa2,
 resident-xqa, resident-triton, ..., at a placement of ``--prefill`` and a budget of ``--token-budget``, labelled by the
 three: ``resident-triton beside 2048``) gets its own engine, built once and warmed up on traffic of the same shape. Each
