@@ -304,6 +304,40 @@ def test_bad_json_is_a_400(server):
     assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
 
 
+def test_return_token_ids_gives_every_tokens_id_whole_and_streamed(server, tok):
+    """vLLM's ``return_token_ids`` on completions: the choice's ``token_ids`` are its tokens (they decode to its text),
+    and a stream's chunks carry them in order, concatenating to the same ids; without it no chunk carries any."""
+    req = dict(model="qwen", prompt=PROMPT, max_tokens=12, temperature=0, ignore_eos=True, return_token_ids=True)
+    whole = httpx.post(server.url + "/v1/completions", json=req, timeout=60).json()["choices"][0]
+    ids = whole["token_ids"]
+    assert len(ids) == 12 and tok.decode(ids) == whole["text"]
+    events = []
+    with httpx.stream("POST", server.url + "/v1/completions", json=dict(req, stream=True), timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                events.append(json.loads(line[6:]))
+    choices = [e["choices"][0] for e in events if e["choices"]]
+    assert all("token_ids" in c for c in choices) and choices[-1]["finish_reason"] == "length"
+    assert [t for c in choices for t in c["token_ids"]] == ids and "".join(c["text"] for c in choices) == whole["text"]
+    with httpx.stream("POST", server.url + "/v1/completions", json=dict(req, stream=True, return_token_ids=False),
+                      timeout=60) as r:  # fmt: skip
+        assert "token_ids" not in r.read().decode()
+
+
+def test_the_traffic_benchmarks_chats_run_against_the_server(server, tmp_path):
+    """``models.bench.traffic --url --shape chat``: every turn's prompt the previous turn's prompt, the ids the server
+    returned and a new message; none fails, and each later turn's prompt is as long as its history."""
+    from models.bench import traffic
+
+    runs = traffic.main(["--url", server.url, "--model", "qwen3_5-tiny", "--shape", "chat", "--users", "2",
+                         "--turns", "3", "--prompt-len", "fixed:5", "--gen-len", "fixed:4", "--think-s", "0.01",
+                         "--rounds", "1", "--warmup", "0", "--no-prerun", "--no-progress", "--out",
+                         str(tmp_path / "out")])  # fmt: skip
+    (r,) = runs
+    assert r["failed"] == 0 and r["output_lens"] == [4] * 6
+    assert r["prompt_tokens"] == 2 * (5 + 14 + 23)
+
+
 def test_metrics_parse_and_count(server, api):
     before = server.metrics()
     api.completions.create(model="qwen", prompt=PROMPT, max_tokens=5, temperature=0, extra_body={"ignore_eos": True})

@@ -30,6 +30,13 @@ TOKEN_S, SLOW_TOKEN_S = 0.002, 0.100  # between tokens; a request of SLOW_OUT to
 TARGETS = "ttft:300,tpot:50"  # wide of both (a loaded CI machine adds tens of ms), so the slow ones miss by design
 SLOW_PROMPT, SLOW_OUT = 40, 7
 HTTP_500, CUT, BROKEN = 13, 17, 19  # prompt lengths the server fails: a 500, a stream without [DONE], a dropped one
+NO_IDS = 23  # a prompt length the server answers without token ids even when asked (return_token_ids)
+ENDED: list = []  # (perf_counter time, prompt) of every stream the server ended, its last event sent
+
+
+def token_id(prompt: list[int], i: int) -> int:
+    """The fake server's i-th output token for a prompt (it returns them where asked: return_token_ids)."""
+    return (len(prompt) * 7 + i * 3) % 100
 
 
 def fake_app(seen: list):
@@ -66,9 +73,12 @@ def fake_app(seen: list):
                     raise RuntimeError("the connection drops")
                 chunk = {"id": "cmpl-1", "object": "text_completion", "model": MODEL,
                          "choices": [{"index": 0, "text": f" t{i}", "finish_reason": "length" if i == n - 1 else None}]}
+                if body.get("return_token_ids") and len(prompt) != NO_IDS:
+                    chunk["choices"][0]["token_ids"] = [token_id(prompt, i)]
                 yield f"data: {json.dumps(chunk)}\n\n"  # fmt: skip
             usage = {"prompt_tokens": len(prompt), "completion_tokens": n, "total_tokens": len(prompt) + n}
             yield f"data: {json.dumps({'id': 'cmpl-1', 'choices': [], 'usage': usage})}\n\n"
+            ENDED.append((time.perf_counter(), list(prompt)))
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(stream(), media_type="text/event-stream")
@@ -196,6 +206,63 @@ def test_the_requests_are_the_in_process_arms_requests(server, tmp_path):
             assert b.get("stop_token_ids", []) == list(sp.stop_token_ids)
         assert runs[rnd]["output_lens"] == work.output_len.tolist()
     assert any(b.get("stop_token_ids") for b in bodies) and any(b["temperature"] > 0 for b in bodies)
+
+
+@pytest.mark.parametrize("procs", [1, 2])
+def test_chats_are_closed_loops_whose_prompts_repeat_the_ids_the_server_returned(server, tmp_path, procs):
+    """3 users x 3 turns (over one client process and over two): each later turn's prompt is the previous turn's
+    prompt, the token ids the server returned for it and the in-process arms' new message, sent only after the
+    previous turn's stream ended plus the think time; only a turn that a later one continues asks for token ids."""
+    url, seen = server
+    seen.clear()
+    ENDED.clear()
+    argv = ["--shape", "chat", "--users", "3", "--turns", "3", "--prompt-len", "fixed:4", "--gen-len", "fixed:3",
+            "--think-s", "0.02", "--rate", "100", "--rounds", "1", "--warmup", "0", "--no-prerun", "--no-progress"]
+    runs = traffic.main(["--url", url, *argv, "--client-procs", str(procs), "--out", str(tmp_path / "out")])
+    (r,) = runs
+    assert r["failed"] == 0 and r["requests"] == 9 and r["prompt_tokens"] == 3 * (4 + 11 + 18)
+    args = traffic.parser().parse_args([*argv, "--model", MODEL, "--out", "x"])
+    work = traffic.draw_traffic(args, args.max_running).rounds[0]
+    reqs = work.requests(MODEL_CONFIGS[MODEL].vocab_size, traffic.Sampling(), args.seed, "0-")
+    got = {tuple(b["prompt"]): (t, b) for t, b in seen}
+    ended = {tuple(p): t for t, p in ENDED}
+    assert len(got) == 9
+    for u in range(3):
+        prompt: list[int] = []
+        prev: list[int] = []
+        for k in range(3):
+            j = 3 * u + k
+            prompt = prompt + list(reqs[j].prompt)
+            t, b = got[tuple(prompt)]  # the history, then its own message
+            assert b.get("return_token_ids", False) == (k < 2)
+            if k:
+                assert t >= ended[tuple(prev)] + 0.02  # sent after the previous turn ended and the think time
+            prev = prompt
+            prompt = prompt + [token_id(prompt, i) for i in range(3)]
+    assert "3 users x 3 turns, messages fixed:4, replies fixed:3, think 0.02 s" in (tmp_path / "out" /
+                                                                                   "results.md").read_text()
+
+
+def test_a_traces_prefixes_go_to_the_server_and_a_turn_without_the_ids_before_it_fails(server, tmp_path):
+    url, seen = server
+    seen.clear()
+    rows = [dict(arrival_s=0.0, prompt_len=5, output_len=2, session="a", turn=0),
+            dict(arrival_s=0.0, prompt_len=3, output_len=2, session="a", turn=1),
+            dict(arrival_s=0.0, prompt_len=NO_IDS, output_len=2, session="b", turn=0),
+            dict(arrival_s=0.0, prompt_len=3, output_len=2, session="b", turn=1),
+            dict(arrival_s=0.01, prompt_len=3, output_len=2, prefix_id="s", prefix_len=6),
+            dict(arrival_s=0.02, prompt_len=2, output_len=2, prefix_id="s", prefix_len=6)]  # fmt: skip
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(x) + "\n" for x in rows))
+    runs = traffic.main(["--url", url, "--trace", str(tmp_path / "t.jsonl"), "--rounds", "1", "--warmup", "0",
+                         "--no-prerun", "--no-progress", "--out", str(tmp_path / "out")])  # fmt: skip
+    (r,) = runs
+    assert r["failed"] == 1 and len(seen) == 5
+    ((i, err),) = r["errors"]
+    assert i == 3 and "the server returned no token ids for the turn before (return_token_ids)" in err
+    lens = sorted(len(b["prompt"]) for _, b in seen)
+    assert lens == [5, 8, 9, 5 + 2 + 3, NO_IDS]
+    a, b = (x["prompt"] for _, x in seen if len(x["prompt"]) in (8, 9))
+    assert a[:6] == b[:6]
 
 
 def _free_port() -> int:

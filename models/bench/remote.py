@@ -16,6 +16,12 @@ events of one read share its time; a read's lines are split on bytes and only ``
 * TPOT: (E2EL - TTFT) / (output tokens - 1), the output tokens from the usage chunk's ``completion_tokens``, else
   the chunks carrying tokens.
 
+A chat's later turn (``--shape chat``, a trace's sessions) is sent when the turn before it has ended (plus its think
+time), its prompt that turn's prompt ids, the output ids the server returned for it and its own new message: a turn
+that a later one continues asks for them with ``return_token_ids`` (vLLM's field, which ``models.server`` takes too;
+re-tokenizing the returned text need not give the same ids). If that turn failed, or the server returned no ids, the
+turns after it are not sent and fail with that reason. A chat's turns all go through one client process.
+
 A request fails, counted and reported with its error (never dropped), on an HTTP error status, a broken stream, a
 stream that ends before ``data: [DONE]``, an error event in the stream, or no token at all. Goodput
 (``--goodput ttft:MS,tpot:MS``, vLLM's; ``itl:MS`` and ``e2el:MS`` too): the requests that completed and met every
@@ -141,11 +147,14 @@ def connect(url: str, served_model: str | None, timeout_s: float) -> Server:
     return Server(url, model, length if isinstance(length, int) and length > 0 else None)
 
 
-def body(request: Request, model: str) -> bytes:
-    """The completions request for ``request`` (module doc), encoded."""
+def body(request: Request, model: str, token_ids: bool = False) -> bytes:
+    """The completions request for ``request`` (module doc), encoded; ``token_ids``: it asks for its output's token
+    ids (``return_token_ids``: a chat's next turn repeats them)."""
     sp = request.sampling
     d = {"model": model, "prompt": list(request.prompt), "max_tokens": sp.max_tokens, "ignore_eos": True,
          "temperature": sp.temperature, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    if token_ids:
+        d["return_token_ids"] = True
     if sp.temperature > 0:
         d.update(top_p=sp.top_p, seed=sp.seed)
         if sp.top_k > 0:
@@ -153,6 +162,19 @@ def body(request: Request, model: str) -> bytes:
     if sp.stop_token_ids:
         d["stop_token_ids"] = list(sp.stop_token_ids)
     return json.dumps(d, separators=(",", ":")).encode()
+
+
+def bodies(requests: list[Request], model: str, after: np.ndarray | None = None) -> list[bytes]:
+    """Every request's body, each asking for its output's token ids where a later request (``after``) continues it."""
+    fed = set() if after is None else {int(a) for a in after if a >= 0}
+    return [body(r, model, j in fed) for j, r in enumerate(requests)]
+
+
+def with_history(payload: bytes, history: list[int]) -> bytes:
+    """A chat turn's body as it is sent: ``history`` (the previous turn's prompt and output token ids) spliced in
+    before its own prompt ids."""
+    head, sep, tail = payload.partition(b'"prompt":[')
+    return head + sep + b"".join(b"%d," % t for t in history) + tail
 
 
 # -- sending a round -----------------------------------------------------------------------------------------------
@@ -168,6 +190,7 @@ class Outcome:
     itl_s: list[float] = attrs.Factory(list)
     output_tokens: int = 0
     error: str | None = None
+    token_ids: list[int] | None = None  # the output's token ids where the server returned them (return_token_ids)
 
     @property
     def tpot_s(self) -> float:
@@ -180,6 +203,7 @@ async def stream_one(client, payload: bytes, out: Outcome, arrival: float) -> Ou
     httpx = _httpx()
     first = last = None
     chunks, usage, done = 0, None, False
+    ids: list[int] | None = None
     buf = b""
     sent = time.perf_counter()
     out.lag_s = sent - arrival
@@ -212,6 +236,8 @@ async def stream_one(client, payload: bytes, out: Outcome, arrival: float) -> Ou
                                          f"{err.get('message', err) if isinstance(err, dict) else err}")  # fmt: skip
                             return out
                         c = (event.get("choices") or [{}])[0]
+                        if c.get("token_ids") is not None:
+                            ids = (ids or []) + list(c["token_ids"])
                         token = bool(event.get("choices")) and bool(c.get("text") or c.get("token_ids")
                                                                     or c.get("finish_reason") is None)  # fmt: skip
                     if token:
@@ -236,16 +262,22 @@ async def stream_one(client, payload: bytes, out: Outcome, arrival: float) -> Ou
     else:
         out.ttft_s, out.e2el_s = first - sent, last - sent
         out.output_tokens = usage if isinstance(usage, int) else chunks
+        out.token_ids = ids
     return out
 
 
 async def send_round(client, payloads: list[bytes], requests: list[Request], arrival_s: np.ndarray, wait: bool,
-                     progress: Callable[[], None] | None = None) -> tuple[list[Outcome], float]:  # fmt: skip
+                     progress: Callable[[], None] | None = None, after: np.ndarray | None = None,
+                     think_s: np.ndarray | None = None, t0: float | None = None) -> tuple[list[Outcome], float]:
     """Send every request at its arrival (``wait``; else all at once) and wait for all: (outcomes in request order,
-    wall seconds from the round's start until the last one ended)."""
+    wall seconds from the round's start, ``t0`` or now, until the last one ended). A chat's later turn (``after``:
+    the request it continues, or -1) is sent once that one has ended plus its ``think_s`` (and not before its
+    arrival), its prompt that one's prompt, the token ids it returned and its own."""
+    if after is not None and (after >= 0).any():
+        return await _send_chats(client, payloads, requests, arrival_s, wait, progress, after, think_s, t0)
     done_cb = (lambda _: progress()) if progress is not None else None
     tasks = []
-    t0 = time.perf_counter()
+    t0 = time.perf_counter() if t0 is None else t0
     for i, (payload, req) in enumerate(zip(payloads, requests, strict=True)):
         due = t0 + float(arrival_s[i]) if wait else t0
         delay = due - time.perf_counter()
@@ -257,6 +289,57 @@ async def send_round(client, payloads: list[bytes], requests: list[Request], arr
             tasks[-1].add_done_callback(done_cb)
     outs = await asyncio.gather(*tasks)
     return list(outs), time.perf_counter() - t0
+
+
+NO_TOKEN_IDS = ("the server returned no token ids for the turn before (return_token_ids): a chat's next turn repeats "
+                "them")  # fmt: skip
+
+
+async def _send_chats(client, payloads: list[bytes], requests: list[Request], arrival_s: np.ndarray, wait: bool,
+                      progress: Callable[[], None] | None, after: np.ndarray, think_s: np.ndarray | None,
+                      t0: float | None) -> tuple[list[Outcome], float]:  # fmt: skip
+    """``send_round`` of a workload with chats: each chat a closed loop (a turn sent when the one before it ended).
+    A turn after one that failed, or whose token ids the server did not return, is not sent: it fails too."""
+    n = len(requests)
+    think_s = np.zeros(n) if think_s is None else think_s
+    nexts: dict[int, list[int]] = {}
+    for k in np.flatnonzero(after >= 0):
+        nexts.setdefault(int(after[k]), []).append(int(k))
+    outs = [Outcome(r.sampling.max_tokens, len(r.prompt)) for r in requests]
+    t0 = time.perf_counter() if t0 is None else t0
+
+    def fail(j: int, why: str) -> None:
+        outs[j].error = why
+        if progress is not None:
+            progress()
+        for k in nexts.get(j, ()):
+            fail(k, why)
+
+    async def send(j: int, due: float, history: list[int]) -> None:
+        delay = due - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        o = outs[j]
+        o.prompt_tokens = len(history) + len(requests[j].prompt)
+        await stream_one(client, with_history(payloads[j], history) if history else payloads[j], o, due)
+        if progress is not None:
+            progress()
+        later = nexts.get(j, ())
+        if not later:
+            return
+        if o.error is not None or o.token_ids is None:
+            why = (f"the turn before failed: {o.error}" if o.error is not None else NO_TOKEN_IDS)
+            for k in later:
+                fail(k, why)
+            return
+        history = [*history, *requests[j].prompt, *o.token_ids]
+        end = time.perf_counter()
+        await asyncio.gather(*(send(k, max(t0 + float(arrival_s[k]), end + float(think_s[k])) if wait else end,
+                                    history) for k in later))  # fmt: skip
+
+    firsts = [j for j in range(n) if after[j] < 0]
+    await asyncio.gather(*(send(j, t0 + float(arrival_s[j]) if wait else t0, []) for j in firsts))
+    return outs, time.perf_counter() - t0
 
 
 KEEPALIVE_S = 2.0  # an idle connection's life in the client pool
@@ -277,23 +360,19 @@ UNTIMED_SEED = 2**32  # added to the seeds the untimed requests' prompts are dra
 
 
 def _worker_round(url: str, max_connections: int | None, timeout_s: float, payloads: list[bytes],
-                  sizes: list[tuple[int, int]], arrival_s: list[float], t0: float,
-                  wait: bool) -> tuple[list[Outcome], float, float]:  # fmt: skip
-    """A client process's share of a round: its requests (``sizes``: (max_tokens, prompt tokens) each) sent at
+                  requests: list[Request], arrival_s: list[float], t0: float, wait: bool, after: list[int] | None,
+                  think_s: list[float] | None) -> tuple[list[Outcome], float, float]:  # fmt: skip
+    """A client process's share of a round: its requests (whole chats, ``after`` indexing its own share) sent at
     ``t0`` (a ``time.perf_counter()`` of the parent's: the clock is the system's monotonic one, shared by every
     process) plus their arrivals. Returns the outcomes, this process's CPU seconds and when its last one ended."""
 
     async def go() -> list[Outcome]:
         async with client_for(url, max_connections, timeout_s) as client:
             await client.get("/v1/models")  # the connection's one-time costs, before the round's clock
-            tasks = []
-            for payload, (mt, pl), a in zip(payloads, sizes, arrival_s, strict=True):
-                due = t0 + a if wait else t0
-                delay = due - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                tasks.append(asyncio.create_task(stream_one(client, payload, Outcome(mt, pl), due)))
-            return list(await asyncio.gather(*tasks))
+            outs, _ = await send_round(client, payloads, requests, np.asarray(arrival_s), wait,
+                                       after=None if after is None else np.asarray(after),
+                                       think_s=None if think_s is None else np.asarray(think_s), t0=t0)  # fmt: skip
+            return outs
 
     freeze_heap()  # (as the server's processes do: no collection of the start-up's objects in a stream's timing)
     cpu = time.process_time()
@@ -302,19 +381,36 @@ def _worker_round(url: str, max_connections: int | None, timeout_s: float, paylo
 
 
 def send_round_procs(pool, procs: int, url: str, max_connections: int | None, timeout_s: float,
-                     payloads: list[bytes], requests: list[Request], arrival_s: np.ndarray,
-                     wait: bool) -> tuple[list[Outcome], float, float]:  # fmt: skip
-    """``send_round`` spread over ``procs`` client processes of ``pool`` (request i to process i mod procs), so the
-    client's CPU does not set the pace: (outcomes in request order, wall seconds from the round's start until the
-    last one ended, the processes' CPU seconds)."""
+                     payloads: list[bytes], requests: list[Request], arrival_s: np.ndarray, wait: bool,
+                     after: np.ndarray | None = None,
+                     think_s: np.ndarray | None = None) -> tuple[list[Outcome], float, float]:  # fmt: skip
+    """``send_round`` spread over ``procs`` client processes of ``pool`` (request i to process i mod procs; a chat's
+    turns to the process of its first), so the client's CPU does not set the pace: (outcomes in request order, wall
+    seconds from the round's start until the last one ended, the processes' CPU seconds)."""
+    n = len(requests)
+    chats = after is not None and bool((after >= 0).any())
+    root = list(range(n))
+    if chats:
+        for j in range(n):  # (a turn comes after the one it continues in a chat's order, not always in the list's)
+            a = j
+            while after[a] >= 0:
+                a = int(after[a])
+            root[j] = a
+    shares = [[j for j in range(n) if root[j] % procs == k] for k in range(procs)]
     t0 = time.perf_counter() + 1.0  # each process connects first
-    futures = [pool.submit(_worker_round, url, max_connections, timeout_s, payloads[k::procs],
-                           [(r.sampling.max_tokens, len(r.prompt)) for r in requests[k::procs]],
-                           [float(a) for a in arrival_s[k::procs]], t0, wait) for k in range(procs)]  # fmt: skip
+    futures = []
+    for share in shares:
+        local = {j: i for i, j in enumerate(share)}
+        futures.append(pool.submit(
+            _worker_round, url, max_connections, timeout_s, [payloads[j] for j in share],
+            [requests[j] for j in share], [float(arrival_s[j]) for j in share], t0, wait,
+            [local[int(after[j])] if after[j] >= 0 else -1 for j in share] if chats else None,
+            [float(think_s[j]) for j in share] if chats and think_s is not None else None))  # fmt: skip
     parts = [f.result() for f in futures]
-    outs: list[Outcome] = [None] * len(requests)  # type: ignore[list-item]
-    for k, (part, _, _) in enumerate(parts):
-        outs[k::procs] = part
+    outs: list[Outcome] = [None] * n  # type: ignore[list-item]
+    for share, (part, _, _) in zip(shares, parts, strict=True):
+        for j, o in zip(share, part, strict=True):
+            outs[j] = o
     return outs, max(end for _, _, end in parts) - t0, sum(cpu for _, cpu, _ in parts)
 
 
@@ -351,12 +447,14 @@ def run_rounds(server: Server, rounds: list, warmup, sampling, vocab: int, seed:
             for rnd, work in enumerate(rounds):
                 if prerun:
                     reqs = work.requests(vocab, sampling, UNTIMED_SEED + seed + rnd, f"pre{rnd}-")
-                    await send_round(client, [body(r, server.model) for r in reqs], reqs, work.arrival_s, wait=True)
+                    await send_round(client, bodies(reqs, server.model, work.after), reqs, work.arrival_s, wait=True,
+                                     after=work.after, think_s=work.think_s)  # fmt: skip
                 reqs = work.requests(vocab, sampling, seed + rnd, f"{rnd}-")
-                payloads = [body(r, server.model) for r in reqs]  # encoded before the round's clock starts
+                payloads = bodies(reqs, server.model, work.after)  # encoded before the round's clock starts
                 cpu, before = time.process_time(), await server_counters(client)
                 outs, wall = await send_round(client, payloads, reqs, work.arrival_s, wait=True,
-                                              progress=(lambda: bar.update(1)) if bar is not None else None)
+                                              progress=(lambda: bar.update(1)) if bar is not None else None,
+                                              after=work.after, think_s=work.think_s)  # fmt: skip
                 r = round_metrics(outs, wall, targets)
                 r.update(label=label, round=rnd, client_cpu=(time.process_time() - cpu) / wall,
                          **server_costs(before, await server_counters(client)))  # fmt: skip
@@ -423,12 +521,13 @@ def _run_rounds_procs(server: Server, rounds: list, warmup, sampling, vocab: int
             for rnd, work in enumerate(rounds):
                 if prerun:
                     reqs = work.requests(vocab, sampling, UNTIMED_SEED + seed + rnd, f"pre{rnd}-")
-                    send(pool, payloads=[body(r, server.model) for r in reqs], requests=reqs,
-                         arrival_s=work.arrival_s, wait=True)  # fmt: skip
+                    send(pool, payloads=bodies(reqs, server.model, work.after), requests=reqs,
+                         arrival_s=work.arrival_s, wait=True, after=work.after, think_s=work.think_s)  # fmt: skip
                 reqs = work.requests(vocab, sampling, seed + rnd, f"{rnd}-")
-                payloads = [body(r, server.model) for r in reqs]
+                payloads = bodies(reqs, server.model, work.after)
                 before = asyncio.run(_counters(server.url, timeout_s))
-                outs, wall, cpu = send(pool, payloads=payloads, requests=reqs, arrival_s=work.arrival_s, wait=True)
+                outs, wall, cpu = send(pool, payloads=payloads, requests=reqs, arrival_s=work.arrival_s, wait=True,
+                                       after=work.after, think_s=work.think_s)  # fmt: skip
                 r = round_metrics(outs, wall, targets)
                 r.update(label=label, round=rnd, client_cpu=cpu / wall,
                          **server_costs(before, asyncio.run(_counters(server.url, timeout_s))))  # fmt: skip
@@ -500,7 +599,7 @@ RUN_COLUMNS = (  # (header, key, format): median [min-max] over rounds
     ("short of max_tokens", "short", "{:.0f}"), ("send lag p99 ms", "lag_p99_ms", "{:.1f}"),
     ("send lag max ms", "lag_max_ms", "{:.1f}"), ("client CPU", "client_cpu", "{:.0%}"),
     ("server front-end CPU us/token", "front_cpu_us_token", "{:.0f}"),
-    ("engine decode step ms", "engine_decode_step_ms", "{:.2f}"),
+    ("engine decode step ms", "engine_decode_step_ms", "{:.2f}"), ("prompt tokens", "prompt_tokens", "{:.0f}"),
 )  # fmt: skip
 
 

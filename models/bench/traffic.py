@@ -11,6 +11,17 @@ or ``--trace FILE.jsonl`` (one ``{"arrival_s", "prompt_len", "output_len"}`` a l
 ``--sampled-frac`` of the requests sample (``--temperature``, ``--top-p``, ``--top-k``), ``--stop-frac`` carry stop
 tokens (random ids: with random weights they rarely fire; the requests end at their length).
 
+Traffic that repeats itself, for a prefix cache (``--shape``; default ``independent``: every prompt its own random
+tokens): ``system-prompt``: every prompt begins with one shared prefix of ``--system-len`` random tokens (default 2000;
+drawn anew each round), then its own ``--prompt-len`` tokens. ``chat``: ``--users`` users (default 64) starting at
+``--rate`` (Poisson; inf: all at t=0), each sending ``--turns`` turns (default 6) in a closed loop: turn 1 is a message
+of ``--prompt-len`` tokens; turn k+1 is sent once turn k has finished plus ``--think-s`` (default 0), its prompt the
+whole history: turn k's prompt, exactly the tokens turn k generated (in process: the engine's result; with ``--url``:
+the ids the server returned, ``return_token_ids``) and a new message; replies of ``--gen-len`` tokens. A trace says
+the same per line (``"prefix_id"``/``"prefix_len"``, ``"session"``/``"turn"``/``"think_s"``: ``workload.load_trace``).
+The workload's description names the shape, and the report counts the prompt tokens sent (``prompt tokens``): a chat
+resends its history every turn. A turn's TTFT counts from when it was due (the previous turn's end plus think time).
+
 Every arm (``models/bench/arms.py``: an engine arm of ``--arms``, host, host-overlap, host-triton-overlap, resident-fa2,
 resident-xqa, resident-triton, ..., at a placement of ``--prefill`` and a budget of ``--token-budget``, labelled by the
 three: ``resident-triton beside 2048``) gets its own engine, built once and warmed up on traffic of the same shape. Each
@@ -56,6 +67,7 @@ under ``--goodput ttft:MS,tpot:MS,itl:MS,e2el:MS`` (req/s and the share of the r
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
 import math
 import os
@@ -83,17 +95,29 @@ from models.bench.arms import (
 )
 from models.bench.host_load import HostLoad, host_load_text, load_text
 from models.bench.remote import DECILES, goodput_targets, server_url
-from models.bench.workload import Lengths, Sampling, Workload, WorkloadError, arrival_times, read_trace
+from models.bench.workload import Lengths, Sampling, Workload, WorkloadError, arrival_times, continued, load_trace
 from models.cli import OneLineParser, fraction, positive_int, rate
 from models.engine import Engine, EngineConfig, PrefillPlacement
 from models.engine.adapters import MODEL_CONFIGS, build_adapter, model_context
 from models.engine.tensor_parallel import RankEngine, build_rank_adapter, join_group
 
+SHAPES = ("independent", "system-prompt", "chat")
 GPU_ARMS = "host,host-overlap,host-triton-overlap,resident-fa2,resident-xqa,resident-triton"
 CPU_ARMS = "host-torch,resident-torch"
 COUNTERS = ("decode_steps", "mixed_steps", "prefill_steps", "prefill_passes", "prefill_tokens", "prefill_ns",
             "prefill_host_ns", "prefill_gpu_ms", "mixed_ns", "decode_ns", "gpu_ms", "h2d_copies", "rows_decoded",
             "tokens", "early_hits", "early_steps", "decode_beside_pass")  # fmt: skip
+
+
+def seconds(text: str) -> float:
+    """A finite number >= 0."""
+    try:
+        t = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (math.isfinite(t) and t >= 0):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text}")
+    return t
 
 
 def parser(prog: str = "python -m models.bench.traffic", description: str = __doc__,
@@ -112,7 +136,21 @@ def parser(prog: str = "python -m models.bench.traffic", description: str = __do
                         "max=384)")
     g.add_argument("--trace", type=Path, default=None,
                    help='JSON lines, one {"arrival_s", "prompt_len", "output_len"} a request (instead of the four '
-                        "options above)")
+                        'options above), optionally with "prefix_id" and "prefix_len" (a shared prefix), "session", '
+                        '"turn" and "think_s" (a chat: a turn continues the session\'s previous one); models/bench/'
+                        "workload.py's load_trace")
+    g.add_argument("--shape", choices=SHAPES, default="independent",
+                   help="how the prompts repeat themselves: independent (every prompt its own random tokens, the "
+                        "default), system-prompt (every prompt begins with one shared prefix of --system-len tokens, "
+                        "then its own --prompt-len tokens) or chat (--users users, each sending --turns turns in a "
+                        "closed loop: a turn's prompt is the whole history, the previous turn's prompt and the "
+                        "tokens it generated, then a new message of --prompt-len tokens; --rate: users starting)")
+    g.add_argument("--system-len", type=positive_int, default=None,
+                   help="system-prompt: the shared prefix's tokens, the same for the whole round (default 2000)")
+    g.add_argument("--users", type=positive_int, default=None, help="chat: users, each a chat (default 64)")
+    g.add_argument("--turns", type=positive_int, default=None, help="chat: turns each user sends (default 6)")
+    g.add_argument("--think-s", type=seconds, default=None,
+                   help="chat: seconds between a reply's end and the user's next message (default 0)")
     g.add_argument("--seed", type=int, default=0, help="draws the workload (the warm-up uses seed + 1)")
     g.add_argument("--sampled-frac", type=fraction, default=0.0, help="fraction of requests that sample (default 0)")
     g.add_argument("--temperature", type=float, default=0.8, help="sampled requests' temperature")
@@ -278,28 +316,61 @@ def draw_traffic(args: argparse.Namespace, max_running: int) -> Traffic:
     n_rounds = getattr(args, "rounds", 1)
     rngs = [np.random.default_rng([args.seed, r]) for r in range(n_rounds)]
     warm_rng = np.random.default_rng([args.seed, n_rounds])
+    shape = getattr(args, "shape", "independent")
+    shaped = {"--system-len": "system-prompt", "--users": "chat", "--turns": "chat", "--think-s": "chat"}
+    for opt, needs in shaped.items():
+        if getattr(args, opt[2:].replace("-", "_"), None) is not None and (shape != needs or args.trace is not None):
+            raise WorkloadError(opt, f"applies to --shape {needs}" + (", not a trace (its lines give its shape)"
+                                                                      if args.trace is not None else ""))  # fmt: skip
     if args.trace is not None:
         given = [f"--{k.replace('_', '-')}" for k in ("num_requests", "rate", "prompt_len", "gen_len")
                  if getattr(args, k) is not None]  # fmt: skip
+        if shape != "independent":
+            given.append("--shape")
         if given:
             raise WorkloadError("--trace", f"a trace gives arrivals and lengths: drop {', '.join(given)}")
-        trace = read_trace(args.trace)
-        draws = [trace] * n_rounds  # a trace is the same traffic every round
+        trace = load_trace(args.trace)
         source = f"trace {args.trace}"
-        pick = warm_rng.permutation(trace[1].size)
-        warm_prompt, warm_out = trace[1][pick], trace[2][pick]
+        rounds = [Workload.build(**trace, sampling=sampling, rng=g, shape=trace_shape(trace)) for g in rngs]
+        pick = warm_rng.permutation(trace["prompt_len"].size)  # a trace is the same traffic every round
+        warm_prompt, warm_out = rounds[0].prompt_bound[pick], trace["output_len"][pick]
     else:
-        n = args.num_requests or 128
         rate = args.rate if args.rate is not None else math.inf
         p_text = args.prompt_len or "lognormal:median=256,sigma=0.9,min=32,max=1536"
         g_text = args.gen_len or "lognormal:median=96,sigma=0.9,min=8,max=384"
         p_len, g_len = Lengths.parse("--prompt-len", p_text), Lengths.parse("--gen-len", g_text)
         # each round draws its own traffic from the distributions: replaying one draw would repeat every prefill
         # pass's exact shape from round to round, which real traffic does not (and prefill graphs capture repeats)
-        draws = [(arrival_times(rate, n, g), p_len.sample(g, n), g_len.sample(g, n)) for g in rngs]
+        if shape == "chat":
+            if args.num_requests is not None:
+                raise WorkloadError("--num-requests", "a chat workload sends --users x --turns requests")
+            users, turns, think = args.users or 64, args.turns or 6, args.think_s or 0.0
+            n = users * turns
+            desc = (f"{users} users x {turns} turns, messages {p_text}, replies {g_text}, think {think:g} s, users "
+                    "starting")  # fmt: skip
+            shape_text = f"{users} chats of {turns} turns, each turn's prompt the whole history"
+            k = np.tile(np.arange(turns), users)
+            more = dict(after=np.where(k > 0, np.arange(n) - 1, -1), think_s=np.where(k > 0, think, 0.0))
+            draws = [(np.repeat(arrival_times(rate, users, g), turns), p_len.sample(g, n), g_len.sample(g, n))
+                     for g in rngs]  # fmt: skip
+            source = f"{desc} at rate {rate:g} users/s"
+        else:
+            n = args.num_requests or 128
+            draws = [(arrival_times(rate, n, g), p_len.sample(g, n), g_len.sample(g, n)) for g in rngs]
+            source = f"rate {rate:g} requests/s, prompts {p_text}, outputs {g_text}"
+            more, shape_text = {}, ""
+            if shape == "system-prompt":
+                system = args.system_len or 2000
+                more = dict(prefix_id=np.zeros(n, np.int64), prefix_len=np.full(n, system, np.int64))
+                shape_text = f"a shared system prompt of {system} tokens before every prompt"
+                source = f"rate {rate:g} requests/s, a system prompt of {system} tokens shared by every request, " \
+                         f"then prompts {p_text}, outputs {g_text}"  # fmt: skip
+        rounds = [Workload.build(*d, sampling, g, shape=shape_text, **more) for d, g in zip(draws, rngs, strict=True)]
         warm_prompt, warm_out = p_len.sample(warm_rng, 4096), g_len.sample(warm_rng, 4096)
-        source = f"rate {rate:g} requests/s, prompts {p_text}, outputs {g_text}"
-    rounds = [Workload.build(*d, sampling, g) for d, g in zip(draws, rngs, strict=True)]
+        if shape == "system-prompt":
+            warm_prompt = warm_prompt + rounds[0].prefix_len[0]
+        elif shape == "chat":  # the warm-up's prompts are independent, as long as the chats' turns can be
+            warm_prompt = warm_rng.choice(rounds[0].prompt_bound, 4096)
     n_warm = getattr(args, "warmup", None)
     n_warm = n_warm if n_warm is not None else 2 * max_running
     if n_warm < 0:
@@ -308,14 +379,30 @@ def draw_traffic(args: argparse.Namespace, max_running: int) -> Traffic:
     # the warm-up also runs the longest prompts at once, so the passes with the largest temporaries have run (the
     # allocator holds their blocks, the kernels for their shapes are compiled) before anything is timed
     n_long = max_running if n_warm else 0
-    longest_prompt = max(int(w.prompt_len.max()) for w in rounds)
+    longest_prompt = max(int(w.prompt_bound.max()) for w in rounds)
     warmup = Workload.build(np.zeros(n_warm + n_long), np.concatenate([warm_prompt[:n_warm],
                             np.full(n_long, longest_prompt)]), np.minimum(np.concatenate([warm_out[:n_warm],
                             np.full(n_long, 2)]), 16), sampling, warm_rng)  # fmt: skip
-    longest = int(max(max((w.prompt_len + w.output_len).max() for w in rounds),
+    longest = int(max(max((w.prompt_bound + w.output_len).max() for w in rounds),
                       (warmup.prompt_len + warmup.output_len).max(initial=0)))  # fmt: skip
     return Traffic(rounds, warmup, sampling, f"{source}: round 0 {rounds[0].describe()}", longest,
-                   "--trace" if args.trace is not None else "--prompt-len/--gen-len")
+                   "--trace" if args.trace is not None else {"chat": "--prompt-len/--gen-len/--turns",
+                   "system-prompt": "--system-len/--prompt-len/--gen-len"}.get(shape, "--prompt-len/--gen-len"))
+
+
+def trace_shape(trace: dict[str, np.ndarray]) -> str:
+    """What a trace's prompts share, for its description ("" for independent prompts)."""
+    parts = []
+    ids = np.unique(trace["prefix_id"][trace["prefix_id"] >= 0])
+    if ids.size:
+        lens = np.unique(trace["prefix_len"][trace["prefix_id"] >= 0])
+        parts.append(f"{ids.size} shared prefix{'es' if ids.size > 1 else ''} of {', '.join(map(str, lens))} tokens "
+                     f"before {int((trace['prefix_id'] >= 0).sum())} prompts")  # fmt: skip
+    later = trace["after"] >= 0
+    if later.any():
+        firsts = np.setdiff1d(trace["after"][later], np.flatnonzero(later)).size  # continued, continuing none
+        parts.append(f"{firsts} chats, {int(later.sum())} turns continuing one (each prompt the whole history)")
+    return "; ".join(parts)
 
 
 def arms_for(names: list[str], prefill: tuple[PrefillPlacement, ...] | None, budgets: tuple, device: str,
@@ -337,21 +424,36 @@ def arms_for(names: list[str], prefill: tuple[PrefillPlacement, ...] | None, bud
 
 # -- serving the workload ------------------------------------------------------------------------------------------
 def drive(engine: Engine, workload: Workload, requests: list, wait: bool = True,
-          progress: Callable[[], None] | None = None) -> tuple[list, list, float]:
+          progress: Callable[[], None] | None = None, log: dict | None = None) -> tuple[list, list, float]:
     """Serve ``requests``, each submitted when it arrives (``wait``: sleep while none is due and nothing runs;
     ``progress`` is called as each finishes), through the engine core's interface: submit, step, has_work, each
-    step's output handing over the results it finished. Returns (results in request order, one (start s, wall s,
-    kind, decode rows, prompt tokens) a step, wall s)."""
-    st, steps, n, i = engine.stats, [], len(requests), 0
+    step's output handing over the results it finished. A chat's later turn is submitted once the turn it continues
+    has finished (plus its think time, and not before its arrival), its prompt that turn's prompt, the tokens it
+    generated and its own (``continued``). Returns (results in request order, one (start s, wall s, kind, decode
+    rows, prompt tokens) a step, wall s); ``log`` gets, in request order, each request's prompt as submitted
+    (``prompts``) and when it was submitted and finished (``submit_s``, ``finish_s``: seconds from the start)."""
+    st, steps, n = engine.stats, [], len(requests)
     done: dict = {}
+    nexts: dict[int, list[int]] = {}  # a request: the chat turns that continue it
+    for j in np.flatnonzero(workload.after >= 0):
+        nexts.setdefault(int(workload.after[j]), []).append(int(j))
+    due = [(float(workload.arrival_s[j]), int(j)) for j in np.flatnonzero(workload.after < 0)]  # a heap
+    heapq.heapify(due)
+    index = {r.request_id: j for j, r in enumerate(requests)}
+    prompts: list = [None] * n
+    submit_s, finish_s = [math.nan] * n, [math.nan] * n
     t0 = time.perf_counter()
-    while i < n or engine.has_work():
+    while due or engine.has_work():
         now = time.perf_counter()
-        while i < n and (not wait or t0 + workload.arrival_s[i] <= now):
-            engine.submit(requests[i], arrived=t0 + workload.arrival_s[i] if wait else now)
-            i += 1
+        while due and (not wait or t0 + due[0][0] <= now):
+            at, j = heapq.heappop(due)
+            a = int(workload.after[j])
+            req = requests[j] if a < 0 else continued(requests[j], (*prompts[a], *done[requests[a].request_id].tokens))
+            prompts[j], submit_s[j] = req.prompt, now - t0
+            engine.submit(req, arrived=t0 + at if wait else now)
         if not engine.has_work():
-            time.sleep(max(0.0, t0 + workload.arrival_s[i] - time.perf_counter()))
+            if due:
+                time.sleep(max(0.0, t0 + due[0][0] - time.perf_counter()))
             continue
         before = (st.decode_steps, st.mixed_steps, st.prefill_steps, st.rows_decoded, st.prefill_tokens)
         ts = time.perf_counter()
@@ -359,6 +461,10 @@ def drive(engine: Engine, workload: Workload, requests: list, wait: bool = True,
         te = time.perf_counter()
         for result in out.finished:
             done[result.request_id] = result
+            j = index[result.request_id]
+            finish_s[j] = te - t0
+            for k in nexts.get(j, ()):  # the chat's next turn: due after its think time, not before its arrival
+                heapq.heappush(due, (max(float(workload.arrival_s[k]), te - t0 + float(workload.think_s[k])), k))
             if progress is not None:
                 progress()
         d = [a - b for a, b in zip((st.decode_steps, st.mixed_steps, st.prefill_steps, st.rows_decoded,
@@ -366,20 +472,22 @@ def drive(engine: Engine, workload: Workload, requests: list, wait: bool = True,
         kind = "decode" if d[0] else "mixed" if d[1] else "prefill" if d[2] else "land"
         steps.append((ts - t0, te - ts, kind, d[3], d[4]))
     wall = time.perf_counter() - t0
+    if log is not None:
+        log.update(prompts=prompts, submit_s=submit_s, finish_s=finish_s)
     return [done[r.request_id] for r in requests], steps, wall
 
 
 def serve(engine: Engine | RankEngine, workload: Workload, requests: list, wait: bool = True,
-          progress: Callable[[], None] | None = None):
+          progress: Callable[[], None] | None = None, log: dict | None = None):
     """``drive`` on one engine, or on a tensor-parallel group: rank 0 drives and then releases the others, which
     follow its steps (they return None)."""
     if not isinstance(engine, RankEngine):
-        return drive(engine, workload, requests, wait, progress)
+        return drive(engine, workload, requests, wait, progress, log)
     if engine.tp.rank != 0:
         engine.follow()
         return None
     try:
-        return drive(engine, workload, requests, wait, progress)
+        return drive(engine, workload, requests, wait, progress, log)
     finally:
         engine.close()
 
@@ -397,8 +505,9 @@ def timed_run(engine: Engine, workload: Workload, requests: list, cuda: bool,
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+    log: dict = {}
     with frozen_heap(), HostLoad(load) as busy:
-        results, steps, wall = serve(engine, workload, requests, progress=progress)
+        results, steps, wall = serve(engine, workload, requests, progress=progress, log=log)
     d = {k: getattr(st, k) - v for k, v in before.items()}
     itl = np.concatenate(st.itl) * 1e3 if st.itl else np.zeros(0)
     ttft = np.array([r.ttft_s for r in results]) * 1e3
@@ -407,6 +516,7 @@ def timed_run(engine: Engine, workload: Workload, requests: list, cuda: bool,
     per = lambda k, n: d[k] / n if n else float("nan")  # noqa: E731
     return dict(
         tokps=out_tokens / wall, reqps=len(results) / wall, wall_s=wall, output_tokens=out_tokens,
+        prompt_tokens=sum(len(p) for p in log["prompts"]),
         ttft_p50_ms=_pct(ttft, 50), ttft_p90_ms=_pct(ttft, 90), ttft_p99_ms=_pct(ttft, 99),
         itl_p50_ms=_pct(itl, 50), itl_p90_ms=_pct(itl, 90), itl_p99_ms=_pct(itl, 99),
         itl_ms_deciles=np.percentile(itl, DECILES).tolist() if itl.size else [],
@@ -443,6 +553,7 @@ COLUMNS = (  # (header, key, format): median [min-max] over rounds
     ("pass host ms", "prefill_host_ms", "{:.1f}"), ("pass GPU ms", "prefill_gpu_ms", "{:.1f}"),
     ("prefill tok/s", "prefill_tokps", "{:.0f}"),
     ("H2D / decode step", "h2d_per_decode_step", "{:.2f}"), ("peak GPU GiB", "peak_gpu_gib", "{:.1f}"),
+    ("prompt tokens", "prompt_tokens", "{:.0f}"),
 )  # fmt: skip
 
 

@@ -378,13 +378,20 @@ async def _serve(state: ServerState, body: SamplingFields, prompts: list[list[in
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         closed = asyncio.Event()
-        return EventStream(_events(state, rid, choices, chat, echo, n, include_usage, closed), closed, choices,
-                           release)  # fmt: skip
+        return EventStream(_events(state, rid, choices, chat, echo, n, include_usage, closed, _token_ids(body)),
+                           closed, choices, release)  # fmt: skip
     try:
         await _until_done(state, choices, request)
     finally:
         release()
-    return JSONResponse(_whole(state, rid, choices, chat, echo, n))
+    return JSONResponse(_whole(state, rid, choices, chat, echo, n, _token_ids(body)))
+
+
+def _token_ids(body: SamplingFields) -> bool:
+    """Whether each choice carries its tokens' ids (completions' ``return_token_ids``, vLLM's: a client that builds
+    its next prompt from a reply, a chat's next turn, needs the exact ids, which re-tokenizing the text need not
+    give)."""
+    return bool(getattr(body, "return_token_ids", False))
 
 
 @attrs.define(eq=False)
@@ -526,7 +533,8 @@ def _prompt_tokens(choices: list[Choice], n: int) -> list[int]:
     return [c.prompt_len for c in choices[::n]]
 
 
-def _whole(state: ServerState, rid: str, choices: list[Choice], chat: bool, echo: list[str] | None, n: int) -> dict:
+def _whole(state: ServerState, rid: str, choices: list[Choice], chat: bool, echo: list[str] | None, n: int,
+           token_ids: bool = False) -> dict:  # fmt: skip
     """The response of a request that did not stream."""
     out = []
     for c in choices:
@@ -539,6 +547,8 @@ def _whole(state: ServerState, rid: str, choices: list[Choice], chat: bool, echo
                         "finish_reason": c.finish_reason})  # fmt: skip
         else:
             out.append({"index": c.index, "text": text, "logprobs": lp, "finish_reason": c.finish_reason})
+            if token_ids:
+                out[-1]["token_ids"] = list(c.stream.tokens[: c.text.tokens])
     return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": now(),
             "model": state.model, "choices": out, "usage": _usage(choices, _prompt_tokens(choices, n))}  # fmt: skip
 
@@ -548,10 +558,12 @@ def _sse(obj: dict) -> str:
 
 
 async def _events(state: ServerState, rid: str, choices: list[Choice], chat: bool, echo: list[str] | None, n: int,
-                  include_usage: bool, closed: asyncio.Event) -> AsyncIterator[str]:  # fmt: skip
+                  include_usage: bool, closed: asyncio.Event, token_ids: bool = False) -> AsyncIterator[str]:
     """The response as server-sent events: one chunk per choice per wake-up with new text, a chunk with each choice's
     finish reason, then (``include_usage``) the usage, then ``[DONE]``; nothing more once ``closed`` (the client
-    went away)."""
+    went away). With ``token_ids`` every chunk of a choice carries the ids of the tokens it released (its
+    ``token_ids``; a chunk goes out for tokens that released no text yet), so the chunks' ids concatenate to the
+    choice's tokens."""
     created, obj = now(), "chat.completion.chunk" if chat else "text_completion"
     extra = {"usage": None} if include_usage else {}
 
@@ -563,14 +575,16 @@ async def _events(state: ServerState, rid: str, choices: list[Choice], chat: boo
     head, tail = frame.split('"\\u0000"')
     heads = {c.index: head.replace('"index":-1', f'"index":{c.index}') for c in choices}
 
-    def chunk(c: Choice, text: str | None, finish: str | None, lp: dict | None = None) -> str:
-        if text and finish is None and lp is None:
+    def chunk(c: Choice, text: str | None, finish: str | None, lp: dict | None = None, ids: list | None = None) -> str:
+        if text and finish is None and lp is None and ids is None:
             return heads[c.index] + json.dumps(text, ensure_ascii=False) + tail
         if chat:
             delta = {} if text is None else {"content": text}
             body = {"index": c.index, "delta": delta, "logprobs": lp, "finish_reason": finish}
         else:
             body = {"index": c.index, "text": text or "", "logprobs": lp, "finish_reason": finish}
+            if ids is not None:
+                body["token_ids"] = ids
         return _sse({"id": rid, "object": obj, "created": created, "model": state.model, "choices": [body], **extra})
 
     for c in choices:
@@ -591,10 +605,11 @@ async def _events(state: ServerState, rid: str, choices: list[Choice], chat: boo
             lo = c.text.tokens
             text = _advance(state, c)
             lp = _logprobs(state, c, lo, c.text.tokens, chat) if c.text.tokens > lo else None
-            if text or lp is not None:
-                yield chunk(c, text, None, lp)
+            ids = list(c.stream.tokens[lo : c.text.tokens]) if token_ids else None
+            if text or lp is not None or ids:
+                yield chunk(c, text, None, lp, ids)
             if c.done:
-                yield chunk(c, None, c.finish_reason)
+                yield chunk(c, None, c.finish_reason, ids=[] if token_ids else None)
     if include_usage:
         yield _sse({"id": rid, "object": obj, "created": created, "model": state.model, "choices": [],
                     "usage": _usage(choices, _prompt_tokens(choices, n))})  # fmt: skip

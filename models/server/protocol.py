@@ -3,7 +3,8 @@ and the response and stream-chunk bodies.
 
 A request names only what it sets; a field OpenAI defines that this server cannot honour (``logit_bias``, penalties,
 ``tools``) is refused with a 400 naming it when the request sets it to anything but its neutral value, never ignored.
-vLLM's extensions that clients send (``top_k``, ``min_tokens``, ``ignore_eos``, ``stop_token_ids``) are taken too.
+vLLM's extensions that clients send (``top_k``, ``min_tokens``, ``ignore_eos``, ``stop_token_ids``, and for completions
+``return_token_ids``) are taken too.
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ class SamplingFields(BaseModel):
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     echo: bool = False
+    return_token_ids: bool = False  # vLLM's: each choice (each chunk of a stream) carries its tokens' ids too
     logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     suffix: str | None = None
     best_of: int | None = None
