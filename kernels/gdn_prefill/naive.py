@@ -104,23 +104,33 @@ def state_pass_ref(
     chunk_offsets: torch.Tensor,  # [S + 1]
     chunk_rows: int,
     chunk: int = 64,
+    save_slot: torch.Tensor | None = None,  # [chunk_rows] slot receiving the state entering each row (0: none)
+    final_slot: torch.Tensor | None = None,  # [S] slot receiving each sequence's final state too (0: none)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``state_pass.state_pass_``, chunk by chunk in float32: h [chunk_rows, HV, dk, dv] (rows no chunk uses are
-    zero) and v_new [N, HV, dv]; each sequence's final state written to ``pool[slots[s]]`` in the pool's dtype."""
+    zero) and v_new [N, HV, dv]; each sequence's final state written to ``pool[slots[s]]`` in the pool's dtype, and
+    the saves as the kernel stores them (``pool[save_slot[row]] = h[row]``, ``pool[final_slot[s]]`` = the final state,
+    where nonzero)."""
     HV, rep = u.shape[1], u.shape[1] // k.shape[1]
     h = torch.zeros(chunk_rows, HV, k.shape[2], u.shape[2], dtype=torch.float32, device=k.device)
     v_new = torch.zeros(u.shape, dtype=torch.float32, device=u.device)
     kf, wf, uf, gf = (x.float() for x in (k.repeat_interleave(rep, dim=1), w, u, g))
     cu, offs = cu_seqlens.tolist(), chunk_offsets.tolist()
+    saves = [0] * chunk_rows if save_slot is None else save_slot.tolist()
+    finals = [0] * len(slots) if final_slot is None else final_slot.tolist()
     for s, slot in enumerate(slots.tolist()):
         state = torch.zeros_like(h[0]) if bool(fresh[s]) else pool[slot].float()  # [HV, dk, dv]
         for c, a in enumerate(range(cu[s], cu[s + 1], chunk)):
             b = min(a + chunk, cu[s + 1])
             h[offs[s] + c] = state
+            if saves[offs[s] + c]:
+                pool[saves[offs[s] + c]] = state.to(pool.dtype)
             vn = uf[a:b] - torch.einsum("thk,hkv->thv", wf[a:b], state)  # [t, HV, dv]
             v_new[a:b] = vn
             g_last = gf[b - 1]  # [HV]
             gated = vn * torch.exp2(g_last - gf[a:b])[..., None]
             state = torch.exp2(g_last)[:, None, None] * state + torch.einsum("thk,thv->hkv", kf[a:b], gated)
         pool[slot] = state.to(pool.dtype)
+        if finals[s]:
+            pool[finals[s]] = state.to(pool.dtype)
     return h.to(k.dtype), v_new.to(u.dtype)
