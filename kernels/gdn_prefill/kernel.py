@@ -39,15 +39,18 @@ def gdn_prefill(
     chunk_indices: torch.Tensor,  # [rows, 2] int32 (indices.chunk_index)
     chunk_offsets: torch.Tensor,  # [S + 1] int32
     scale: float,
+    save_slot: torch.Tensor | None = None,  # [rows] slot receiving the state entering each chunk row (0: none)
+    final_slot: torch.Tensor | None = None,  # [S] slot receiving each sequence's final state too (0: none)
 ) -> torch.Tensor:
     """``naive.gdn_prefill_ref`` from h0 = pool[slots] (zeros where fresh), its final states written back to
-    pool[slots]: o [N, hv, dv] in v's dtype. No host sync."""
+    pool[slots] (and the saves, ``state_pass.state_pass_``'s, where given): o [N, hv, dv] in v's dtype. No host
+    sync."""
     q, k, v, g, beta = q[None], k[None], v[None], g[None], beta[None]  # fla's [B = 1, T, H, ...]
     g = chunk_local_cumsum(g, chunk_size=CHUNK, scale=RCP_LN2, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices)
     w, u, _ = chunk_gated_delta_rule_fwd_intra(k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens, chunk_size=CHUNK,
                                                chunk_indices=chunk_indices)  # fmt: skip
     h, v_new = state_pass_(k[0], w[0], u[0], g[0], pool, slots, fresh, cu_seqlens, chunk_offsets,
-                           chunk_indices.shape[0], CHUNK)  # fmt: skip
+                           chunk_indices.shape[0], CHUNK, save_slot, final_slot)  # fmt: skip
     o = chunk_fwd_o(q=q, k=k, v=v_new[None], h=h[None], g=g, scale=scale, cu_seqlens=cu_seqlens, chunk_size=CHUNK,
                     chunk_indices=chunk_indices)  # fmt: skip
     return o[0]

@@ -7,10 +7,15 @@ chunk, fla's ``chunk_local_cumsum``), w and u from the UT transform (fla's ``rec
 
     h[c] = S;  v_new[c] = u[c] - w[c] S;  S = 2^G_last S + k[c]^T (2^(G_last - G) * v_new[c])
 
-and ``pool[slots[s]] = S`` at the end. This is fla-core's ``chunk_gated_delta_rule_fwd_h`` (same inputs, h and
-v_new, MIT-licensed ``chunk_gated_delta_rule_fwd_kernel_h_blockdim64``, whose structure this follows) with the
-state addressed by slot: in a pass of fixed shape, gathering, clearing and scattering every sequence's [hv, dk, dv]
-float32 state around fla's kernel cost ~90 us a layer whatever the tokens (1.7 ms of a 256-token pass on the H200).
+and ``pool[slots[s]] = S`` at the end. Saves (a prefix cache's checkpoints): where ``save_slot[row]`` is nonzero the
+state entering chunk row ``row`` is stored in ``pool[save_slot[row]]`` too, and where ``final_slot[s]`` is nonzero the
+final state in ``pool[final_slot[s]]`` too (a scalar branch each: no store where 0). Save slots must be distinct from
+each other and from every sequence's slot (nothing in the pass reads them).
+
+This is fla-core's ``chunk_gated_delta_rule_fwd_h`` (same inputs, h and v_new, MIT-licensed
+``chunk_gated_delta_rule_fwd_kernel_h_blockdim64``, whose structure this follows) with the state addressed by slot: in a
+pass of fixed shape, gathering, clearing and scattering every sequence's [hv, dk, dv] float32 state around fla's kernel
+cost ~90 us a layer whatever the tokens (1.7 ms of a 256-token pass on the H200).
 
 One program per (dv block, sequence, value head): it loads its [dk, BV] state tile once, keeps it in registers over
 the sequence's chunks and stores it back; tiles are disjoint, so the update in place needs no communication. Slot 0
@@ -42,12 +47,15 @@ def _state_pass_kernel(
     fresh_ptr,  # [S] bool
     cu_ptr,  # [S + 1]
     off_ptr,  # [S + 1]
+    save_ptr,  # [rows] slot that receives the state entering each chunk row (0: none); unread unless SAVES
+    final_ptr,  # [S] slot that receives each sequence's final state too (0: none); unread unless SAVES
     H: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
     BT: tl.constexpr,
     BV: tl.constexpr,
+    SAVES: tl.constexpr,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // HV, i_nh % HV
@@ -76,6 +84,13 @@ def _state_pass_kernel(
         tl.store(p_h, b_h1.to(h_ptr.dtype.element_ty), mask=m_v[None, :])
         if K > 64:
             tl.store(p_h + 64 * V, b_h2.to(h_ptr.dtype.element_ty), mask=m_v[None, :])
+        if SAVES:
+            save = tl.load(save_ptr + boh + i_t).to(tl.int64)
+            if save != 0:
+                p_sv = pool_ptr + (save * HV + i_h) * K * V + tile
+                tl.store(p_sv, b_h1.to(pool_ptr.dtype.element_ty), mask=m_v[None, :])
+                if K > 64:
+                    tl.store(p_sv + 64 * V, b_h2.to(pool_ptr.dtype.element_ty), mask=m_v[None, :])
         p_w = w_ptr + rows[:, None] * (HV * K) + i_h * K + o_k[None, :]  # [BT, 64]
         b_w = tl.load(p_w, mask=m_t[:, None], other=0.0)
         b_v = tl.dot(b_w, b_h1.to(b_w.dtype))  # [BT, BV] = w S
@@ -101,6 +116,13 @@ def _state_pass_kernel(
     tl.store(p_s, b_h1.to(pool_ptr.dtype.element_ty), mask=m_v[None, :])
     if K > 64:
         tl.store(p_s + 64 * V, b_h2.to(pool_ptr.dtype.element_ty), mask=m_v[None, :])
+    if SAVES:
+        final = tl.load(final_ptr + i_n).to(tl.int64)
+        if final != 0:
+            p_f = pool_ptr + (final * HV + i_h) * K * V + tile
+            tl.store(p_f, b_h1.to(pool_ptr.dtype.element_ty), mask=m_v[None, :])
+            if K > 64:
+                tl.store(p_f + 64 * V, b_h2.to(pool_ptr.dtype.element_ty), mask=m_v[None, :])
 
 
 _CONFIGS = [
@@ -126,9 +148,12 @@ def state_pass_(
     chunk_offsets: torch.Tensor,  # [S + 1] int32: chunks before each sequence
     chunk_rows: int,  # rows of fla's chunk index (>= the chunks of all sequences)
     chunk: int = 64,
+    save_slot: torch.Tensor | None = None,  # [chunk_rows] slot receiving the state entering each row (0: none)
+    final_slot: torch.Tensor | None = None,  # [S] slot receiving each sequence's final state too (0: none)
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The module doc's pass: h [chunk_rows, HV, dk, dv] in k's dtype and v_new [N, HV, dv] in u's; pool updated.
-    No host sync, fixed shapes: capturable."""
+    """The module doc's pass: h [chunk_rows, HV, dk, dv] in k's dtype and v_new [N, HV, dv] in u's; pool updated
+    (and the save slots, where ``save_slot`` and ``final_slot`` are given: both or neither). No host sync, fixed
+    shapes: capturable."""
     N, H, K = k.shape
     HV, V = u.shape[1], u.shape[2]
     if K not in KEY_DIMS or chunk != 64:
@@ -139,9 +164,17 @@ def state_pass_(
     h = k.new_empty(chunk_rows, HV, K, V)
     v_new = torch.empty_like(u)
     S = slots.shape[0]
-    args = (k, w, u, g, h, v_new, pool, slots, fresh, cu_seqlens, chunk_offsets)
+    saves = save_slot is not None
+    if saves != (final_slot is not None):
+        raise ValueError("save_slot and final_slot go together")
+    if saves and (save_slot.shape != (chunk_rows,) or final_slot.shape != (S,)):
+        raise ValueError(f"save_slot {tuple(save_slot.shape)} / final_slot {tuple(final_slot.shape)} are not "
+                         f"[{chunk_rows}] / [{S}]")  # fmt: skip
+    args = (k, w, u, g, h, v_new, pool, slots, fresh, cu_seqlens, chunk_offsets,
+            save_slot if saves else slots, final_slot if saves else slots)  # fmt: skip
     if interpreted():  # one config: the interpreter's autotuner would only repeat the run
-        _state_pass_kernel[(triton.cdiv(V, 32), S * HV)](*args, H=H, HV=HV, K=K, V=V, BT=chunk, BV=32)
+        _state_pass_kernel[(triton.cdiv(V, 32), S * HV)](*args, H=H, HV=HV, K=K, V=V, BT=chunk, BV=32, SAVES=saves)
     else:
-        _tuned_kernel[lambda meta: (triton.cdiv(V, meta["BV"]), S * HV)](*args, H=H, HV=HV, K=K, V=V, BT=chunk)
+        _tuned_kernel[lambda meta: (triton.cdiv(V, meta["BV"]), S * HV)](*args, H=H, HV=HV, K=K, V=V, BT=chunk,
+                                                                          SAVES=saves)  # fmt: skip
     return h, v_new

@@ -44,6 +44,10 @@ class PrefillInput:
     rec_slot: int
     read_lens: dict[str, int]
     pos_offset: int
+    # (p, slot) pairs: once the pass has run, recurrent slot ``slot`` holds the state the request's own slot would hold
+    # after stream positions 0 .. p - 1; p is start + a multiple of 64 inside the chunk, or its end start + T
+    # (models.layers.flat's module doc: the bound a pass shape puts on them). Recurrent models only.
+    saves: tuple[tuple[int, int], ...] = ()
 
 
 class Adapter:
@@ -188,8 +192,8 @@ class QwenAdapter(Adapter):
 
     def prefill_inputs(self, state, chunks, shape=None, kc=DEFAULT):
         return self.model.prefill_inputs(
-            state, [PrefillChunk(c.ids, c.pages[KV_POOL], c.start, c.rec_slot, c.pos_offset) for c in chunks], shape,
-            graphed=shape is not None, kc=kc)  # fmt: skip
+            state, [PrefillChunk(c.ids, c.pages[KV_POOL], c.start, c.rec_slot, c.pos_offset, tuple(c.saves))
+                    for c in chunks], shape, graphed=shape is not None, kc=kc)  # fmt: skip
 
     def prefill_forward(self, state, batch):
         return self.model.prefill_forward(state, batch)
@@ -269,6 +273,8 @@ class WhisperAdapter(Adapter):
         return bucket_shape(tokens, max_chunks, kv.shape[0], kv.shape[2])
 
     def prefill_inputs(self, state, chunks, shape=None, kc=DEFAULT):
+        if any(c.saves for c in chunks):
+            raise ValueError(f"{self.name} keeps no recurrent state: a prefill chunk cannot save any")
         return self.model.prefill_inputs(state, [
             DecoderChunk(c.ids, c.pages[SELF], c.start, c.pages[CROSS], c.read_lens.get(CROSS, 0), c.pos_offset)
             for c in chunks], shape, graphed=shape is not None, kc=kc)  # fmt: skip

@@ -225,9 +225,11 @@ class Prefill:
             done.record()
         return PassInFlight(tuple(chunks), contexts, ended, n, done, t0, host_ns, lp is not None)
 
-    def _input(self, h: int, ids: np.ndarray, start: int, read_lens: dict[str, int] | None = None) -> PrefillInput:
+    def _input(self, h: int, ids: np.ndarray, start: int, read_lens: dict[str, int] | None = None,
+               saves: tuple[tuple[int, int], ...] = ()) -> PrefillInput:  # fmt: skip
         """Handle h's tokens ``ids`` at stream positions start .. start + len(ids) - 1, on the pages it holds.
-        ``read_lens``: its READ pools' lengths (default: the streams'; a first chunk's context is not on them yet)."""
+        ``read_lens``: its READ pools' lengths (default: the streams'; a first chunk's context is not on them yet).
+        ``saves``: the recurrent-state saves the pass takes for it (``PrefillInput.saves``)."""
         st = self.streams
         return PrefillInput(
             ids=ids,
@@ -236,6 +238,7 @@ class Prefill:
             rec_slot=int(st.recurrent_slot[h]) if st.recurrent_slot is not None else 0,
             read_lens=read_lens if read_lens is not None else {k: int(st.kv[k].lengths[h]) for k in self.read_keys},
             pos_offset=int(st.pos_offset[h]),
+            saves=saves,
         )  # fmt: skip
 
     def _pass(self, chunks: tuple[Chunk, ...], requests: list[Request], rows: np.ndarray, row_ids: np.ndarray,

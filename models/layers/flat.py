@@ -7,6 +7,14 @@ sequence count (the last always empty: unused rows of fla's chunk index point at
 
 ``flat_layout`` is the pure host function from the chunks to the pass's index arrays; the model turns them into its
 device record.
+
+Saves (a prefix cache's checkpoints of a recurrent model): a chunk's ``(p, slot)`` asks that ``slot`` hold, once the
+pass has run, the recurrent state its own slot would hold after stream positions 0 .. p - 1. p is either an entry of
+one of the delta rule's 64-token chunks counted from the chunk's start (``(p - start) % 64 == 0``, start < p < start +
+T), saved from inside the pass (``save_slot``, ``save_at``: one a chunk row), or the chunk's end p = start + T
+(``final_slot``: one a sequence). So a pass of ``PassShape`` holds at most ``chunk_rows`` interior saves and
+``max_chunks`` final ones whatever its composition, and its save arrays have those fixed sizes; unused entries are 0,
+the sink slot (which only padding reads).
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ import attrs
 import numpy as np
 import torch
 
-from kernels.gdn_prefill import chunk_index, chunk_rows
+from kernels.gdn_prefill import CHUNK, chunk_index, chunk_rows
 from resplan.layout import SINK_PAGE  # padding tokens write their K/V on the sink page, run on the sink slot (0)
 
 
@@ -82,6 +90,29 @@ class FlatLayout:
     kv_last_page_len: np.ndarray  # [S] int32 tokens on each sequence's last page (1..page_size)
     kv_lens: np.ndarray  # [S] int32 tokens each sequence attends over (its stream through this chunk; 1 if empty)
     chunks: int  # R
+    save_slot: np.ndarray  # [chunk_rows] int64 slot that receives the state entering each chunk row (0: none)
+    save_at: np.ndarray  # [chunk_rows] int64 flat index of that row's first token (position p of the save; 0: none)
+    final_slot: np.ndarray  # [S] int64 slot that receives the sequence's final state too (0: none)
+
+
+def check_saves(saves: Sequence[Sequence[tuple[int, int]]], starts: Sequence[int], lens: Sequence[int],
+                slots: Sequence[int], chunk: int = 64) -> None:  # fmt: skip
+    """The chunks' saves (module doc), refused with the reason: p an entry of a 64-token chunk of its chunk or its
+    end, slots >= 1, none a chunk's recurrent slot, no slot saved into twice."""
+    if len(saves) != len(starts):
+        raise ValueError(f"{len(saves)} chunks' saves for {len(starts)} chunks")
+    taken = {int(s): "the recurrent slot of a chunk of the pass" for s in slots}
+    for r, (chunk_saves, start, T) in enumerate(zip(saves, starts, lens, strict=True)):
+        for p, slot in chunk_saves:
+            p, slot, end = int(p), int(slot), int(start) + int(T)
+            if not (start < p <= end and ((p - start) % chunk == 0 or p == end)):
+                raise ValueError(f"chunk {r} (positions {start}..{end - 1}): a save at p={p} is neither start + a "
+                                 f"multiple of {chunk} in ({start}, {end}] nor its end {end}")  # fmt: skip
+            if slot < 1:
+                raise ValueError(f"chunk {r}: a save into slot {slot} (0 is the sink; slots are >= 1)")
+            if slot in taken:
+                raise ValueError(f"chunk {r}: a save at p={p} into slot {slot}, {taken[slot]}")
+            taken[slot] = f"which a save at p={p} of chunk {r} takes already"
 
 
 def flat_layout(
@@ -92,6 +123,7 @@ def flat_layout(
     pages: Sequence[np.ndarray],  # each request's pages in order (at least ceil((start + T) / page_size))
     page_size: int,
     shape: PassShape,
+    saves: Sequence[Sequence[tuple[int, int]]] | None = None,  # each chunk's (p, slot) saves (module doc); None: none
 ) -> FlatLayout:
     """The chunks laid out in ``shape`` (module doc): refused with the reason if they do not fit it."""
     R = len(ids)
@@ -133,10 +165,22 @@ def flat_layout(
     last = np.zeros(S - 2, np.int64)
     last[:R] = cu[1 : R + 1] - 1
     chunk_indices, chunk_offsets = chunk_index(seq_lens, shape.chunk_rows)
+    save_slot, save_at = np.zeros(shape.chunk_rows, np.int64), np.zeros(shape.chunk_rows, np.int64)
+    final_slot = np.zeros(S, np.int64)
+    if saves is not None:
+        check_saves(saves, starts_a.tolist(), lens.tolist(), slots, CHUNK)
+        for r, chunk_saves in enumerate(saves):
+            for p, slot in chunk_saves:
+                i = int(p) - int(starts_a[r])  # tokens of the chunk before the save
+                if i == lens[r]:
+                    final_slot[r] = slot
+                else:
+                    save_slot[chunk_offsets[r] + i // CHUNK] = slot
+                    save_at[chunk_offsets[r] + i // CHUNK] = cu[r] + i
     return FlatLayout(
         ids=np.concatenate([*(np.asarray(t, np.int64) for t in ids), np.zeros(pad, np.int64)]),
         pos=pos, write_loc=write_loc, seq_of=seq_of, cu_seqlens=cu.astype(np.int32), slots=slots_a, fresh=fresh,
         last=last, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, kv_indptr=kv_indptr.astype(np.int32),
         kv_indices=kv_indices.astype(np.int32), kv_last_page_len=((kv_lens - 1) % page_size + 1).astype(np.int32),
-        kv_lens=kv_lens.astype(np.int32), chunks=R,
+        kv_lens=kv_lens.astype(np.int32), chunks=R, save_slot=save_slot, save_at=save_at, final_slot=final_slot,
     )  # fmt: skip

@@ -92,18 +92,35 @@ class GatedDeltaNet(nn.Module):
             q, k = l2norm(q.reshape(N, self.hk, self.dk).float()), l2norm(k.reshape(N, self.hk, self.dk).float())
             v = v.reshape(N, hv, self.dv)
         scale = self.dk**-0.5
-        if batch.kernels:  # states read from and written to their slots by the kernel (zeros where fresh)
+        if batch.kernels:  # states read from and written to their slots by the kernel (zeros where fresh), saves too
             o = gdn_prefill(q.to(x.dtype), k.to(x.dtype), v.contiguous(), g, beta, ssm_pool, batch.slots, batch.fresh,
-                            batch.cu_seqlens, batch.chunk_indices, batch.chunk_offsets, scale)  # fmt: skip
+                            batch.cu_seqlens, batch.chunk_indices, batch.chunk_offsets, scale, batch.save_slot,
+                            batch.final_slot)  # fmt: skip
         else:
             # a fresh sequence's slot is cleared, not multiplied by 0: it holds what its last owner left (0 * nan)
             h0 = ssm_pool[batch.slots].float().masked_fill(batch.fresh[:, None, None, None], 0)  # [S, hv, dk, dv]
-            o, ht = gdn_prefill_ref(q.float(), k.float(), v.float(), g, beta, h0, batch.cu_seqlens, scale)
+            rows = batch.save_slot.nonzero()[:, 0]  # the reference reads lengths on the host anyway
+            o, ht, saved = gdn_prefill_ref(q.float(), k.float(), v.float(), g, beta, h0, batch.cu_seqlens, scale,
+                                           entering=batch.chunk_indices[rows].tolist())  # fmt: skip
             ssm_pool[batch.slots] = ht.to(ssm_pool.dtype)
+            ssm_pool[batch.final_slot] = ht.to(ssm_pool.dtype)  # sequences without a final save: to the sink
+            ssm_pool[batch.save_slot[rows]] = saved.to(ssm_pool.dtype)
+        self._save_conv(p[:, :C], conv_pool, batch)
         z = p[:, C : C + vd]  # [N, vd]
         if batch.fused:
             return F.linear(gated_rms_norm(o, z, self.norm.weight, self.norm.eps, pdl=False), self.out_proj.weight)
         return self._out(o.float(), z.view(N, hv, self.dv), x.dtype)
+
+    @staticmethod
+    def _save_conv(x: torch.Tensor, conv_pool: torch.Tensor, batch) -> None:
+        """The conv states of the pass's saves, after its conv has written each sequence's slot (fixed shapes, no
+        host sync): an interior save at position p holds the conv inputs of positions p - K .. p - 1, rows
+        ``save_at - K ..`` of the pass's ``x`` [N, C] (inside the chunk: p - start >= 64 >= K); a final save copies its
+        sequence's slot. Unused entries write the sink slot 0."""
+        N, K = x.shape[0], conv_pool.shape[2]
+        taps = (batch.save_at[:, None] - K + torch.arange(K, device=x.device)).clamp(0, N - 1)  # [rows, K]
+        conv_pool[batch.save_slot] = x[taps].transpose(1, 2).to(conv_pool.dtype)  # [rows, C, K]
+        conv_pool[batch.final_slot] = conv_pool[batch.slots]
 
     def decode(
         self,

@@ -46,6 +46,7 @@ class PrefillChunk:
     start: int
     rec_slot: int
     pos_offset: int = 0
+    saves: tuple[tuple[int, int], ...] = ()  # (p, slot): slot gets the GDN state after positions 0..p-1 (flat.py)
 
 
 @attrs.frozen
@@ -66,6 +67,9 @@ class PrefillBatch:
     kv_indptr: torch.Tensor  # [S + 1] int32 (the torch attention's; FlashInfer's plan has its own copy)
     kv_indices: torch.Tensor  # [P] int32
     kv_lens: torch.Tensor  # [S] int32
+    save_slot: torch.Tensor  # [rows] long slot receiving the GDN state entering each chunk row (0, the sink: none)
+    save_at: torch.Tensor  # [rows] long flat index of that row's first token (the conv state is the K before it)
+    final_slot: torch.Tensor  # [S] long slot receiving each sequence's final GDN state too (0: none)
     shape: PassShape
     kernels: bool  # the mixers on fla-core and FlashInfer (CUDA), else their torch references
     fused: bool  # the row-wise work and the conv on our Triton kernels (norms, RoPE + K/V write, gates), else torch
@@ -193,9 +197,11 @@ class Qwen35Model(nn.Module):
         rec_slot: int,
         pos_offset: int = 0,
         kc: KernelChoices = DEFAULT,  # the pass's kernels (prefill_kernels, prefill_fused)
+        saves: Sequence[tuple[int, int]] = (),  # (p, slot) saves of the GDN state (PrefillChunk.saves)
     ) -> torch.Tensor:
-        """One request's chunk, eager: logits [T, V]. Writes its K/V and leaves the GDN state in ``rec_slot``."""
-        chunk = PrefillChunk(token_ids, pages, start, rec_slot, pos_offset)
+        """One request's chunk, eager: logits [T, V]. Writes its K/V and leaves the GDN state in ``rec_slot`` (and
+        in the save slots, ``saves``)."""
+        chunk = PrefillChunk(token_ids, pages, start, rec_slot, pos_offset, tuple(saves))
         h = self._prefill_pass(state, self.prefill_inputs(state, [chunk], kc=kc))
         return self.lm_head(self.model.norm(h))  # [T, V]
 
@@ -218,13 +224,17 @@ class Qwen35Model(nn.Module):
             _check_chunk(state, len(c.token_ids), len(c.pages), c.start, c.rec_slot)
         if len({c.rec_slot for c in chunks}) != len(chunks):
             raise ValueError("prefill_batch: two chunks of one recurrent slot (one chunk a request a pass)")
+        for r, c in enumerate(chunks):
+            for p, slot in c.saves:
+                if not 0 < slot < state.num_slots:
+                    raise ValueError(f"chunk {r}: a save at p={p} into slot {slot}, not in 1..{state.num_slots - 1}")
         ids = [host_array(c.token_ids) for c in chunks]
         pages = [host_array(c.pages) for c in chunks]
         if shape is None:
             held = [-(-(c.start + len(t)) // ps) for c, t in zip(chunks, ids, strict=True)]
             shape = exact_shape([len(t) for t in ids], held)
         lay = flat_layout(ids, [c.start for c in chunks], [c.pos_offset for c in chunks],
-                          [c.rec_slot for c in chunks], pages, ps, shape)  # fmt: skip
+                          [c.rec_slot for c in chunks], pages, ps, shape, [c.saves for c in chunks])  # fmt: skip
         kernels = self.uses_prefill_kernels(kc)
         if kernels and state.prefill_attention is None:
             raise ValueError("prefill kernels need a state allocated on CUDA (its FlashInfer prefill attention)")
@@ -240,7 +250,8 @@ class Qwen35Model(nn.Module):
             ids=dev(lay.ids), pos=dev(lay.pos), write_loc=dev(lay.write_loc), seq_of=dev(lay.seq_of),
             cu_seqlens=dev(lay.cu_seqlens), slots=dev(lay.slots), fresh=dev(lay.fresh), last=dev(lay.last),
             chunk_indices=dev(lay.chunk_indices), chunk_offsets=dev(lay.chunk_offsets), kv_indptr=dev(lay.kv_indptr),
-            kv_indices=dev(lay.kv_indices), kv_lens=dev(lay.kv_lens), shape=shape, kernels=kernels,
+            kv_indices=dev(lay.kv_indices), kv_lens=dev(lay.kv_lens), save_slot=dev(lay.save_slot),
+            save_at=dev(lay.save_at), final_slot=dev(lay.final_slot), shape=shape, kernels=kernels,
             fused=self.uses_prefill_fused(kc), attn=attn, chunks=lay.chunks,
         )  # fmt: skip
 
