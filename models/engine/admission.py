@@ -114,6 +114,7 @@ class Admission:
         self.keys: dict[int, list[bytes]] = {}  # an admitted handle's prompt chain keys (prefix cache on)
         self.cache_counts: list[CacheCounts] = []  # what the cache did since the driver last took them
         self.in_flight: list[Checkpoint] = []  # the saves of the pass in flight (one at a time), not indexed yet
+        self.prompt_ends: dict[int, tuple[bytes, bytes]] = {}  # a handle's prompt-end checkpoint (its key)
 
     def free(self) -> dict[str, int]:
         """Pages each pool can hand out: its free ring, and the cached pages nobody holds (evicted on demand)."""
@@ -290,8 +291,9 @@ class Admission:
 
     def keep(self, h: int, tokens: np.ndarray) -> None:
         """Handle h's stream is done: its full pages cached under their chain keys, and its state (the slot's, after
-        its ``lengths`` tokens, the first of ``tokens``) checkpointed, unless one is there already. The state copy
-        goes on the current stream after the steps that wrote the slot."""
+        its ``lengths`` tokens, the first of ``tokens``) checkpointed, unless one is there already; its prompt's end
+        checkpoint, which a next turn passes, becomes the first to evict. The state copy goes on the current stream
+        after the steps that wrote the slot."""
         if self.refs is None:
             return
         k, ps = self.prefix.pool, self.page_size
@@ -306,6 +308,9 @@ class Admission:
         tail = tail_bytes(tokens, (n // ps) * ps, n)
         if self.checkpoints.has(base, tail):
             return
+        end = self.prompt_ends.pop(h, None)  # its prompt's end, now behind this one: the first to evict
+        if end is not None and end in self.checkpoints.lru:
+            self.checkpoints.lru.move_to_end(end, last=False)
         ck = self._checkpoint(h, n, base, tail)
         if ck is None:
             return
@@ -337,6 +342,8 @@ class Admission:
                 break  # every slot is a save in flight (a pool smaller than one pass's saves)
             out.append((p, ck.slot))
             self.in_flight.append(ck)
+            if p == len(prompt):
+                self.prompt_ends[h] = (base, tail)
         return out
 
     def landed(self, chunks: Sequence[Chunk]) -> None:
@@ -420,6 +427,7 @@ class Admission:
         given = self._free_pages(h)
         self.saved.pop(h, None)
         self.keys.pop(h, None)
+        self.prompt_ends.pop(h, None)
         for s in self.streams.kv.values():
             s.lengths[h] = 0
         if self.rec is not None:

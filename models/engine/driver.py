@@ -182,7 +182,8 @@ class Engine:
             return True
         early = self.early.take_early()
         if chunks and self.config.prefill.beside:  # on its stream, after the work queued so far (pages given back
-            launched = self.prefill.launch_beside(chunks, self.table.requests(handles_of(chunks)))  # may still be
+            launched = self.prefill.launch_beside(chunks, self.table.requests(handles_of(chunks)),  # may still be
+                                                  self._saves(chunks))  # fmt: skip
             self.admission.prefilled(launched.chunks, launched.contexts)  # written by their last decode step)
             batch = batch.decode_only()
         decode = batch.rows.size > 0 and not batch.has_prefill
@@ -274,8 +275,8 @@ class Engine:
             f = self._launch(self.graphs.host(b, mode), b, rows, self.config.overlap, decode=False, mode=mode)
             self._ran(rows, seq)
         launched, prefilled = self.prefill.run(chunks, self.table.requests(handles_of(chunks)), pass_rows,
-                                               self.table.last_tokens(pass_rows),
-                                               self.table.asks_logprobs(pass_rows))  # fmt: skip
+                                               self.table.last_tokens(pass_rows), self.table.asks_logprobs(pass_rows),
+                                               self._saves(chunks))  # fmt: skip
         self.admission.prefilled(launched.chunks, launched.contexts)
         if pass_rows.size:
             self.table.launched(pass_rows)
@@ -289,6 +290,13 @@ class Engine:
             self._emit(pass_rows, prefilled.decoded, prefilled.decoded_lp)
         if prefilled.ended.size:
             self._emit(prefilled.ended, prefilled.first_tokens, prefilled.first_lp)
+
+    def _saves(self, chunks: tuple[Chunk, ...]) -> list[list[tuple[int, int]]]:
+        """Each chunk's recurrent-state saves in its pass (prefix cache on; else none)."""
+        if not self.config.prefix_cache:
+            return []
+        reqs = self.table.requests(handles_of(chunks))
+        return [self.admission.saves(c, np.asarray(r.prompt, np.int64)) for c, r in zip(chunks, reqs, strict=True)]
 
     def _ran(self, rows: np.ndarray, seq: int) -> None:
         """The rows ran a decode token at step ``seq``: their lengths +1 (the rule the resident commit follows)."""

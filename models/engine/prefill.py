@@ -17,6 +17,7 @@ has finished (or, asked to wait, in any case)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from functools import partial
 
 import attrs
@@ -84,6 +85,7 @@ class PassInFlight:
         return self.done is None or self.done.query()
 
 
+Saves = Sequence[tuple[int, int]]  # a chunk's recurrent-state saves: (stream position, slot) each
 _NONE = np.zeros(0, np.int64)  # no handles, no tokens (read-only)
 _NONE.flags.writeable = False
 
@@ -151,26 +153,28 @@ class Prefill:
             self.graphs.capture(self.adapter.prefill_inputs(self.model_state, [dummy], shape, kc=self.kernels))
 
     def run(self, chunks: tuple[Chunk, ...], requests: list[Request], rows: np.ndarray = _NONE,
-            row_ids: np.ndarray = _NONE, rows_logprobs: bool = False) -> tuple[PassInFlight, Prefilled]:  # fmt: skip
+            row_ids: np.ndarray = _NONE, rows_logprobs: bool = False,
+            saves: Sequence[Saves] = ()) -> tuple[PassInFlight, Prefilled]:  # fmt: skip
         """Run ``chunks`` (``requests[i]`` is chunk i's request) in the step, and sample the first token of each that
         ends its prompt (a request's first chunk also encodes its context into its READ pools). ``rows``: decode
         rows riding in the pass, row i one token ``row_ids[i]`` at its stream's end, sampled at that position
         (``Prefilled.decoded``; ``rows_logprobs``: a row's request asks for logprobs). Returns the pass as launched
-        (its chunks and contexts, for admission) and landed."""
-        p = self.launch(chunks, requests, rows, row_ids, rows_logprobs=rows_logprobs)
+        (its chunks and contexts, for admission) and landed. ``saves[i]``: chunk i's recurrent-state saves
+        (``PrefillInput.saves``; default none)."""
+        p = self.launch(chunks, requests, rows, row_ids, rows_logprobs=rows_logprobs, saves=saves)
         return p, self.land(p)
 
     def launch(self, chunks: tuple[Chunk, ...], requests: list[Request], rows: np.ndarray = _NONE,
                row_ids: np.ndarray = _NONE, stream: torch.cuda.Stream | None = None,
-               rows_logprobs: bool = False) -> PassInFlight:  # fmt: skip
+               rows_logprobs: bool = False, saves: Sequence[Saves] = ()) -> PassInFlight:  # fmt: skip
         """Enqueue ``run``'s pass (on ``stream`` when given, after the caller's stream's work so far) and return it
         in flight. One pass in flight at a time: its readback buffer and timer are this object's."""
         t0 = time.perf_counter_ns()
         if stream is None:
-            return self._launch(chunks, requests, rows, row_ids, rows_logprobs, t0)
+            return self._launch(chunks, requests, rows, row_ids, rows_logprobs, t0, saves)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
-            return self._launch(chunks, requests, rows, row_ids, rows_logprobs, t0)
+            return self._launch(chunks, requests, rows, row_ids, rows_logprobs, t0, saves)
 
     def land(self, p: PassInFlight) -> Prefilled:
         """Wait for ``p``'s first tokens (the caller's stream then also waits for its pass) and return what it did."""
@@ -190,11 +194,12 @@ class Prefill:
         lp = self._drawn_lp_np[: p.n_drawn].copy()
         return Prefilled(p.chunks, p.ended, drawn[:m], drawn[m:], counts, lp[:m], lp[m:])
 
-    def launch_beside(self, chunks: tuple[Chunk, ...], requests: list[Request]) -> PassInFlight:
+    def launch_beside(self, chunks: tuple[Chunk, ...], requests: list[Request],
+                      saves: Sequence[Saves] = ()) -> PassInFlight:  # fmt: skip
         """Launch the chunks' pass on the passes' stream and hold it in flight (its requests stay PREFILLING until
         it lands); returns it, for admission."""
         assert self._in_flight is None, "one pass in flight at a time: land it first"
-        self._in_flight = self.launch(chunks, requests, stream=self.pass_stream)
+        self._in_flight = self.launch(chunks, requests, stream=self.pass_stream, saves=saves)
         return self._in_flight
 
     def land_beside(self, wait: bool) -> Prefilled | None:
@@ -206,11 +211,11 @@ class Prefill:
         self._in_flight = None
         return self.land(p)
 
-    def _launch(self, chunks, requests, rows, row_ids, rows_logprobs: bool, t0: int) -> PassInFlight:
+    def _launch(self, chunks, requests, rows, row_ids, rows_logprobs: bool, t0: int, saves) -> PassInFlight:
         timer = self._timer
         if timer is not None:
             timer[0].record()
-        ended, contexts, drawn, lp, host_ns = self._pass(chunks, requests, rows, row_ids, rows_logprobs)
+        ended, contexts, drawn, lp, host_ns = self._pass(chunks, requests, rows, row_ids, rows_logprobs, saves)
         if timer is not None:
             timer[1].record()
         n = 0 if drawn is None else drawn.numel()
@@ -242,7 +247,7 @@ class Prefill:
         )  # fmt: skip
 
     def _pass(self, chunks: tuple[Chunk, ...], requests: list[Request], rows: np.ndarray, row_ids: np.ndarray,
-              rows_logprobs: bool,
+              rows_logprobs: bool, saves: Sequence[Saves] = (),
               ) -> tuple[np.ndarray, tuple[dict, ...], torch.Tensor | None, tuple | None, int]:  # fmt: skip
         """The pass, enqueued; returns the ended prompts' handles, each chunk's context (tokens by READ pool, encoded
         by a first chunk; empty otherwise), the tokens drawn on the device ([m + r] int64: the ended prompts' first
@@ -253,7 +258,7 @@ class Prefill:
         if not chunks and not rows.size:
             return _NONE, (), None, None, 0
         inputs, contexts = [], []
-        for chunk, req in zip(chunks, requests, strict=True):
+        for i, (chunk, req) in enumerate(zip(chunks, requests, strict=True)):
             h, start, n = chunk.handle, chunk.start, chunk.n
             context = {}
             if start == 0 and self.read_keys:
@@ -263,7 +268,8 @@ class Prefill:
                 context = self.adapter.read_tokens(req)
             contexts.append(context)
             ids = np.asarray(req.prompt[start : start + n], np.int64)
-            inputs.append(self._input(h, ids, start, context if start == 0 and self.read_keys else None))
+            inputs.append(self._input(h, ids, start, context if start == 0 and self.read_keys else None,
+                                      tuple(saves[i]) if saves else ()))  # fmt: skip
         lengths = st.kv[self.positions_key].lengths
         for h, tok in zip(rows.tolist(), row_ids.tolist(), strict=True):  # one token each: at most max_running
             inputs.append(self._input(h, np.array([tok], np.int64), int(lengths[h])))
