@@ -91,16 +91,30 @@ def run_arms(
 
 
 def check_pools(engine: Engine) -> None:
-    """Assert the engine's page bookkeeping and the scheduler's kept decode rows (tests; it walks every handle)."""
-    for key, pool in engine.admission.page_pools.items():
-        s, held = engine.streams.kv[key], engine.admission.n_pages[key]
+    """Assert the engine's page bookkeeping and the scheduler's kept decode rows (tests; it walks every handle). With
+    the prefix cache, a page may be held by several rows and by checkpoints (its count says how many), a cached page
+    nobody holds is neither held nor free, and no free page is counted or cached."""
+    adm = engine.admission
+    for key, pool in adm.page_pools.items():
+        s, held = engine.streams.kv[key], adm.n_pages[key]
         cols = np.arange(s.pages.shape[1])
         live = s.pages[cols[None, :] < held[:, None]]
         assert (live > 0).all(), f"pool {key!r}: a held page is the sink"
-        assert np.unique(live).size == live.size, f"pool {key!r}: a page is held twice"
         assert not s.pages[cols[None, :] >= held[:, None]].any(), f"pool {key!r}: a stream holds an uncounted page"
         free = pool.free_pages()
         assert not np.isin(free, live).any(), f"pool {key!r}: a held page is also free"
-        assert free.size + live.size == pool.capacity, f"pool {key!r}: {free.size} free + {live.size} held"
+        refs = adm.refs if adm.prefix is not None and key == adm.prefix.pool else None
+        if refs is None:
+            assert np.unique(live).size == live.size, f"pool {key!r}: a page is held twice"
+            assert free.size + live.size == pool.capacity, f"pool {key!r}: {free.size} free + {live.size} held"
+            continue
+        tails = [ck.tail_page for ck in [*adm.checkpoints.lru.values(), *adm.in_flight] if ck.tail_page]
+        want = np.bincount(np.concatenate([live, np.asarray(tails, np.int64)]).astype(np.int64),
+                           minlength=pool.num_pages)  # fmt: skip
+        assert np.array_equal(refs.count, want), f"pool {key!r}: reference counts are not the rows' and tails'"
+        idle = np.fromiter(refs.idle, np.int64, len(refs.idle))
+        assert (refs.count[idle] == 0).all() and all(p in refs.key_of for p in idle.tolist()), "an idle page is held"
+        assert not np.isin(free, idle).any() and not np.isin(free, list(refs.key_of)).any(), "a free page is cached"
+        assert free.size + np.count_nonzero(refs.count) + idle.size == pool.capacity, f"pool {key!r}: pages lost"
     sch = engine.scheduler  # the kept decode rows are the ones a fresh computation picks
     assert np.array_equal(sch.decode_rows(), sch._compute_decode_rows()), "the scheduler kept stale decode rows"
