@@ -247,13 +247,23 @@ class Admission:
         """The checkpoint handle h's prompt restores (None: none) and the cached pages below it it shares."""
         if self.refs is None:
             return None, _NO_PAGES
-        prompt = np.asarray(pend.request.prompt, np.int64)
-        keys = self.keys[h] = chain_keys(prompt, self.page_size)
-        run = self.refs.cached_run(keys)
-        ck = self.checkpoints.deepest(prompt, keys, len(run), len(prompt) - 1)
+        self.keys[h] = list(pend.keys)
+        return self._lookup(pend, touch=True)
+
+    def _lookup(self, pend: Pending, touch: bool) -> tuple[Checkpoint | None, np.ndarray]:
+        """The deepest checkpoint on ``pend``'s prompt whose pages are cached (``touch``: it counts as used), and
+        those pages."""
+        prompt = pend.request.prompt
+        run = self.refs.cached_run(pend.keys)
+        ck = self.checkpoints.deepest(prompt, pend.keys, len(run), len(prompt) - 1, touch)
         if ck is None:
             return None, _NO_PAGES
         return ck, np.asarray(run[: ck.position // self.page_size], np.int32)
+
+    def cached(self, pend: Pending) -> tuple[str, int, int]:
+        """(pool, position, pages): what ``pend`` would restore if admitted now (the scheduler's estimate)."""
+        ck, pages = self._lookup(pend, touch=False)
+        return self.prefix.pool, ck.position if ck is not None else 0, pages.size
 
     def _restore(self, h: int, ck: Checkpoint, shared: int) -> None:
         """Handle h starts at checkpoint ``ck``: its state copied into h's slot, its tail page into h's page after

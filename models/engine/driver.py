@@ -32,6 +32,7 @@ from models.engine.launcher import InFlight, Launcher
 from models.engine.planning import EarlyStep, HostFills, decode_arm
 from models.engine.pools import pool_layout
 from models.engine.prefill import Prefill, Prefilled
+from models.engine.prefix_cache import chain_keys
 from models.engine.requests import (
     EngineLoad,
     FinishReason,
@@ -127,7 +128,8 @@ class Engine:
         rid = self.table.register(request, arrived)
         pages = self.admission.pages_needed(len(request.prompt), self.adapter.read_tokens(request))
         stops = stop_set(request.sampling, self.limits.eos_token_ids)
-        self.scheduler.enqueue(Pending(rid, request, next(self._arrivals), pages, stops))
+        keys = tuple(chain_keys(request.prompt, self.config.page_size)) if self.config.prefix_cache else ()
+        self.scheduler.enqueue(Pending(rid, request, next(self._arrivals), pages, stops, keys))
         return rid
 
     def abort(self, request_id: str) -> bool:
@@ -337,7 +339,8 @@ class Engine:
     # -- admission -----------------------------------------------------------------------------------------------
     def _compose(self) -> Batch:
         """The next step as the scheduler composes it: no prefill work while a pass is in flight."""
-        return self.scheduler.compose(self.admission.free(), prefill=self.prefill.in_flight is None)
+        return self.scheduler.compose(self.admission.free(), prefill=self.prefill.in_flight is None,
+                                      cached=self.admission.cached if self.config.prefix_cache else None)  # fmt: skip
 
     def _must_land(self, batch: Batch) -> bool:
         """A step is in flight and ``batch`` may not run beside it: it has no decode rows, or prefill work in the

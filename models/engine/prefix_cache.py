@@ -39,9 +39,9 @@ def chain_keys(tokens: np.ndarray, page_size: int, first: int = 0, before: bytes
     return out
 
 
-def tail_bytes(tokens: np.ndarray, start: int, stop: int) -> bytes:
-    """The tokens start .. stop - 1 as the bytes a checkpoint's tail is matched by."""
-    return np.ascontiguousarray(tokens[start:stop], dtype="<i8").tobytes()
+def tail_bytes(tokens, start: int, stop: int) -> bytes:
+    """The tokens start .. stop - 1 (of an array or a sequence) as the bytes a checkpoint's tail is matched by."""
+    return np.asarray(tokens[start:stop], dtype="<i8").tobytes()
 
 
 class PageRefs:
@@ -151,9 +151,9 @@ class Checkpoints:
     def has(self, base: bytes, tail: bytes) -> bool:
         return tail in self.by_base.get(base, {})
 
-    def deepest(self, prompt: np.ndarray, keys: list[bytes], cached: int, limit: int) -> Checkpoint | None:
+    def deepest(self, prompt, keys, cached: int, limit: int, touch: bool = True) -> Checkpoint | None:
         """The checkpoint at the largest position <= ``limit`` on ``prompt``'s chain whose full pages are among its
-        first ``cached`` pages (``keys``: the prompt's chain keys); touched in the LRU."""
+        first ``cached`` pages (``keys``: the prompt's chain keys); ``touch``: it becomes the most recently used."""
         ps = self.page_size
         for j in range(min(cached, limit // ps), -1, -1):
             found = self.by_base.get(keys[j - 1] if j else ROOT)
@@ -165,7 +165,8 @@ class Checkpoints:
                         not tail or tail == tail_bytes(prompt, j * ps, ck.position)):  # fmt: skip
                     best = ck
             if best is not None:
-                self.lru.move_to_end((best.base, best.tail))
+                if touch:
+                    self.lru.move_to_end((best.base, best.tail))
                 return best
         return None
 

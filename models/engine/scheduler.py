@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import enum
 from collections import deque
+from collections.abc import Callable
 
 import attrs
 import numpy as np
@@ -60,6 +61,7 @@ class Pending:
     arrival: int
     pages: tuple[tuple[str, int], ...]  # (pool, pages it takes at admission): its whole prompt, its context
     stops: tuple[int, ...]  # the tokens that end it (requests.stop_set, once at submission): what min_tokens bans
+    keys: tuple[bytes, ...] = ()  # its prompt's full pages' chain keys (prefix cache on; prefix_cache.chain_keys)
 
 
 @attrs.frozen
@@ -174,9 +176,12 @@ class Scheduler:
     def bucket(self, n: int) -> int:
         return int(self._bucket_of[n - 1]) if n else 0
 
-    def compose(self, free: dict[str, int], prefill: bool = True) -> Batch:
+    def compose(self, free: dict[str, int], prefill: bool = True,
+                cached: Callable[[Pending], tuple[str, int, int]] | None = None) -> Batch:  # fmt: skip
         """The next step, given the free pages of each pool; ``prefill`` False: decode rows only (a prefill pass is
-        still in flight). Pure: nothing changes until the engine admits it."""
+        still in flight); ``cached(pend)``: (pool, position, pages) a waiting request would restore from the prefix
+        cache, so that its first chunk and pages count only what it computes. Pure: nothing changes until the engine
+        admits it."""
         rows = self.decode_rows()
         if not prefill:
             return Batch(rows, self.bucket(rows.size), (), ())
@@ -201,13 +206,15 @@ class Scheduler:
                     break
                 idle = n_admitted == 0  # nothing else holds pages: admit without keeping the watermark
                 reserve = {k: 0 if idle or k not in self.append_pools else watermark for k in left}
-                if any(left[k] < need + reserve[k] for k, need in pend.pages):
+                pool, start, shared = cached(pend) if cached is not None else ("", 0, 0)
+                pages = [(k, need - shared if k == pool else need) for k, need in pend.pages]
+                if any(left[k] < need + reserve[k] for k, need in pages):
                     break  # first come, first served: no one overtakes the head of the queue
-                n = min(len(pend.request.prompt), budget)
+                n = min(len(pend.request.prompt) - start, budget)
                 admits.append((pend, n))
                 budget -= n
                 n_admitted += 1
-                for k, need in pend.pages:
+                for k, need in pages:
                     left[k] -= need
         return Batch(rows, self.bucket(rows.size), tuple(chunks), tuple(admits))
 
