@@ -15,6 +15,8 @@ Engine arms (``ARMS``: planning, decode attention, overlap):
                   decode step is launched before the last one's tokens are read (overlap)
   resident-triton the same with our split-KV Triton attention, which reads the tables in the graph too
   resident-xqa-sync, resident-triton-sync  the same without overlap (isolates what planning alone gains)
+  resident-triton-cache, resident-torch-cache  resident-triton, resident-torch with the prefix cache on
+                  (``EngineConfig.prefix_cache``: shared KV pages, recurrent-state checkpoints)
   host-torch, resident-torch  plain-torch attention (resident with overlap): the arms a CPU runs
 
 What the reports' ratios (paired by round, at one placement, budget and host load) isolate: resident-triton over
@@ -48,11 +50,13 @@ from models.layers.decode_attention import Backend
 
 @attrs.frozen
 class Decoding:
-    """How an engine arm runs its decode steps: its planning, decode attention and overlap."""
+    """How an engine arm runs its decode steps: its planning, decode attention and overlap; and whether its prefix
+    cache is on."""
 
     planning: Planning
     attention: Backend
     overlap: bool
+    prefix_cache: bool = False
 
 
 ARMS = {
@@ -66,6 +70,8 @@ ARMS = {
     "resident-triton-sync": Decoding(Planning.RESIDENT, Backend.TRITON, False),
     "host-torch": Decoding(Planning.HOST, Backend.TORCH, False),
     "resident-torch": Decoding(Planning.RESIDENT, Backend.TORCH, True),
+    "resident-triton-cache": Decoding(Planning.RESIDENT, Backend.TRITON, True, prefix_cache=True),
+    "resident-torch-cache": Decoding(Planning.RESIDENT, Backend.TORCH, True, prefix_cache=True),
 }
 CUDA_ONLY = frozenset({Backend.FA2, Backend.XQA})
 
@@ -88,6 +94,7 @@ class Arm:
     overlap: bool
     prefill: PrefillPlacement
     token_budget: int | None
+    prefix_cache: bool = False
 
     @classmethod
     def of(cls, name: str, prefill: PrefillPlacement, budget: int | Budget, device: str) -> Arm:
@@ -96,7 +103,7 @@ class Arm:
         auto = EngineConfig(device=device, prefill=prefill).token_budget  # (the config checks the placement)
         tokens = auto if budget is Budget.AUTO else None if budget is Budget.WHOLE else budget
         d = ARMS[name]
-        return cls(name, d.planning, d.attention, d.overlap, prefill, tokens)
+        return cls(name, d.planning, d.attention, d.overlap, prefill, tokens, d.prefix_cache)
 
     @property
     def label(self) -> str:
@@ -106,12 +113,14 @@ class Arm:
     def config(self, **knobs) -> EngineConfig:
         """The arm's engine config with the benchmark's engine knobs (device, dtype, max_running, ...)."""
         return EngineConfig(planning=self.planning, attention=self.attention, overlap=self.overlap,
-                            prefill=self.prefill, token_budget=self.token_budget, **knobs)  # fmt: skip
+                            prefill=self.prefill, token_budget=self.token_budget, prefix_cache=self.prefix_cache,
+                            **knobs)  # fmt: skip
 
     def peer(self, name: str) -> Arm:
         """The engine arm ``name`` at this arm's placement and budget (what a ratio against ``name`` pairs with)."""
         d = ARMS[name]
-        return attrs.evolve(self, name=name, planning=d.planning, attention=d.attention, overlap=d.overlap)
+        return attrs.evolve(self, name=name, planning=d.planning, attention=d.attention, overlap=d.overlap,
+                            prefix_cache=d.prefix_cache)  # fmt: skip
 
 
 def budget_text(tokens: int | None) -> str:

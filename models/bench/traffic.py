@@ -106,7 +106,8 @@ GPU_ARMS = "host,host-overlap,host-triton-overlap,resident-fa2,resident-xqa,resi
 CPU_ARMS = "host-torch,resident-torch"
 COUNTERS = ("decode_steps", "mixed_steps", "prefill_steps", "prefill_passes", "prefill_tokens", "prefill_ns",
             "prefill_host_ns", "prefill_gpu_ms", "mixed_ns", "decode_ns", "gpu_ms", "h2d_copies", "rows_decoded",
-            "tokens", "early_hits", "early_steps", "decode_beside_pass")  # fmt: skip
+            "tokens", "early_hits", "early_steps", "decode_beside_pass", "prefix_hits",
+            "prefix_cached_tokens")  # fmt: skip
 
 
 def seconds(text: str) -> float:
@@ -525,6 +526,8 @@ def timed_run(engine: Engine, workload: Workload, requests: list, cuda: bool,
         decode_beside_pass=d["decode_beside_pass"],
         decode_step_ms=per("decode_ns", d["decode_steps"]) / 1e6, mixed_ms=per("mixed_ns", d["mixed_steps"]) / 1e6,
         decode_gpu_ms=per("gpu_ms", d["decode_steps"]), prefill_passes=d["prefill_passes"],
+        prefill_tokens=d["prefill_tokens"], prefix_hits=d["prefix_hits"],
+        prefix_cached_tokens=d["prefix_cached_tokens"],
         prefill_tokens_per_pass=per("prefill_tokens", d["prefill_passes"]),
         prefill_ms=per("prefill_ns", d["prefill_passes"]) / 1e6,
         prefill_host_ms=per("prefill_host_ns", d["prefill_passes"]) / 1e6,
@@ -553,7 +556,8 @@ COLUMNS = (  # (header, key, format): median [min-max] over rounds
     ("pass host ms", "prefill_host_ms", "{:.1f}"), ("pass GPU ms", "prefill_gpu_ms", "{:.1f}"),
     ("prefill tok/s", "prefill_tokps", "{:.0f}"),
     ("H2D / decode step", "h2d_per_decode_step", "{:.2f}"), ("peak GPU GiB", "peak_gpu_gib", "{:.1f}"),
-    ("prompt tokens", "prompt_tokens", "{:.0f}"),
+    ("prompt tokens", "prompt_tokens", "{:.0f}"), ("prompt tokens computed", "prefill_tokens", "{:.0f}"),
+    ("prefix hits", "prefix_hits", "{:.0f}"), ("prompt tokens from the cache", "prefix_cached_tokens", "{:.0f}"),
 )  # fmt: skip
 
 
@@ -581,10 +585,11 @@ def same_tokens(runs: list[dict], base: list[dict]) -> tuple[str, str]:
 def summarize(runs: list[dict], arms: list[Arm], loads: tuple[float, ...] = (0.0,)) -> tuple[str, list[dict]]:
     """The report's table (one row an arm at a host load: its engine arm, placement, budget and load, the loads one
     block after another) and its rows as dicts. An arm is compared with the host arm (host, else host-torch),
-    host-overlap and host-triton-overlap at its own placement, budget and load."""
+    host-overlap and host-triton-overlap at its own placement, budget and load; an arm with the prefix cache with the
+    same arm without it."""
     head = ["arm", "prefill", "token budget", "host load (achieved)", "output tok/s", "vs host", "vs host-overlap",
             "vs host-triton-overlap", *(h for h, _, _ in COLUMNS[1:]), "first tokens = host",
-            "all tokens = host"]  # fmt: skip
+            "all tokens = host", "vs no cache", "TTFT p50 no cache / cache", "all tokens = no cache"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     rows = []
     for load in loads:
@@ -597,10 +602,15 @@ def summarize(runs: list[dict], arms: list[Arm], loads: tuple[float, ...] = (0.0
             host_over = by_label.get(arm.peer("host-overlap").label, [])
             host_triton = by_label.get(arm.peer("host-triton-overlap").label, [])
             first, whole = same_tokens(rs, base) if rs is not base else ("-", "-")
+            plain = by_label.get(arm.peer(arm.name.removesuffix("-cache")).label, []) if arm.prefix_cache else []
+            vs_plain = paired_ratio(rs, plain, "tokps") if plain else "-"
+            ttft_cut = paired_ratio(rs, plain, "ttft_p50_ms", invert=True) if plain else "-"
+            plain_same = same_tokens(rs, plain)[1] if plain else "-"
             achieved = [r["host_load_achieved"] for r in rs]
             row = dict(arm=arm.name, label=arm.label, prefill=arm.prefill.value, token_budget=arm.token_budget,
                        host_load=load, host_load_achieved=float(np.median(achieved)),
-                       first_tokens_same=first, tokens_same=whole,
+                       first_tokens_same=first, tokens_same=whole, vs_no_cache=vs_plain, ttft_cut=ttft_cut,
+                       tokens_same_no_cache=plain_same,
                        vs_host=paired_ratio(rs, base, "tokps") if rs is not base else "-",
                        vs_host_overlap=paired_ratio(rs, host_over, "tokps") if rs is not host_over else "-",
                        vs_host_triton_overlap=paired_ratio(rs, host_triton, "tokps") if rs is not host_triton
@@ -612,7 +622,7 @@ def summarize(runs: list[dict], arms: list[Arm], loads: tuple[float, ...] = (0.0
             cells = [_cell([r[key] for r in rs], fmt) for _, key, fmt in COLUMNS]
             lead = [arm.name, arm.prefill.value, budget_text(arm.token_budget), load_text(load, achieved), cells[0],
                     row["vs_host"], row["vs_host_overlap"], row["vs_host_triton_overlap"]]  # fmt: skip
-            lines.append("| " + " | ".join([*lead, *cells[1:], first, whole]) + " |")
+            lines.append("| " + " | ".join([*lead, *cells[1:], first, whole, vs_plain, ttft_cut, plain_same]) + " |")
     return "\n".join(lines), rows
 
 
