@@ -113,7 +113,9 @@ class Admission:
         self.checkpoints = Checkpoints(prefix.first_slot, prefix.slots, self.page_size) if prefix is not None else None
         self.keys: dict[int, list[bytes]] = {}  # an admitted handle's prompt chain keys (prefix cache on)
         self.cache_counts: list[CacheCounts] = []  # what the cache did since the driver last took them
-        self.in_flight: list[Checkpoint] = []  # the saves of the pass in flight (one at a time), not indexed yet
+        self.in_flight: list[tuple[Checkpoint, int]] = []  # the saves of the pass in flight (one at a time) and the
+        # pages their tails are copied from when it lands; not indexed yet
+        self.tails = 0  # pages the checkpoints hold for their tails (not in use by requests)
         self.prompt_ends: dict[int, tuple[bytes, bytes]] = {}  # a handle's prompt-end checkpoint (its key)
 
     def free(self) -> dict[str, int]:
@@ -125,9 +127,9 @@ class Admission:
 
     def pages_in_use(self) -> tuple[int, int]:
         """(pages held, pages that can be held) of the APPEND pools, summed (page 0, the sink, is never held; a cached
-        page nobody holds is not in use)."""
+        page nobody holds, or a checkpoint's tail page, is not in use)."""
         total = sum(self.page_pools[k].capacity for k in self.append_keys)
-        return total - sum(self.free()[k] for k in self.append_keys), total
+        return total - sum(self.free()[k] for k in self.append_keys) - self.tails, total
 
     def pages_needed(self, prompt_len: int, context: dict[str, int]) -> tuple[tuple[str, int], ...]:
         """Pages a request takes at admission, by pool: its whole prompt in each APPEND pool, its context (tokens by
@@ -276,17 +278,29 @@ class Admission:
             st.kv[key].lengths[h] = ck.position
         self.cache_counts.append(CacheCounts(prefix_hits=1, prefix_cached_tokens=ck.position))
 
-    def _checkpoint(self, h: int, position: int, base: bytes, tail: bytes) -> Checkpoint | None:
-        """A checkpoint of handle h's stream at ``position`` (its tail page held) in a slot reserved now (a least
-        recently used checkpoint evicted if none is free; None when every slot is a save in flight). Not indexed."""
+    def _checkpoint(self, h: int, position: int, base: bytes, tail: bytes) -> tuple[Checkpoint, int] | None:
+        """A checkpoint of handle h's stream at ``position`` in a slot reserved now (a least recently used checkpoint
+        evicted if none is free), with a page of its own for its tail, and the page of h's it copies the tail from
+        (0: no tail); None when every slot is a save in flight, or no page is left for the tail. Not indexed."""
         slot = self._reserve()
         if slot is None:
             return None
-        tail_page = 0
+        tail_page = src = 0
         if position % self.page_size:
-            tail_page = int(self.streams.kv[self.prefix.pool].pages[h, position // self.page_size])
-            self.refs.hold(np.array([tail_page], np.int32))
-        return Checkpoint(slot, position, base, tail, tail_page)
+            try:
+                tail_page = int(self._take_pages(self.prefix.pool, 1)[0])
+            except AdmitRefused:
+                self.checkpoints.unreserve(slot)
+                return None
+            src = int(self.streams.kv[self.prefix.pool].pages[h, position // self.page_size])
+            self.tails += 1
+        return Checkpoint(slot, position, base, tail, tail_page), src
+
+    def _drop_tail(self, ck: Checkpoint) -> None:
+        """A checkpoint that goes lets its tail page go."""
+        if ck.tail_page:
+            self._give_pages(self.prefix.pool, np.array([ck.tail_page], np.int32))
+            self.tails -= 1
 
     def _reserve(self) -> int | None:
         """A checkpoint slot (an evicted checkpoint's tail page let go); None when every slot is a save in flight."""
@@ -294,8 +308,7 @@ class Admission:
             return None
         slot, old = self.checkpoints.reserve()
         if old is not None:
-            if old.tail_page:
-                self._give_pages(self.prefix.pool, np.array([old.tail_page], np.int32))
+            self._drop_tail(old)
             self.cache_counts.append(CacheCounts(checkpoints_evicted=1))
         return slot
 
@@ -321,9 +334,12 @@ class Admission:
         end = self.prompt_ends.pop(h, None)  # its prompt's end, now behind this one: the first to evict
         if end is not None and end in self.checkpoints.lru:
             self.checkpoints.lru.move_to_end(end, last=False)
-        ck = self._checkpoint(h, n, base, tail)
-        if ck is None:
+        taken = self._checkpoint(h, n, base, tail)
+        if taken is None:
             return
+        ck, src = taken
+        if src:
+            self.prefix.copy_pages(np.array([src]), np.array([ck.tail_page]))
         self.prefix.copy_states(np.array([self.streams.recurrent_slot[h]]), np.array([ck.slot]))
         self.checkpoints.add(ck)
         self.cache_counts.append(CacheCounts(checkpoints_taken=1))
@@ -347,11 +363,11 @@ class Admission:
             tail = tail_bytes(prompt, (p // ps) * ps, p)
             if self.checkpoints.has(base, tail):
                 continue
-            ck = self._checkpoint(h, p, base, tail)
-            if ck is None:
-                break  # every slot is a save in flight (a pool smaller than one pass's saves)
-            out.append((p, ck.slot))
-            self.in_flight.append(ck)
+            taken = self._checkpoint(h, p, base, tail)
+            if taken is None:
+                break  # every slot is a save in flight (a pool smaller than one pass's saves), or no page is left
+            out.append((p, taken[0].slot))
+            self.in_flight.append(taken)
             if p == len(prompt):
                 self.prompt_ends[h] = (base, tail)
         return out
@@ -368,10 +384,12 @@ class Admission:
                 continue
             lo, hi = c.start // ps, min((c.start + c.n) // ps, len(keys))
             self.refs.insert(self.streams.kv[k].pages[c.handle, lo:hi].astype(np.int32), keys[lo:hi])
-        for ck in cks:
+        tails = [(src, ck.tail_page) for ck, src in cks if src]  # (after the pass wrote them: it has landed)
+        if tails:
+            self.prefix.copy_pages(*(np.array(x) for x in zip(*tails, strict=True)))
+        for ck, _ in cks:
             if self.checkpoints.has(ck.base, ck.tail):  # (another took it meanwhile)
-                if ck.tail_page:
-                    self._give_pages(k, np.array([ck.tail_page], np.int32))
+                self._drop_tail(ck)
                 self.checkpoints.unreserve(ck.slot)
                 continue
             self.checkpoints.add(ck)

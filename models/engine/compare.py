@@ -108,7 +108,11 @@ def check_pools(engine: Engine) -> None:
             assert np.unique(live).size == live.size, f"pool {key!r}: a page is held twice"
             assert free.size + live.size == pool.capacity, f"pool {key!r}: {free.size} free + {live.size} held"
             continue
-        tails = [ck.tail_page for ck in [*adm.checkpoints.lru.values(), *adm.in_flight] if ck.tail_page]
+        cks = [*adm.checkpoints.lru.values(), *(ck for ck, _ in adm.in_flight)]
+        tails = [ck.tail_page for ck in cks if ck.tail_page]
+        assert len(tails) == adm.tails, "the checkpoints' tail pages are miscounted"
+        live_set = set(live.tolist())
+        assert not any(p in live_set for p in tails), "a checkpoint's tail page is a request's"
         want = np.bincount(np.concatenate([live, np.asarray(tails, np.int64)]).astype(np.int64),
                            minlength=pool.num_pages)  # fmt: skip
         assert np.array_equal(refs.count, want), f"pool {key!r}: reference counts are not the rows' and tails'"

@@ -117,7 +117,7 @@ class EngineConfig:
     # checkpoint slots beside the requests' in the recurrent pools; default 4 x max_running with the cache, else 0
     checkpoints: int = attrs.field(default=attrs.Factory(_default_checkpoints, takes_self=True),
                                    validator=attrs.validators.ge(0))  # fmt: skip
-    checkpoint_interval: int = attrs.field(default=512, validator=_positive)  # tokens between a prompt's checkpoints
+    checkpoint_interval: int = attrs.field(default=256, validator=_positive)  # tokens between a prompt's checkpoints
 
     def __attrs_post_init__(self) -> None:
         cuda = torch.device(self.device).type == "cuda"

@@ -9,10 +9,10 @@ a chain's tail is evicted before its head (a lookup walks from the head and stop
 
 Checkpoints. A checkpoint is a recurrent slot (every GDN layer's conv and SSM state) holding the state after the first
 P tokens of a stream, keyed by the chain key of its ``P // page_size`` full pages and the bytes of its remaining
-tokens (the tail). When P is not on a page boundary, the checkpoint also holds the page with the tail's KV, which a
-request restoring it copies into a page of its own (it will write the rest of that page). A request restores the
-deepest checkpoint at P <= its prompt length - 1 (at least one token is prefilled, whose logits draw its first token)
-whose full pages are all cached, and prefills from P.
+tokens (the tail). When P is not on a page boundary, the checkpoint also holds a page of its own with a copy of the
+tail's KV, which a request restoring it copies into a page of its own (it will write the rest of that page). A
+request restores the deepest checkpoint at P <= its prompt length - 1 (at least one token is prefilled, whose logits
+draw its first token) whose full pages are all cached, and prefills from P.
 
 Everything here is host bookkeeping; the device copies (a checkpoint into a request's slot, a tail page) are the
 engine's.
@@ -118,7 +118,7 @@ class Checkpoint:
     position: int
     base: bytes  # chain key of its position // page_size full pages (ROOT: none)
     tail: bytes  # its tokens past them (tail_bytes)
-    tail_page: int  # the page holding the tail's KV (a reference held), 0 when the tail is empty
+    tail_page: int  # its own page holding a copy of the tail's KV, 0 when the tail is empty
 
 
 @attrs.frozen

@@ -7,13 +7,14 @@ Every choice a user may make is a keyword; None takes the default, resolved here
 
 from __future__ import annotations
 
+import math
 import os
 
 import attrs
 import torch
 
 from models.engine.adapters import Adapter
-from models.engine.config import EngineConfig, PrefillPlacement
+from models.engine.config import CHECKPOINTS_PER_ROW, EngineConfig, PrefillPlacement
 from models.layers.decode_attention import Backend
 
 GIB = 1 << 30
@@ -53,6 +54,7 @@ def serving_config(
     prefill_graphs: int | None = None,
     prefill: PrefillPlacement | None = None,
     token_budget: int | None = None,
+    prefix_cache: bool | None = None,
 ) -> ServingPlan:
     """The serving engine's config for ``adapter`` on ``device`` (module doc); ValueError for a choice that cannot
     run there, naming it."""
@@ -94,10 +96,19 @@ def serving_config(
         notes.append(f"{num_pages - 1} KV pages of {page_size} tokens ({(num_pages - 1) * page / GIB:.2f} GiB, "
                      f"{(num_pages - 1) * page_size} tokens)" + (": every request at the full context" if
                                                                   num_pages == full else ""))  # fmt: skip
+    if prefix_cache is None:
+        prefix_cache = adapter.recurrent and len(adapter.pools) == 1  # (check_fits' rule: Qwen3.5)
+    cache = {}
+    if prefix_cache:
+        cache = dict(prefix_cache=True, checkpoints=CHECKPOINTS_PER_ROW * max_running)
+        slot = sum(math.prod(s.conv_shape) * dtype.itemsize + math.prod(s.ssm_shape) * s.ssm_dtype.itemsize
+                   for s in adapter.model.recurrent_specs())  # fmt: skip
+        notes.append(f"prefix cache on: {cache['checkpoints']} recurrent-state checkpoints "
+                     f"({cache['checkpoints'] * slot / GIB:.2f} GiB; --no-prefix-cache)")  # fmt: skip
     placement = {} if prefill is None else {"prefill": prefill}
     budget_field = {} if token_budget is None else {"token_budget": token_budget}
     cfg = EngineConfig(max_running=max_running, page_size=page_size, num_pages=num_pages, max_seq_len=max_seq_len,
                        device=device, attention=attention, overlap=overlap, prefill_graphs=prefill_graphs,
-                       **placement, **budget_field)  # fmt: skip
+                       **placement, **budget_field, **cache)  # fmt: skip
     notes.append(f"prefill {cfg.prefill.value}, token budget {cfg.token_budget}")
     return ServingPlan(cfg, tuple(notes))

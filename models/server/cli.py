@@ -61,6 +61,9 @@ def parser() -> OneLineParser:
     e.add_argument("--attention", choices=["torch", "triton", "fa2", "xqa"], default=None,
                    help="decode attention (default: triton on CUDA, torch on a CPU)")
     e.add_argument("--no-overlap", action="store_true", help="read each step's tokens before launching the next")
+    e.add_argument("--no-prefix-cache", action="store_true",
+                   help="no prefix cache (by default on for Qwen3.5: KV pages shared by their token chain, "
+                        "recurrent-state checkpoints restored, so a chat's next turn prefills only what is new)")
     e.add_argument("--prefill-graphs", type=int, default=None,
                    help="token buckets of captured prefill passes (default 6 where the pass can be captured: bf16 or "
                         "fp16 on CUDA; else 0, eager)")
@@ -201,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     choices = {k: v for k, v in dict(max_running=args.max_running, max_seq_len=args.max_seq_len,
                                      kv_memory_gib=args.kv_memory_gib, attention=args.attention,
                                      overlap=False if args.no_overlap else None, prefill_graphs=args.prefill_graphs,
+                                     prefix_cache=False if args.no_prefix_cache else None,
                                      prefill=args.prefill).items() if v is not None}  # fmt: skip
     spec = EngineSpec(str(args.model_dir), device=args.device, dtype=args.dtype, choices=choices)
     client = EngineClient(spec, in_process=args.in_process)
