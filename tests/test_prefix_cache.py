@@ -85,6 +85,7 @@ def _serve(cfg: EngineConfig, sessions: list[dict]) -> tuple[dict, Engine]:
 CASES = {
     "in-step": dict(),
     "in-step-kv-pressure": dict(num_pages=60),  # offloads, and cached pages evicted for new ones
+    "exact-pool": dict(num_pages=3 * 40 + 1),  # every request at the context (serving's size): tails evicted for rows
     "in-pass-chunked": dict(prefill=PrefillPlacement.IN_PASS, token_budget=40),
     "overlap-chunked": dict(overlap=True, token_budget=24),
 }

@@ -1,6 +1,7 @@
 """The server against the engine it wraps, on the same traffic: ``python -m models.server`` on a checkpoint directory,
 driven through HTTP by ``models.bench.traffic --url``, beside ``models.bench.traffic``'s in-process arm of the same
-engine (``resident-triton``, the server's default on CUDA) at the same concurrency, context and placement.
+engine (``resident-triton-cache``: the server's default on CUDA, the prefix cache on) at the same concurrency, context
+and placement.
 
     python -m models.bench.serve_http --model-dir /tmp/qwen3_5-0.8b --make qwen3_5-0.8b --out results/server-h200
 
@@ -123,7 +124,7 @@ def traffic(args, workload: str, out: Path, url: str | None) -> dict:
     if url is not None:
         cmd += ["--url", url, "--client-procs", str(args.client_procs)]
     else:
-        cmd += ["--arms", "resident-triton", "--max-running", str(args.max_running), "--max-seq-len",
+        cmd += ["--arms", "resident-triton-cache", "--max-running", str(args.max_running), "--max-seq-len",
                 str(args.max_seq_len)]  # fmt: skip
     with open(out.with_suffix(".log"), "w") as log:
         subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=True)

@@ -119,17 +119,20 @@ class Admission:
         self.prompt_ends: dict[int, tuple[bytes, bytes]] = {}  # a handle's prompt-end checkpoint (its key)
 
     def free(self) -> dict[str, int]:
-        """Pages each pool can hand out: its free ring, and the cached pages nobody holds (evicted on demand)."""
+        """Pages each pool can hand out: its free ring, the cached pages nobody holds and the checkpoints' tail pages
+        (evicted on demand)."""
         out = {k: p.free for k, p in self.page_pools.items()}
         if self.refs is not None:
-            out[self.prefix.pool] += self.refs.evictable
+            saving = sum(1 for ck, _ in self.in_flight if ck.tail_page)  # (tails of saves in flight stay)
+            out[self.prefix.pool] += self.refs.evictable + self.tails - saving
         return out
 
     def pages_in_use(self) -> tuple[int, int]:
         """(pages held, pages that can be held) of the APPEND pools, summed (page 0, the sink, is never held; a cached
         page nobody holds, or a checkpoint's tail page, is not in use)."""
         total = sum(self.page_pools[k].capacity for k in self.append_keys)
-        return total - sum(self.free()[k] for k in self.append_keys) - self.tails, total
+        idle = self.refs.evictable + self.tails if self.refs is not None else 0
+        return total - sum(self.page_pools[k].free for k in self.append_keys) - idle, total
 
     def pages_needed(self, prompt_len: int, context: dict[str, int]) -> tuple[tuple[str, int], ...]:
         """Pages a request takes at admission, by pool: its whole prompt in each APPEND pool, its context (tokens by
@@ -142,18 +145,25 @@ class Admission:
         return out
 
     def _take_pages(self, k: str, n: int) -> np.ndarray:
-        """[n] int32 pages of pool k, each now held once; cached pages nobody holds are evicted (least recently let
-        go first) when the ring is short. AdmitRefused(NO_PAGES) when even that is not enough."""
+        """[n] int32 pages of pool k, each now held once; when the ring is short, cached pages nobody holds are
+        evicted (least recently let go first), then checkpoints with a tail page (least recently used first).
+        AdmitRefused(NO_PAGES) when even that is not enough."""
         pool = self.page_pools[k]
         if self.refs is None or k != self.prefix.pool:
             return pool.take(n)
         short = n - pool.free
         if short > 0:
-            if short > self.refs.evictable:
-                raise AdmitRefused(AdmitRefusal.NO_PAGES, f"pool {k!r}: {n} pages asked, {pool.free} free and "
-                                                          f"{self.refs.evictable} cached")  # fmt: skip
-            pool.give(self.refs.evict(short))
-            self.cache_counts.append(CacheCounts(cached_pages_evicted=short))
+            if short > self.free()[k]:
+                raise AdmitRefused(AdmitRefusal.NO_PAGES, f"pool {k!r}: {n} pages asked, {pool.free} free, "
+                                                          f"{self.refs.evictable} cached, {self.tails} checkpoints' "
+                                                          f"tails")  # fmt: skip
+            cached = min(short, self.refs.evictable)
+            if cached:
+                pool.give(self.refs.evict(cached))
+                self.cache_counts.append(CacheCounts(cached_pages_evicted=cached))
+            for _ in range(short - cached):
+                self._drop_tail(self.checkpoints.evict_tailed())
+                self.cache_counts.append(CacheCounts(checkpoints_evicted=1))
         pages = pool.take(n)
         self.refs.hold(pages)
         return pages

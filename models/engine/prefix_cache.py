@@ -183,6 +183,16 @@ class Checkpoints:
             del self.by_base[base]
         return old.slot, old
 
+    def evict_tailed(self) -> Checkpoint:
+        """Evict the least recently used checkpoint that holds a tail page (its slot freed); returns it."""
+        key = next(key for key, ck in self.lru.items() if ck.tail_page)
+        ck = self.lru.pop(key)
+        del self.by_base[ck.base][ck.tail]
+        if not self.by_base[ck.base]:
+            del self.by_base[ck.base]
+        self.free.append(ck.slot)
+        return ck
+
     def add(self, ck: Checkpoint) -> None:
         """Index a checkpoint whose state is written (a landed save, or a copy on the engine's stream)."""
         self.by_base.setdefault(ck.base, {})[ck.tail] = ck
