@@ -73,14 +73,14 @@ class PrefixSettings:
     copy_pages: Callable[[np.ndarray, np.ndarray], None]
 
 
-def index_copier(tensors: tuple[torch.Tensor, ...], device: torch.device) -> Callable[[np.ndarray, np.ndarray], None]:
-    """``copy(src, dst)``: rows ``dst`` of every tensor take rows ``src`` (slots or pages), on the current stream."""
+def index_copier(tensors: tuple[torch.Tensor, ...]) -> Callable[[np.ndarray, np.ndarray], None]:
+    """``copy(src, dst)``: rows ``dst`` of every tensor take rows ``src`` (slots or pages), on the current stream, as
+    device-to-device copies of views (one multi-tensor copy a pair): no index goes up from the host, so nothing waits
+    for the steps in flight (an H2D from pageable memory would)."""
 
     def copy(src: np.ndarray, dst: np.ndarray) -> None:
-        s = torch.from_numpy(np.asarray(src, np.int64)).to(device, non_blocking=True)
-        d = torch.from_numpy(np.asarray(dst, np.int64)).to(device, non_blocking=True)
-        for t in tensors:
-            t.index_copy_(0, d, t.index_select(0, s))
+        for s, d in zip(np.asarray(src).tolist(), np.asarray(dst).tolist(), strict=True):
+            torch._foreach_copy_([t[d] for t in tensors], [t[s] for t in tensors])
 
     return copy
 

@@ -72,8 +72,8 @@ class Engine:
         if cfg.prefix_cache:  # the checkpoints' slots follow the requests' in the recurrent pools
             pool = self.layout.append_keys[0]
             prefix = PrefixSettings(pool, rec_slots, cfg.checkpoints, cfg.checkpoint_interval,
-                                    index_copier(adapter.recurrent_pools(self.model_state), self.device),
-                                    index_copier(adapter.kv_caches(self.model_state, pool), self.device))  # fmt: skip
+                                    index_copier(adapter.recurrent_pools(self.model_state)),
+                                    index_copier(adapter.kv_caches(self.model_state, pool)))  # fmt: skip
         self.admission = Admission(self.layout, counts, H, rec_slots if adapter.recurrent else None,
                                    partial(adapter.kv_caches, self.model_state), self.device, prefix)  # fmt: skip
         self.streams = self.admission.streams  # (admission writes them; the arms and the passes read them)
