@@ -67,7 +67,8 @@ class Engine:
                                    rows_in_budget=cfg.prefill is PrefillPlacement.IN_PASS)  # fmt: skip
         rec_slots = cfg.rec_slots if cfg.rec_slots is not None else H + 1
         kernels, workspaces = cfg.kernels.resolved(), Workspaces(self.device)  # (the environment read once, here)
-        self.model_state = adapter.allocate(counts, ps, rec_slots + cfg.checkpoints, self.device, dtype, workspaces)
+        self.model_state = adapter.allocate(counts, ps, rec_slots + cfg.checkpoints, self.device, dtype, workspaces,
+                                            saving=cfg.prefix_cache)  # (no save work in a pass without the cache)
         prefix = None
         if cfg.prefix_cache:  # the checkpoints' slots follow the requests' in the recurrent pools
             pool = self.layout.append_keys[0]

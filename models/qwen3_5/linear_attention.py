@@ -99,13 +99,18 @@ class GatedDeltaNet(nn.Module):
         else:
             # a fresh sequence's slot is cleared, not multiplied by 0: it holds what its last owner left (0 * nan)
             h0 = ssm_pool[batch.slots].float().masked_fill(batch.fresh[:, None, None, None], 0)  # [S, hv, dk, dv]
-            rows = batch.save_slot.nonzero()[:, 0]  # the reference reads lengths on the host anyway
-            o, ht, saved = gdn_prefill_ref(q.float(), k.float(), v.float(), g, beta, h0, batch.cu_seqlens, scale,
-                                           entering=batch.chunk_indices[rows].tolist())  # fmt: skip
-            ssm_pool[batch.slots] = ht.to(ssm_pool.dtype)
-            ssm_pool[batch.final_slot] = ht.to(ssm_pool.dtype)  # sequences without a final save: to the sink
-            ssm_pool[batch.save_slot[rows]] = saved.to(ssm_pool.dtype)
-        self._save_conv(p[:, :C], conv_pool, batch)
+            if batch.save_slot is None:
+                o, ht = gdn_prefill_ref(q.float(), k.float(), v.float(), g, beta, h0, batch.cu_seqlens, scale)
+                ssm_pool[batch.slots] = ht.to(ssm_pool.dtype)
+            else:
+                rows = batch.save_slot.nonzero()[:, 0]  # the reference reads lengths on the host anyway
+                o, ht, saved = gdn_prefill_ref(q.float(), k.float(), v.float(), g, beta, h0, batch.cu_seqlens, scale,
+                                               entering=batch.chunk_indices[rows].tolist())  # fmt: skip
+                ssm_pool[batch.slots] = ht.to(ssm_pool.dtype)
+                ssm_pool[batch.final_slot] = ht.to(ssm_pool.dtype)  # sequences without a final save: to the sink
+                ssm_pool[batch.save_slot[rows]] = saved.to(ssm_pool.dtype)
+        if batch.save_slot is not None:
+            self._save_conv(p[:, :C], conv_pool, batch)
         z = p[:, C : C + vd]  # [N, vd]
         if batch.fused:
             return F.linear(gated_rms_norm(o, z, self.norm.weight, self.norm.eps, pdl=False), self.out_proj.weight)

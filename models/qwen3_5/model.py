@@ -67,9 +67,10 @@ class PrefillBatch:
     kv_indptr: torch.Tensor  # [S + 1] int32 (the torch attention's; FlashInfer's plan has its own copy)
     kv_indices: torch.Tensor  # [P] int32
     kv_lens: torch.Tensor  # [S] int32
-    save_slot: torch.Tensor  # [rows] long slot receiving the GDN state entering each chunk row (0, the sink: none)
-    save_at: torch.Tensor  # [rows] long flat index of that row's first token (the conv state is the K before it)
-    final_slot: torch.Tensor  # [S] long slot receiving each sequence's final GDN state too (0: none)
+    # the saves (None, all three: a state allocated without saving)
+    save_slot: torch.Tensor | None  # [rows] long slot receiving the GDN state entering each chunk row (0: none)
+    save_at: torch.Tensor | None  # [rows] long flat index of that row's first token (the conv state is the K before it)
+    final_slot: torch.Tensor | None  # [S] long slot receiving each sequence's final GDN state too (0: none)
     shape: PassShape
     kernels: bool  # the mixers on fla-core and FlashInfer (CUDA), else their torch references
     fused: bool  # the row-wise work and the conv on our Triton kernels (norms, RoPE + K/V write, gates), else torch
@@ -167,6 +168,7 @@ class Qwen35Model(nn.Module):
     def allocate_state(
         self, num_pages: int, page_size: int, num_rec_slots: int, device: torch.device | str, dtype: torch.dtype,
         workspaces: Workspaces | None = None,
+        saving: bool = True,
     ) -> Qwen35State:
         """Zeroed pools: KV [num_pages, 2, page_size, hk, d] per attention layer; conv/SSM slots per GDN layer. On CUDA
         in 16 bits also the prefill pass's FlashInfer attention, its workspace taken from ``workspaces`` (the
@@ -184,7 +186,7 @@ class Qwen35Model(nn.Module):
             attn = FlashInferPrefill(c.num_attention_heads, c.num_key_value_heads, c.head_dim, page_size, dtype, device,
                                      c.head_dim**-0.5, workspaces=workspaces)  # fmt: skip
         return Qwen35State(kv, conv, ssm, page_size=page_size, num_pages=num_pages, num_slots=num_rec_slots,
-                           prefill_attention=attn)  # fmt: skip
+                           saving=saving, prefill_attention=attn)  # fmt: skip
 
     # -- forward -----------------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -233,8 +235,11 @@ class Qwen35Model(nn.Module):
         if shape is None:
             held = [-(-(c.start + len(t)) // ps) for c, t in zip(chunks, ids, strict=True)]
             shape = exact_shape([len(t) for t in ids], held)
+        if not state.saving and any(c.saves for c in chunks):
+            raise ValueError("saves in a pass over a state allocated with saving=False")
         lay = flat_layout(ids, [c.start for c in chunks], [c.pos_offset for c in chunks],
-                          [c.rec_slot for c in chunks], pages, ps, shape, [c.saves for c in chunks])  # fmt: skip
+                          [c.rec_slot for c in chunks], pages, ps, shape,
+                          [c.saves for c in chunks] if state.saving else None)  # fmt: skip
         kernels = self.uses_prefill_kernels(kc)
         if kernels and state.prefill_attention is None:
             raise ValueError("prefill kernels need a state allocated on CUDA (its FlashInfer prefill attention)")
@@ -250,8 +255,9 @@ class Qwen35Model(nn.Module):
             ids=dev(lay.ids), pos=dev(lay.pos), write_loc=dev(lay.write_loc), seq_of=dev(lay.seq_of),
             cu_seqlens=dev(lay.cu_seqlens), slots=dev(lay.slots), fresh=dev(lay.fresh), last=dev(lay.last),
             chunk_indices=dev(lay.chunk_indices), chunk_offsets=dev(lay.chunk_offsets), kv_indptr=dev(lay.kv_indptr),
-            kv_indices=dev(lay.kv_indices), kv_lens=dev(lay.kv_lens), save_slot=dev(lay.save_slot),
-            save_at=dev(lay.save_at), final_slot=dev(lay.final_slot), shape=shape, kernels=kernels,
+            kv_indices=dev(lay.kv_indices), kv_lens=dev(lay.kv_lens),
+            save_slot=dev(lay.save_slot) if state.saving else None, save_at=dev(lay.save_at) if state.saving else None,
+            final_slot=dev(lay.final_slot) if state.saving else None, shape=shape, kernels=kernels,
             fused=self.uses_prefill_fused(kc), attn=attn, chunks=lay.chunks,
         )  # fmt: skip
 
