@@ -28,7 +28,8 @@ SAVE_GRID = 64  # a pass saves a state where its delta rule's 64-token chunks st
 _NO_PAGES = np.zeros(0, np.int32)
 _NO_PAGES.flags.writeable = False
 
-Saved = dict[str, tuple[int, list[torch.Tensor]]]  # an offloaded request's pages: pool -> (count, per-layer copies)
+# an offloaded request's pages: pool -> (count, per-layer copies of the moved ones, [count] the kept page a column or 0)
+Saved = dict[str, tuple[int, list[torch.Tensor], np.ndarray]]
 
 
 @attrs.frozen(eq=False)
@@ -462,8 +463,11 @@ class Admission:
     def release(self, h: int) -> np.ndarray:
         """Handle h's request ended: its pages (or their host copies), recurrent slot and handle come back, its streams
         empty. Returns the pages given back."""
-        given = self._free_pages(h)
-        self.saved.pop(h, None)
+        given = [self._free_pages(h)]
+        for k, (_, _, kept) in self.saved.pop(h, {}).items():  # an offloaded request's kept pages
+            kept = kept[kept > 0]
+            self._give_pages(k, kept[::-1])
+            given.append(kept)
         self.keys.pop(h, None)
         self.prompt_ends.pop(h, None)
         for s in self.streams.kv.values():
@@ -472,32 +476,48 @@ class Admission:
             self.rec.give(int(self.streams.recurrent_slot[h]))
             self.streams.recurrent_slot[h] = 0
         self.handles.give(h)
-        return given
+        return np.concatenate(given)
 
     # -- KV pressure ---------------------------------------------------------------------------------------------
     def offload(self, h: int) -> np.ndarray:
-        """Copy handle h's KV pages to the host and give them back; returns the pages given back."""
-        saved = {}
+        """Copy handle h's KV pages to the host and give them back; returns the pages given back. A cached page (the
+        prefix cache's: full, read-only) is not copied: h keeps its reference, and it comes back as it is."""
+        saved, given = {}, []
         for k, held in self.n_pages.items():
+            s = self.streams.kv[k]
             n = int(held[h])
-            idx = torch.from_numpy(self.streams.kv[k].pages[h, :n].astype(np.int64)).to(self.device)
-            saved[k] = (n, [c[idx].to("cpu", copy=True) for c in self.kv_caches(k)])
+            row = s.pages[h, :n].astype(np.int32)
+            kept = np.zeros(n, np.int32)  # [n] the page kept at each column, 0 where the page was copied
+            if self.refs is not None and k == self.prefix.pool:
+                cached = np.fromiter((p in self.refs.key_of for p in row.tolist()), bool, n)
+                kept[cached] = row[cached]
+            moved = row[kept == 0]
+            idx = torch.from_numpy(moved.astype(np.int64)).to(self.device)
+            saved[k] = (n, [c[idx].to("cpu", copy=True) for c in self.kv_caches(k)], kept)
+            self._give_pages(k, moved[::-1])
+            given.append(moved)
+            s.pages[h] = SINK_PAGE
+            held[h] = 0
+            s.epoch[h] += 1
         self.saved[h] = saved
-        return self._free_pages(h)
+        return np.concatenate(given)
 
     def reload_fits(self, h: int, watermark: int) -> bool:
         """Whether offloaded handle h's pages fit with ``watermark`` pages left free in each APPEND pool."""
         free = self.free()
-        return all(n + (watermark if k in self.append_keys else 0) <= free[k]
-                   for k, (n, _) in self.saved[h].items())  # fmt: skip
+        return all(int(np.count_nonzero(kept == 0)) + (watermark if k in self.append_keys else 0) <= free[k]
+                   for k, (_, _, kept) in self.saved[h].items())  # fmt: skip
 
     def reload(self, h: int) -> None:
-        """Handle h's pages back from the host copies, on new pages."""
-        for k, (n, copies) in self.saved.pop(h).items():
-            pages = self._take_pages(k, n)
+        """Handle h's pages back: the kept ones as they were, the others from the host copies, on new pages."""
+        for k, (n, copies, kept) in self.saved.pop(h).items():
+            pages = kept.copy()
+            moved = kept == 0
+            new = self._take_pages(k, int(moved.sum()))
+            pages[moved] = new
             self.streams.kv[k].pages[h, :n] = pages
             self.streams.kv[k].epoch[h] += 1
             self.n_pages[k][h] = n
-            idx = torch.from_numpy(pages.astype(np.int64)).to(self.device)
+            idx = torch.from_numpy(new.astype(np.int64)).to(self.device)
             for c, t in zip(self.kv_caches(k), copies, strict=True):
                 c[idx] = t.to(self.device)

@@ -98,7 +98,8 @@ def check_pools(engine: Engine) -> None:
     for key, pool in adm.page_pools.items():
         s, held = engine.streams.kv[key], adm.n_pages[key]
         cols = np.arange(s.pages.shape[1])
-        live = s.pages[cols[None, :] < held[:, None]]
+        kept = [saved[key][2] for saved in adm.saved.values()]  # offloaded requests' kept (cached) pages
+        live = np.concatenate([s.pages[cols[None, :] < held[:, None]], *(x[x > 0] for x in kept)]).astype(np.int64)
         assert (live > 0).all(), f"pool {key!r}: a held page is the sink"
         assert not s.pages[cols[None, :] >= held[:, None]].any(), f"pool {key!r}: a stream holds an uncounted page"
         free = pool.free_pages()
