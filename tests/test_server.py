@@ -338,6 +338,23 @@ def test_the_traffic_benchmarks_chats_run_against_the_server(server, tmp_path):
     assert r["prompt_tokens"] == 2 * (5 + 14 + 23)
 
 
+def test_a_chats_next_turn_restores_its_history_from_the_prefix_cache(server, tok):
+    """The server's engine has the prefix cache on (Qwen3.5's default): a turn whose prompt is the last turn's prompt,
+    the ids it got and a new message restores everything the last turn fed (its prompt and all its tokens but the
+    last), and /metrics counts it."""
+    first = dict(model="qwen", prompt=PROMPT, max_tokens=8, temperature=0, ignore_eos=True, return_token_ids=True)
+    ids = httpx.post(server.url + "/v1/completions", json=first, timeout=60).json()["choices"][0]["token_ids"]
+    before = server.metrics()
+    prompt = tok.encode(PROMPT) + ids + tok.encode(" and then")
+    r = httpx.post(server.url + "/v1/completions", json=dict(model="qwen", prompt=prompt, max_tokens=3, temperature=0,
+                                                             ignore_eos=True), timeout=60)  # fmt: skip
+    assert r.status_code == 200
+    after = server.metrics()
+    assert after["resplan_prefix_cache_hits"] - before["resplan_prefix_cache_hits"] == 1
+    cached = after["resplan_prefix_cache_prompt_tokens"] - before["resplan_prefix_cache_prompt_tokens"]
+    assert cached == len(tok.encode(PROMPT)) + len(ids) - 1
+
+
 def test_metrics_parse_and_count(server, api):
     before = server.metrics()
     api.completions.create(model="qwen", prompt=PROMPT, max_tokens=5, temperature=0, extra_body={"ignore_eos": True})

@@ -52,6 +52,10 @@ class Metrics:
             lambda: load().decode_steps)
         Gauge("resplan_engine_decode_step_seconds", "Wall time of the engine's decode steps, summed",
               registry=r).set_function(lambda: load().decode_ns * 1e-9)  # fmt: skip
+        Gauge("resplan_prefix_cache_hits", "Requests that restored a prefix cache checkpoint",
+              registry=r).set_function(lambda: load().prefix_hits)  # fmt: skip
+        Gauge("resplan_prefix_cache_prompt_tokens", "Prompt tokens served from the prefix cache (not computed)",
+              registry=r).set_function(lambda: load().prefix_cached_tokens)  # fmt: skip
         ProcessCollector(registry=r)  # process_cpu_seconds_total: the front end's CPU (the engine's is its own)
         self.ttft = Histogram("resplan_time_to_first_token_seconds", "Arrival to first token", registry=r,
                               buckets=LATENCY_BUCKETS)  # fmt: skip
