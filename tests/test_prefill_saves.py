@@ -95,7 +95,7 @@ ATOL = RTOL = 1e-5  # float32: the pass and the prefix alone differ in GEMM bloc
 
 
 def _state(seed=None):
-    state = MODEL.allocate_state(PAGES, PS, SLOTS, "cpu", torch.float32)
+    state = MODEL.allocate_state(PAGES, PS, SLOTS, "cpu", torch.float32, saving=True)
     if seed is not None:  # what earlier requests left everywhere: a save must overwrite it
         g = torch.Generator().manual_seed(seed)
         for t in (*state.kv, *state.conv, *state.ssm):

@@ -99,7 +99,7 @@ class Adapter:
         return {}
 
     def allocate(self, num_pages: dict[str, int], page_size: int, rec_slots: int, device, dtype,
-                 workspaces: Workspaces | None = None, saving: bool = True):  # fmt: skip
+                 workspaces: Workspaces | None = None, saving: bool = False):  # fmt: skip
         """The model's state: its pools, and its prefill attention where it has one, whose FlashInfer workspace comes
         from ``workspaces`` (the engine's; None: a private one). ``saving``: its passes may save recurrent states
         (``PrefillInput.saves``; False: no save work at all in a pass)."""
@@ -166,7 +166,7 @@ class QwenAdapter(Adapter):
         self.positions_pool = KV_POOL
         self.recurrent = True
 
-    def allocate(self, num_pages, page_size, rec_slots, device, dtype, workspaces=None, saving=True):
+    def allocate(self, num_pages, page_size, rec_slots, device, dtype, workspaces=None, saving=False):
         return self.model.allocate_state(num_pages[KV_POOL], page_size, rec_slots, device, dtype, workspaces, saving)
 
     def kv_caches(self, state, key):
@@ -246,7 +246,7 @@ class WhisperAdapter(Adapter):
     def read_tokens(self, req):
         return {CROSS: self._n_ctx(req)}
 
-    def allocate(self, num_pages, page_size, rec_slots, device, dtype, workspaces=None, saving=True):
+    def allocate(self, num_pages, page_size, rec_slots, device, dtype, workspaces=None, saving=False):
         return self.model.allocate_state(num_pages, {k: page_size for k in num_pages}, device=device, dtype=dtype,
                                          workspaces=workspaces)  # fmt: skip
 

@@ -168,7 +168,7 @@ class Qwen35Model(nn.Module):
     def allocate_state(
         self, num_pages: int, page_size: int, num_rec_slots: int, device: torch.device | str, dtype: torch.dtype,
         workspaces: Workspaces | None = None,
-        saving: bool = True,
+        saving: bool = False,
     ) -> Qwen35State:
         """Zeroed pools: KV [num_pages, 2, page_size, hk, d] per attention layer; conv/SSM slots per GDN layer. On CUDA
         in 16 bits also the prefill pass's FlashInfer attention, its workspace taken from ``workspaces`` (the

@@ -16,7 +16,7 @@ class Qwen35State:
     page_size: int
     num_pages: int
     num_slots: int
-    saving: bool = True  # its prefill passes may save states into spare slots (PrefillChunk.saves); False: a
+    saving: bool = False  # its prefill passes may save states into spare slots (PrefillChunk.saves); False: a
     # pass has no save inputs and runs no save work (an engine without the prefix cache)
     prefill_attention: object = None  # models.layers.prefill_attention.FlashInferPrefill on CUDA: the prefill pass's
     # FlashInfer wrappers and workspace, which live as long as the pools they read
