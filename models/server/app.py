@@ -81,6 +81,7 @@ class ServerState:
     max_waiting: int
     audio: AudioFront | None = None  # a Whisper checkpoint's: the server transcribes
     draining: bool = False
+    ready: bool = True  # False while the server warms itself up: /health answers 503 until it says "ready"
     active: int = 0  # HTTP generation requests being served
     metrics: Metrics | None = None
 
@@ -134,7 +135,7 @@ def build_app(state: ServerState) -> FastAPI:
     async def health():
         if state.client.failed is not None:
             return JSONResponse(error_body("the engine failed", code=503, kind="server_error"), status_code=503)
-        return Response(status_code=503 if state.draining else 200)
+        return Response(status_code=503 if state.draining or not state.ready else 200)
 
     @app.get("/v1/models")
     async def models():

@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from models.server.app import ServerState, build_app
 
-    state = ServerState(client, tokenizer, args.served_model_name or served.name, args.max_waiting, audio)
+    state = ServerState(client, tokenizer, args.served_model_name or served.name, args.max_waiting, audio, ready=False)
     app = build_app(state)
     server = _DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                                             timeout_graceful_shutdown=5, timeout_keep_alive=KEEP_ALIVE_S),
@@ -239,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
 
     async def on_listening(port: int) -> None:
         await warm_front_end(state, args.host, port)
+        state.ready = True  # (/health: 200 from now on)
         progress("front end: warmed up through HTTP", time.time() - client.launched_at)
         progress.close()
         for note in served.notes:
