@@ -101,8 +101,8 @@ def test_tokens_with_the_cache_equal_tokens_without(case):
     s = eng.stats
     assert s.prefix_hits > 0 and s.prefix_cached_tokens > 0 and s.checkpoints_taken > 0
     assert s.checkpoints_evicted > 0  # the pool of 5 is smaller than what the chats checkpoint
-    if case == "in-step-kv-pressure":  # (an offloaded request keeps its cached pages and copies the rest)
-        assert s.cached_pages_evicted > 0 and s.offloads > 0 and s.reloads > 0
+    if case == "in-step-kv-pressure":
+        assert s.cached_pages_evicted > 0
     adm = eng.admission  # every request ended: the pages held are the checkpoints' tails, no more
     tails = sum(1 for ck in adm.checkpoints.lru.values() if ck.tail_page)
     assert int(adm.refs.count.sum()) == tails and not adm.in_flight
@@ -121,6 +121,61 @@ def test_hits_at_every_prompt_length_from_one_page_up():
         assert eng.stats.prefix_hits == 1 and eng.stats.prefix_cached_tokens == L, L
         assert second.tokens == Engine(QWEN, BASE).run([longer])[0].tokens
         assert first.tokens
+
+
+def test_a_restore_under_kv_pressure_never_evicts_the_pages_it_shares():
+    """A request restoring a prefix whose cached pages nobody holds, when the ring is short and older cached pages of
+    its own prefix would be evicted first: it holds its shared pages before it takes new ones (else one of them is
+    evicted and handed back to it for another column), and gives the tokens of an engine without the cache."""
+    rng = np.random.default_rng(9)
+    V = QWEN.vocab_size
+    x, y, z = (rng.integers(0, V, n).tolist() for n in (16, 24, 20))
+    cfg = attrs.evolve(BASE, max_running=2, max_seq_len=32, num_pages=17, prefill=PrefillPlacement.IN_STEP)
+
+    def serve(c):
+        eng = Engine(QWEN, c)
+        for p in (x, y):  # their pages end cached, nobody holding them: x's the least recently let go
+            eng.run([Request(tuple(p), SamplingParams(max_tokens=1))])
+        eng.submit(Request(tuple(z), SamplingParams(max_tokens=12, ignore_eos=True), request_id="z"))
+        eng.step()  # z holds its pages: the ring is short
+        eng.submit(Request(tuple(x + list(range(7, 15))), SamplingParams(max_tokens=6, ignore_eos=True),
+                           request_id="b"))  # fmt: skip
+        out = {}
+        while eng.has_work():
+            for r in eng.step().finished:
+                out[r.request_id] = r.tokens
+            check_pools(eng)
+        return out, eng
+
+    plain, _ = serve(cfg)
+    cached, eng = serve(attrs.evolve(cfg, **CACHE))
+    assert eng.stats.prefix_hits == 1 and eng.stats.cached_pages_evicted > 0
+    assert cached == plain
+
+
+def test_an_offloaded_request_keeps_its_shared_pages_and_copies_the_rest():
+    """A request that restored a prefix is offloaded mid-decode: its cached pages stay held (not copied), the others go
+    to the host; it comes back with both where they were, and gives the tokens of an engine without the cache."""
+    rng = np.random.default_rng(10)
+    x = rng.integers(0, QWEN.vocab_size, 16).tolist()
+    b = Request(tuple(x + [5, 6, 7, 8, 9, 10]), SamplingParams(max_tokens=8, ignore_eos=True), request_id="b")
+    want = Engine(QWEN, BASE).run([Request(tuple(x), SamplingParams(max_tokens=1)), b])[1].tokens
+    eng = Engine(QWEN, attrs.evolve(BASE, **CACHE))
+    eng.run([Request(tuple(x), SamplingParams(max_tokens=1))])
+    eng.submit(b)
+    eng.step()
+    eng.step()
+    h = eng.table.handle_of("b")
+    shared = eng.streams.kv["kv"].pages[h, :4].copy()
+    eng._offload(h)
+    kept = eng.admission.saved[h]["kv"][2]
+    assert np.array_equal(kept[:4], shared) and (kept == 0).any()  # (its own full prompt pages are cached too)
+    check_pools(eng)
+    out = {}
+    while eng.has_work():
+        out.update({r.request_id: r.tokens for r in eng.step().finished})
+        check_pools(eng)
+    assert eng.stats.prefix_hits == 1 and eng.stats.reloads == 1 and out["b"] == want
 
 
 def test_a_checkpoint_equals_the_state_recomputed_from_its_tokens():

@@ -230,9 +230,14 @@ class Admission:
         start = ck.position if ck is not None else 0
         for k, n in pend.pages:
             lead = shared if ck is not None and k == self.prefix.pool else _NO_PAGES
-            pages = self._take_pages(k, n - lead.size)
-            if lead.size:
+            if lead.size:  # held first: a cached page nobody holds could be evicted for the new ones
                 self.refs.hold(lead)
+            try:
+                pages = self._take_pages(k, n - lead.size)
+            except AdmitRefused:
+                self._give_pages(k, lead[::-1])
+                raise
+            if lead.size:
                 pages = np.concatenate([lead, pages])
             st.kv[k].pages[h, :n] = pages
             self.n_pages[k][h] = n
@@ -274,9 +279,12 @@ class Admission:
         return ck, np.asarray(run[: ck.position // self.page_size], np.int32)
 
     def cached(self, pend: Pending) -> tuple[str, int, int]:
-        """(pool, position, pages): what ``pend`` would restore if admitted now (the scheduler's estimate)."""
+        """(pool, position, pages): what ``pend`` would restore if admitted now (the scheduler's estimate): the
+        position it would prefill from, and the pages it would not take from ``free()`` (the shared pages someone
+        holds; one nobody holds is counted free, and holding it takes it from there)."""
         ck, pages = self._lookup(pend, touch=False)
-        return self.prefix.pool, ck.position if ck is not None else 0, pages.size
+        held = int(np.count_nonzero(self.refs.count[pages])) if pages.size else 0
+        return self.prefix.pool, ck.position if ck is not None else 0, held
 
     def _restore(self, h: int, ck: Checkpoint, shared: int) -> None:
         """Handle h starts at checkpoint ``ck``: its state copied into h's slot, its tail page into h's page after

@@ -104,6 +104,9 @@ def check_pools(engine: Engine) -> None:
         assert not s.pages[cols[None, :] >= held[:, None]].any(), f"pool {key!r}: a stream holds an uncounted page"
         free = pool.free_pages()
         assert not np.isin(free, live).any(), f"pool {key!r}: a held page is also free"
+        for h in np.flatnonzero(held).tolist():
+            row = s.pages[h, : held[h]]
+            assert np.unique(row).size == row.size, f"pool {key!r}: handle {h} holds a page twice"
         refs = adm.refs if adm.prefix is not None and key == adm.prefix.pool else None
         if refs is None:
             assert np.unique(live).size == live.size, f"pool {key!r}: a page is held twice"
