@@ -6,6 +6,10 @@ one step.
 
     python -m models.bench.front_end --out /tmp/fe [--step-ms 2 --max-running 32 --requests 128 --gen 256]
 
+With ``--slow-every K --slow-ms M`` every K-th step takes M ms, as a step beside a prefill pass does: the stand-in's
+own ITL p50 stays one step, a point mass most gaps share, so the HTTP p50 shows how much the delivery spreads them
+(the server's burst ITL p50 sits 0.5 ms above the engine's at the same mean: models/bench/results/README.md).
+
 The stand-in (``PacedEngine``) is a process of its own behind the same ZMQ protocol (``engine_core.serve``): it admits
 up to ``--max-running`` requests, sleeps until each step's deadline, then emits a random token id for each (the first
 one step after it arrived) until the request's ``max_tokens``. Tokens are ids of a word vocabulary
@@ -47,10 +51,13 @@ class _Stats:
 
 class PacedEngine:
     """What ``engine_core.serve`` drives (submit, abort, has_work, step, load, stats), with no model: a step sleeps
-    until ``step_s`` after the last one, then gives each running request one random token."""
+    until ``step_s`` after the last one (every ``slow_every``-th step ``slow_s``: a step beside a pass), then gives
+    each running request one random token."""
 
-    def __init__(self, vocab: int, max_running: int, step_s: float, seed: int = 0) -> None:
+    def __init__(self, vocab: int, max_running: int, step_s: float, seed: int = 0, slow_every: int = 0,
+                 slow_s: float = 0.0) -> None:  # fmt: skip
         self.vocab, self.max_running, self.step_s = vocab, max_running, step_s
+        self.slow_every, self.slow_s = slow_every, slow_s
         self.rng = np.random.default_rng(seed)
         self.waiting: collections.OrderedDict[str, int] = collections.OrderedDict()  # id -> max_tokens
         self.running: dict[str, list[int]] = {}  # id -> [tokens given, max_tokens]
@@ -79,7 +86,8 @@ class PacedEngine:
             rid, n = self.waiting.popitem(last=False)
             self.running[rid] = [0, n]
         now = time.perf_counter()
-        self.deadline = max(self.deadline + self.step_s, now)
+        slow = self.slow_every and (self.stats.steps + 1) % self.slow_every == 0
+        self.deadline = max(self.deadline + (self.slow_s if slow else self.step_s), now)
         time.sleep(max(0.0, self.deadline - now))
         rids = list(self.running)
         finished = []
@@ -101,7 +109,8 @@ def build_paced(spec, progress):
     from models.server.engine_core import ServedModel
 
     c = spec.choices
-    engine = PacedEngine(c["vocab"], c["max_running"], c["step_ms"] / 1e3, spec.seed)
+    engine = PacedEngine(c["vocab"], c["max_running"], c["step_ms"] / 1e3, spec.seed, c["slow_every"],
+                         c["slow_ms"] / 1e3)  # fmt: skip
     return engine, ServedModel("paced", c["vocab"], c["max_seq_len"], (0,), ("a stand-in engine core",), {})
 
 
@@ -112,7 +121,8 @@ def paced_main(spec, inbox_addr: str, outbox_addr: str, parent: int, context=Non
     run_core(build_paced, spec, inbox_addr, outbox_addr, parent, context)
 
 
-def serve_front_end(tokenizer_dir: Path, port: int, step_ms: float, max_running: int, max_seq_len: int) -> None:
+def serve_front_end(tokenizer_dir: Path, port: int, step_ms: float, max_running: int, max_seq_len: int,
+                    slow_every: int = 0, slow_ms: float = 0.0) -> None:  # fmt: skip
     """The server's front end over the stand-in, on 127.0.0.1:``port``; prints "ready" once it serves."""
     import uvicorn
 
@@ -124,7 +134,8 @@ def serve_front_end(tokenizer_dir: Path, port: int, step_ms: float, max_running:
     from models.server.heap import freeze_heap
 
     raise_open_files_limit()
-    spec = EngineSpec(None, choices=dict(vocab=VOCAB, max_running=max_running, step_ms=step_ms,
+    spec = EngineSpec(None, choices=dict(vocab=VOCAB, max_running=max_running, step_ms=step_ms, slow_every=slow_every,
+                                         slow_ms=slow_ms,
                                          max_seq_len=max_seq_len))  # fmt: skip
     client = EngineClient(spec, engine_main=paced_main)
     client.start()
@@ -144,6 +155,10 @@ def parser() -> OneLineParser:
     ap.add_argument("--out", type=Path, required=True, help="folder for results.md and the traffic runs' reports")
     ap.add_argument("--step-ms", type=float, default=2.0, help="the stand-in's step (default 2 ms, the H200's decode "
                                                               "step at 32 rows of 0.8B)")  # fmt: skip
+    ap.add_argument("--slow-every", type=int, default=0, help="every N-th step takes --slow-ms instead (a step beside "
+                    "a pass: the stand-in's ITL p50 stays --step-ms, a point mass most gaps share, and any spread the "
+                    "delivery adds moves the HTTP p50); default 0: none")  # fmt: skip
+    ap.add_argument("--slow-ms", type=float, default=5.0, help="the slow steps' length (default 5 ms)")
     ap.add_argument("--max-running", type=positive_int, default=32, help="requests the stand-in runs at once")
     ap.add_argument("--requests", type=positive_int, default=128, help="requests a round, all sent at t=0")
     ap.add_argument("--gen", type=positive_int, default=256, help="tokens each request generates")
@@ -159,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     context = args.prompt + args.gen + 8
     if args.serve is not None:
-        serve_front_end(args.serve, args.port, args.step_ms, args.max_running, context)
+        serve_front_end(args.serve, args.port, args.step_ms, args.max_running, context, args.slow_every, args.slow_ms)
         return 0
     from models.bench.make_checkpoint import word_tokenizer
 
@@ -169,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         word_tokenizer(VOCAB).save_pretrained(tok_dir)
     log = open(args.out / "front_end.log", "w")  # noqa: SIM115 (closed below)
     proc = subprocess.Popen([sys.executable, "-m", "models.bench.front_end", "--out", str(args.out), "--serve",
-                             str(tok_dir), "--port", str(args.port), "--step-ms", str(args.step_ms), "--max-running",
+                             str(tok_dir), "--port", str(args.port), "--step-ms", str(args.step_ms), "--slow-every",
+                             str(args.slow_every), "--slow-ms", str(args.slow_ms), "--max-running",
                              str(args.max_running), "--prompt", str(args.prompt), "--gen", str(args.gen)],
                             stdout=subprocess.PIPE, stderr=log, text=True)  # fmt: skip
     try:
@@ -192,7 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     for i, r in enumerate(runs):
         rows.append(f"| {i} | {r['tokps']:.0f} | {r['front_cpu_us_token']:.1f} | {r['itl_p50_ms']:.2f} | "
                     f"{r['ttft_p50_ms']:.1f} | {r['failed']} |")  # fmt: skip
-    text = (f"# The front end over a stand-in engine ({args.max_running} running, a step each {args.step_ms:g} ms)"
+    slow = f", every {args.slow_every}th {args.slow_ms:g} ms" if args.slow_every else ""
+    text = (f"# The front end over a stand-in engine ({args.max_running} running, a step each {args.step_ms:g} ms"
+            f"{slow})"
             f"\n\nCommand: `python -m models.bench.front_end {' '.join(argv if argv is not None else sys.argv[1:])}`"
             "\n\n" + "\n".join(rows) + "\n")  # fmt: skip
     (args.out / "results.md").write_text(text)
