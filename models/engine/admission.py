@@ -19,6 +19,7 @@ import torch
 from models.engine.pools import AdmitRefusal, AdmitRefused, AdmitTxn, Crossing, PagePool, handle_pool, recurrent_pool
 from models.engine.prefix_cache import ROOT as ROOT_KEY
 from models.engine.prefix_cache import Checkpoint, Checkpoints, PageRefs, chain_keys, tail_bytes
+from models.engine.requests import Request
 from models.engine.scheduler import Chunk, Pending
 from models.engine.stats import Counts
 from resplan import HostStreams, RowLayout, SamplerCell, float_bits
@@ -72,6 +73,14 @@ class PrefixSettings:
     interval: int
     copy_states: Callable[[np.ndarray, np.ndarray], None]
     copy_pages: Callable[[np.ndarray, np.ndarray], None]
+
+    @classmethod
+    def of(cls, cfg, adapter, state, layout: RowLayout, first_slot: int) -> PrefixSettings:
+        """An engine's (``cfg``: its EngineConfig): the checkpoints' slots follow the requests' from ``first_slot``,
+        the pages shared are the first APPEND pool's."""
+        pool = layout.append_keys[0]
+        return cls(pool, first_slot, cfg.checkpoints, cfg.checkpoint_interval,
+                   index_copier(adapter.recurrent_pools(state)), index_copier(adapter.kv_caches(state, pool)))
 
 
 def index_copier(tensors: tuple[torch.Tensor, ...]) -> Callable[[np.ndarray, np.ndarray], None]:
@@ -141,7 +150,10 @@ class Admission:
         return tuple((k, int(p.pages_for(prompt_len if k in self.append_keys else context[k])))
                      for k, p in self.page_pools.items())  # fmt: skip
 
-    def take_counts(self) -> list[CacheCounts]:
+    def take_counts(self) -> list[CacheCounts] | tuple[()]:
+        """What the cache did since the last call (nothing allocated when it did nothing: every step asks)."""
+        if not self.cache_counts:
+            return ()
         out, self.cache_counts = self.cache_counts, []
         return out
 
@@ -363,12 +375,17 @@ class Admission:
         self.checkpoints.add(ck)
         self.cache_counts.append(CacheCounts(checkpoints_taken=1))
 
-    def saves(self, chunk: Chunk, prompt: np.ndarray) -> list[tuple[int, int]]:
+    def saves(self, chunks: Sequence[Chunk], requests: Sequence[Request]) -> list[list[tuple[int, int]]]:
+        """Each chunk's recurrent-state saves in its pass (``requests[i]``: chunk i's; none without the prefix
+        cache)."""
+        if self.refs is None:
+            return []
+        return [self._saves(c, r.prompt) for c, r in zip(chunks, requests, strict=True)]
+
+    def _saves(self, chunk: Chunk, prompt) -> list[tuple[int, int]]:
         """The checkpoints a pass takes of ``chunk``: every ``interval`` tokens of its prompt (where the pass's
         64-token grid from the chunk's start meets them) and the prompt's end, less those already there. Returns the
         pass's (position, slot) saves; their checkpoints are indexed when the pass lands (``landed``)."""
-        if self.refs is None:
-            return []
         h, ps, iv = chunk.handle, self.page_size, self.prefix.interval
         end = chunk.start + chunk.n
         at = [p for p in range(-(-(chunk.start + 1) // iv) * iv, end + 1, iv)

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from models.engine.adapters import Adapter
-from models.engine.admission import Admission, Admitted, PrefixSettings, index_copier
+from models.engine.admission import Admission, Admitted, PrefixSettings
 from models.engine.config import DECODE_STREAM_PRIORITY, EngineConfig, Planning, PrefillPlacement, fit
 from models.engine.core import run_requests
 from models.engine.graphs import build_graphs, engine_streams, priority_stream
@@ -69,12 +69,7 @@ class Engine:
         kernels, workspaces = cfg.kernels.resolved(), Workspaces(self.device)  # (the environment read once, here)
         self.model_state = adapter.allocate(counts, ps, rec_slots + cfg.checkpoints, self.device, dtype, workspaces,
                                             saving=cfg.prefix_cache)  # (no save work in a pass without the cache)
-        prefix = None
-        if cfg.prefix_cache:  # the checkpoints' slots follow the requests' in the recurrent pools
-            pool = self.layout.append_keys[0]
-            prefix = PrefixSettings(pool, rec_slots, cfg.checkpoints, cfg.checkpoint_interval,
-                                    index_copier(adapter.recurrent_pools(self.model_state)),
-                                    index_copier(adapter.kv_caches(self.model_state, pool)))  # fmt: skip
+        prefix = PrefixSettings.of(cfg, adapter, self.model_state, self.layout, rec_slots) if cfg.prefix_cache else None
         self.admission = Admission(self.layout, counts, H, rec_slots if adapter.recurrent else None,
                                    partial(adapter.kv_caches, self.model_state), self.device, prefix)  # fmt: skip
         self.streams = self.admission.streams  # (admission writes them; the arms and the passes read them)
@@ -185,9 +180,9 @@ class Engine:
             return True
         early = self.early.take_early()
         if chunks and self.config.prefill.beside:  # on its stream, after the work queued so far (pages given back
-            launched = self.prefill.launch_beside(chunks, self.table.requests(handles_of(chunks)),  # may still be
-                                                  self._saves(chunks))  # fmt: skip
-            self.admission.prefilled(launched.chunks, launched.contexts)  # written by their last decode step)
+            reqs = self.table.requests(handles_of(chunks))  # may still be written by their last decode step)
+            launched = self.prefill.launch_beside(chunks, reqs, self.admission.saves(chunks, reqs))
+            self.admission.prefilled(launched.chunks, launched.contexts)
             batch = batch.decode_only()
         decode = batch.rows.size > 0 and not batch.has_prefill
         if batch.has_prefill:
@@ -277,9 +272,10 @@ class Engine:
             mode = self.table.mode(rows)
             f = self._launch(self.graphs.host(b, mode), b, rows, self.config.overlap, decode=False, mode=mode)
             self._ran(rows, seq)
-        launched, prefilled = self.prefill.run(chunks, self.table.requests(handles_of(chunks)), pass_rows,
-                                               self.table.last_tokens(pass_rows), self.table.asks_logprobs(pass_rows),
-                                               self._saves(chunks))  # fmt: skip
+        reqs = self.table.requests(handles_of(chunks))
+        launched, prefilled = self.prefill.run(chunks, reqs, pass_rows, self.table.last_tokens(pass_rows),
+                                               self.table.asks_logprobs(pass_rows),
+                                               self.admission.saves(chunks, reqs))  # fmt: skip
         self.admission.prefilled(launched.chunks, launched.contexts)
         if pass_rows.size:
             self.table.launched(pass_rows)
@@ -293,13 +289,6 @@ class Engine:
             self._emit(pass_rows, prefilled.decoded, prefilled.decoded_lp)
         if prefilled.ended.size:
             self._emit(prefilled.ended, prefilled.first_tokens, prefilled.first_lp)
-
-    def _saves(self, chunks: tuple[Chunk, ...]) -> list[list[tuple[int, int]]]:
-        """Each chunk's recurrent-state saves in its pass (prefix cache on; else none)."""
-        if not self.config.prefix_cache:
-            return []
-        reqs = self.table.requests(handles_of(chunks))
-        return [self.admission.saves(c, np.asarray(r.prompt, np.int64)) for c, r in zip(chunks, reqs, strict=True)]
 
     def _ran(self, rows: np.ndarray, seq: int) -> None:
         """The rows ran a decode token at step ``seq``: their lengths +1 (the rule the resident commit follows)."""
