@@ -106,6 +106,12 @@ def _name(v) -> bool:
     return isinstance(v, str) or (isinstance(v, int) and not isinstance(v, bool))
 
 
+def _at_least(path: Path, line: int, name: str, v, lo: int) -> None:
+    """A trace field that must be an integer >= ``lo`` (a bool is not one): WorkloadError naming the line if not."""
+    if not (isinstance(v, int) and not isinstance(v, bool) and v >= lo):
+        raise WorkloadError("--trace", f"{path}:{line}: {name} must be an integer >= {lo}, got {v!r}")
+
+
 def load_trace(path: Path) -> dict[str, np.ndarray]:
     """A JSON-lines trace as ``Workload.build``'s arrays (arrival_s, prompt_len, output_len, prefix_id, prefix_len,
     after, think_s), in arrival order. Each line is ``{"arrival_s", "prompt_len", "output_len"}`` and optionally:
@@ -141,16 +147,14 @@ def load_trace(path: Path) -> dict[str, np.ndarray]:
         if not (isinstance(a, int | float) and math.isfinite(a) and a >= 0):
             raise WorkloadError("--trace", f"{path}:{i}: arrival_s must be a number >= 0, got {a!r}")
         for name, v in (("prompt_len", p), ("output_len", o)):
-            if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
-                raise WorkloadError("--trace", f"{path}:{i}: {name} must be an integer >= 1, got {v!r}")
+            _at_least(path, i, name, v, 1)
         pid, plen = rec.get("prefix_id"), rec.get("prefix_len")
         if (pid is None) != (plen is None):
             raise WorkloadError("--trace", f"{path}:{i}: prefix_id and prefix_len go together")
         if pid is not None:
             if not _name(pid):
                 raise WorkloadError("--trace", f"{path}:{i}: prefix_id must be a string or an integer, got {pid!r}")
-            if not (isinstance(plen, int) and not isinstance(plen, bool) and plen >= 1):
-                raise WorkloadError("--trace", f"{path}:{i}: prefix_len must be an integer >= 1, got {plen!r}")
+            _at_least(path, i, "prefix_len", plen, 1)
             was = prefix_lens.setdefault(pid, (plen, i))
             if was[0] != plen:
                 raise WorkloadError("--trace", f"{path}:{i}: prefix {pid!r} is {plen} tokens here but {was[0]} at "
@@ -161,8 +165,7 @@ def load_trace(path: Path) -> dict[str, np.ndarray]:
         if sess is not None:
             if not _name(sess):
                 raise WorkloadError("--trace", f"{path}:{i}: session must be a string or an integer, got {sess!r}")
-            if not (isinstance(turn, int) and not isinstance(turn, bool) and turn >= 0):
-                raise WorkloadError("--trace", f"{path}:{i}: turn must be an integer >= 0, got {turn!r}")
+            _at_least(path, i, "turn", turn, 0)
             turns = sessions.setdefault(sess, {})
             if turn in turns:
                 raise WorkloadError("--trace", f"{path}:{i}: session {sess!r} has turn {turn} twice (line "
