@@ -7,6 +7,10 @@ layers), rows of ``--ctx`` tokens on random distinct pages, ``--attention`` XQA 
 step is captured once as the engine captures a bucket and replayed ``--iters`` times; reported: median replay time
 (CUDA events), the host time of one ``replay()`` call, and from one profiled replay the kernel count and the kernels
 taking the most GPU time.
+
+The floor: the bytes a step must move (every weight read once, the lm_head included; per row its GDN and conv states
+read and written, its KV read and one token's written) over the bandwidth a device-to-device copy reaches on this
+GPU (bytes read plus written, a 1 GiB copy); "of the floor" is that time over the step's.
 """
 
 from __future__ import annotations
@@ -60,6 +64,30 @@ def _kernel_table(prof, top: int) -> tuple[int, float, list[tuple[str, int, floa
     return count, total, rows[:top]
 
 
+def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, iters: int = 10) -> float:
+    """Bytes a second a device-to-device copy moves (read plus written), the median of ``iters`` copies."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(iters + 1):  # (the first warms up)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return 2 * nbytes / statistics.median(times[1:])
+
+
+def step_bytes(model, state, b: int, ctx: int) -> int:
+    """The bytes one decode step of ``b`` rows of ``ctx`` tokens must move: every weight once (a tied lm_head once),
+    each row's recurrent states read and written, its KV read (``ctx`` tokens) and one token's KV written."""
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    per_slot = sum(t[0].numel() * t.element_size() for t in (*state.ssm, *state.conv))  # one row's states
+    kv_token = sum(t[0, :, 0].numel() * t.element_size() for t in state.kv)  # K and V of one token, every layer
+    return weights + b * (2 * per_slot + (ctx + 1) * kv_token)
+
+
 def parser() -> argparse.ArgumentParser:
     ap = OneLineParser(prog="python -m models.bench.decode_profile", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -84,6 +112,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--norm", default="fold",
                     help="each sublayer's pre-norm folded into its first GEMM's weight stream (one row, NORM_CONFIGS "
                          "shapes) or a kernel of its own: fold, split, or fold,split (A/B)")
+    ap.add_argument("--gemv-slice", default="0",
+                    help="weight streams at whole-slice configs (each program's block_n columns x all of K read before "
+                         "its PDL wait; kernels.gemv.slice_config) of this many elements a program, or 0 for the "
+                         "measured configs; comma-separated for an A/B, e.g. 0,8192,16384")
     return ap
 
 
@@ -95,6 +127,12 @@ def main(argv: list[str] | None = None) -> None:
             ap.error(f"{flag} takes fold, split or fold,split; got {value!r}")
     if not set(a.pdl.split(",")) <= {"on", "off"}:
         ap.error(f"--pdl takes on, off or on,off; got {a.pdl!r}")
+    try:
+        slices = [int(x) for x in a.gemv_slice.split(",")]
+    except ValueError:
+        ap.error(f"--gemv-slice takes element counts (0: the measured configs), comma-separated; got {a.gemv_slice!r}")
+    if any(e < 0 for e in slices):
+        ap.error(f"--gemv-slice takes counts >= 0; got {a.gemv_slice!r}")
     if not torch.cuda.is_available():
         raise SystemExit("decode_profile measures CUDA graphs: it needs a GPU")
     dev, dt, ps = torch.device("cuda"), torch.bfloat16, a.page_size
@@ -119,24 +157,29 @@ def main(argv: list[str] | None = None) -> None:
     print(f"# decode step on {torch.cuda.get_device_name()}: {a.model}, ctx {a.ctx}, page {ps}, "
           f"{'XQA (pdl ' + a.xqa_pdl + ')' if a.attention == 'xqa' else 'Triton attention'}, "
           f"bf16, sampler {a.sampler}, GEMMs: {a.gemv}\n")
-    print("| b | path | GPU us / step (replay) | host us / replay() | kernels / step | profiled GPU us |")
-    print("|---|---|---|---|---|---|")
+    bandwidth = copy_bandwidth(dev)
+    print(f"A device copy moves {bandwidth / 1e12:.2f} TB/s (read + written).\n")
+    print("| b | path | GPU us / step (replay) | floor us | of the floor | host us / replay() | kernels / step | "
+          "profiled GPU us |")
+    print("|---|---|---|---|---|---|---|---|")
     details = []
     for b in batches:
         bufs = _bufs(layout, b, a.ctx, ps, W, num_pages, dev, rng)
         ids = torch.randint(0, model.cfg.vocab_size, (b,), device=dev)
         out = torch.empty(b, dtype=torch.int64, device=dev)
-        variants = [(p, m == "on", f, n) for p in a.paths.split(",") for m in a.pdl.split(",")
-                    for f in a.silu_mul.split(",") for n in a.norm.split(",")]  # fmt: skip
-        for path, pdl_on, silu, norm in variants:
+        floor_us = step_bytes(model, state, b, a.ctx) / bandwidth * 1e6
+        variants = [(p, m == "on", f, n, e) for p in a.paths.split(",") for m in a.pdl.split(",")
+                    for f in a.silu_mul.split(",") for n in a.norm.split(",") for e in slices]  # fmt: skip
+        for path, pdl_on, silu, norm, elements in variants:
             kc = KernelChoices(pdl=pdl_on, fold_silu_mul=silu == "fold", fold_norm=norm == "fold", gemv=gemv_pick,
-                               fused_decode={"fused": True, "torch": False}[path])  # fmt: skip
+                               gemv_slice=elements, fused_decode={"fused": True, "torch": False}[path])  # fmt: skip
             if a.attention != "xqa":
                 attn = TritonDecode(hq, hk, d, ps, max_batch=max(batches), max_pages_per_row=W, device=dev, dtype=dt,
                                     pdl=pdl_on)  # fmt: skip
             label = path + ("" if kc.launches_pdl() else " (no PDL)")
             label += " (silu_mul split)" if silu == "split" and path == "fused" else ""
             label += " (norm split)" if norm == "split" and path == "fused" else ""
+            label += f" (whole slices of {elements})" if elements and path == "fused" else ""
 
             def step(ids=ids, bufs=bufs, out=out, attn=attn, kc=kc) -> None:
                 logits = model.decode(state, ids, bufs, attn, kc)
@@ -158,8 +201,9 @@ def main(argv: list[str] | None = None) -> None:
                 g.replay()
                 torch.cuda.synchronize()
             count, total, top = _kernel_table(prof, a.top)
-            print(f"| {b} | {label} | {statistics.median(gpu):.0f} | {statistics.median(host):.1f} | {count} | "
-                  f"{total:.0f} |", flush=True)  # fmt: skip
+            step_us = statistics.median(gpu)
+            print(f"| {b} | {label} | {step_us:.0f} | {floor_us:.0f} | {floor_us / step_us:.0%} | "
+                  f"{statistics.median(host):.1f} | {count} | {total:.0f} |", flush=True)  # fmt: skip
             details.append((b, label, top))
             del g
     for b, path, top in details:
