@@ -12,7 +12,7 @@ import enum
 import attrs
 
 from kernels import pdl as _pdl
-from kernels.gemv import MAX_ROWS, gemv_wins, norm_fold_wins, silu_mul_fold_wins, slice_config
+from kernels.gemv import MAX_ROWS, gemv_wins, norm_fold_wins, silu_mul_fold_wins
 
 
 class GemvPick(enum.Enum):
@@ -32,9 +32,6 @@ class KernelChoices:
     fold_silu_mul: bool = True  # SwiGLU's silu_mul folded into the down GEMM where measured (SILU_MUL_CONFIGS)
     fold_norm: bool = True  # a sublayer's pre-norm folded into its first GEMM where configured (NORM_CONFIGS)
     gemv: GemvPick = GemvPick.MEASURED
-    # > 0: every weight stream's program reads its whole slice of w (this many elements) before its PDL wait
-    # (kernels.gemv.slice_config) instead of the measured configs' first tile; 0: the measured configs
-    gemv_slice: int = 0
     fused_decode: bool | None = None  # decode on the Triton kernels (fused step, GDN conv/delta rule); None: on CUDA
     prefill_kernels: bool | None = None  # prefill mixers on fla-core / FlashInfer; None: CUDA weights in 16 bits
     prefill_fused: bool | None = None  # prefill's row-wise work on our Triton kernels; None: where weights are on CUDA
@@ -44,11 +41,6 @@ class KernelChoices:
         if self.gemv is GemvPick.MEASURED:
             return gemv_wins(rows, n, k)
         return self.gemv is GemvPick.EVERY and 1 <= rows <= MAX_ROWS
-
-    def gemv_config(self, rows: int, k: int) -> tuple[int, int, int, int] | None:
-        """The weight stream's config for a GEMM of ``rows`` rows over K = ``k``: the whole-slice config where
-        ``gemv_slice`` asks for it, else None (the kernel's measured table)."""
-        return slice_config(rows, k, self.gemv_slice) if self.gemv_slice else None
 
     def folds_silu_mul(self, rows: int, n: int, k: int) -> bool:
         """Whether silu_mul folds into this down GEMM (``kernels.gemv.gemv_silu_mul``)."""

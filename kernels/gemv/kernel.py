@@ -176,14 +176,6 @@ NORM_CONFIGS: dict[tuple[bool, int, int], tuple[int, int, int, int]] = {
 }
 
 
-def slice_config(rows: int, k: int, elements: int) -> tuple[int, int, int, int]:
-    """A config whose programs each read their whole slice of w, ``block_n`` columns x all of K (padded to a power of
-    two), as the first tile: under PDL all of it streams in before the wait, while the kernels before this one run.
-    ``block_n`` = elements // block_k (at least 1, or 16 for tl.dot's rows); one stage (there is no second tile)."""
-    block_k = triton.next_power_of_2(k)
-    return max(16 if rows > 1 else 1, elements // block_k), block_k, 4, 1
-
-
 def _listed(table: dict, rows: int, n: int, k: int) -> bool:
     """The GEMM of ``rows`` rows is in ``table`` for its path (one row, or 2-16 rows)."""
     return 1 <= rows <= MAX_ROWS and (rows > 1, n, k) in table

@@ -112,10 +112,6 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--norm", default="fold",
                     help="each sublayer's pre-norm folded into its first GEMM's weight stream (one row, NORM_CONFIGS "
                          "shapes) or a kernel of its own: fold, split, or fold,split (A/B)")
-    ap.add_argument("--gemv-slice", default="0",
-                    help="weight streams at whole-slice configs (each program's block_n columns x all of K read before "
-                         "its PDL wait; kernels.gemv.slice_config) of this many elements a program, or 0 for the "
-                         "measured configs; comma-separated for an A/B, e.g. 0,8192,16384")
     return ap
 
 
@@ -127,12 +123,6 @@ def main(argv: list[str] | None = None) -> None:
             ap.error(f"{flag} takes fold, split or fold,split; got {value!r}")
     if not set(a.pdl.split(",")) <= {"on", "off"}:
         ap.error(f"--pdl takes on, off or on,off; got {a.pdl!r}")
-    try:
-        slices = [int(x) for x in a.gemv_slice.split(",")]
-    except ValueError:
-        ap.error(f"--gemv-slice takes element counts (0: the measured configs), comma-separated; got {a.gemv_slice!r}")
-    if any(e < 0 for e in slices):
-        ap.error(f"--gemv-slice takes counts >= 0; got {a.gemv_slice!r}")
     if not torch.cuda.is_available():
         raise SystemExit("decode_profile measures CUDA graphs: it needs a GPU")
     dev, dt, ps = torch.device("cuda"), torch.bfloat16, a.page_size
@@ -168,18 +158,17 @@ def main(argv: list[str] | None = None) -> None:
         ids = torch.randint(0, model.cfg.vocab_size, (b,), device=dev)
         out = torch.empty(b, dtype=torch.int64, device=dev)
         floor_us = step_bytes(model, state, b, a.ctx) / bandwidth * 1e6
-        variants = [(p, m == "on", f, n, e) for p in a.paths.split(",") for m in a.pdl.split(",")
-                    for f in a.silu_mul.split(",") for n in a.norm.split(",") for e in slices]  # fmt: skip
-        for path, pdl_on, silu, norm, elements in variants:
+        variants = [(p, m == "on", f, n) for p in a.paths.split(",") for m in a.pdl.split(",")
+                    for f in a.silu_mul.split(",") for n in a.norm.split(",")]  # fmt: skip
+        for path, pdl_on, silu, norm in variants:
             kc = KernelChoices(pdl=pdl_on, fold_silu_mul=silu == "fold", fold_norm=norm == "fold", gemv=gemv_pick,
-                               gemv_slice=elements, fused_decode={"fused": True, "torch": False}[path])  # fmt: skip
+                               fused_decode={"fused": True, "torch": False}[path])  # fmt: skip
             if a.attention != "xqa":
                 attn = TritonDecode(hq, hk, d, ps, max_batch=max(batches), max_pages_per_row=W, device=dev, dtype=dt,
                                     pdl=pdl_on)  # fmt: skip
             label = path + ("" if kc.launches_pdl() else " (no PDL)")
             label += " (silu_mul split)" if silu == "split" and path == "fused" else ""
             label += " (norm split)" if norm == "split" and path == "fused" else ""
-            label += f" (whole slices of {elements})" if elements and path == "fused" else ""
 
             def step(ids=ids, bufs=bufs, out=out, attn=attn, kc=kc) -> None:
                 logits = model.decode(state, ids, bufs, attn, kc)
