@@ -31,6 +31,7 @@ class KernelChoices:
     pdl: bool | None = None  # launch with programmatic dependent launch; None: the process default (``resolved``)
     fold_silu_mul: bool = True  # SwiGLU's silu_mul folded into the down GEMM where measured (SILU_MUL_CONFIGS)
     fold_norm: bool = True  # a sublayer's pre-norm folded into its first GEMM where configured (NORM_CONFIGS)
+    fold_conv: bool = True  # one row: the GDN conv step in the epilogue of its input GEMM's weight stream
     gemv: GemvPick = GemvPick.MEASURED
     fused_decode: bool | None = None  # decode on the Triton kernels (fused step, GDN conv/delta rule); None: on CUDA
     prefill_kernels: bool | None = None  # prefill mixers on fla-core / FlashInfer; None: CUDA weights in 16 bits
@@ -49,6 +50,11 @@ class KernelChoices:
     def folds_norm(self, rows: int, n: int, k: int) -> bool:
         """Whether the pre-norm folds into this GEMM (``kernels.gemv.gemv_add_rms_norm``)."""
         return self.fold_norm and norm_fold_wins(rows, n, k)
+
+    def folds_conv(self, rows: int, n: int, k: int) -> bool:
+        """Whether the conv step rides in this input GEMM's epilogue (``kernels.gemv.ConvStep``): one row, where the
+        GEMM runs as the weight stream (folded with its pre-norm or not)."""
+        return self.fold_conv and rows == 1 and (self.streams(rows, n, k) or self.folds_norm(rows, n, k))
 
     def launches_pdl(self) -> bool:
         """Whether the step's kernels launch with PDL on this machine (never in the interpreter or off sm_90+)."""

@@ -9,6 +9,7 @@ from kernels.gemv.kernel import (
     MAX_ROWS,
     NORM_CONFIGS,
     SILU_MUL_CONFIGS,
+    ConvStep,
     gemv,
     gemv_add_rms_norm,
     gemv_silu_mul,
@@ -19,7 +20,7 @@ from kernels.gemv.kernel import (
 from kernels.gemv.naive import gemv_add_rms_norm_ref, gemv_ref, gemv_silu_mul_ref
 
 __all__ = [
-    "DEFAULT_CONFIG", "GEMV_CONFIGS", "MAX_ROWS", "NORM_CONFIGS", "SILU_MUL_CONFIGS", "gemv", "gemv_add_rms_norm",
-    "gemv_silu_mul", "gemv_wins", "norm_fold_wins", "silu_mul_fold_wins", "gemv_ref", "gemv_silu_mul_ref",
-    "gemv_add_rms_norm_ref"
+    "ConvStep", "DEFAULT_CONFIG", "GEMV_CONFIGS", "MAX_ROWS", "NORM_CONFIGS", "SILU_MUL_CONFIGS", "gemv",
+    "gemv_add_rms_norm", "gemv_silu_mul", "gemv_wins", "norm_fold_wins", "silu_mul_fold_wins", "gemv_ref",
+    "gemv_silu_mul_ref", "gemv_add_rms_norm_ref"
 ]

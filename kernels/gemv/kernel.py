@@ -16,9 +16,17 @@ is round(s * rstd * (1 + nw)). Same operations as add_rms_norm_ then gemv: bit f
 the row's float32 sum of squares is reduced in the order of its layout, which follows the warp count: at the norm
 kernel's 4 warps the layouts agree (by the sm_90 TTGIR, K = 1024 bf16), at another count rstd may move by an ulp and
 an x element by one rounding. The residual s is bit for bit either way.
+
+A one-row stream may also carry the GDN layer's causal conv in its epilogue (``conv=``, the kernel's ``CONV``): the
+program that owns output column n < C (a conv channel) rounds y[n] as it stores it, shifts it into that channel's
+conv state in ``conv_pool[slots[0]]`` and writes silu(conv) to ``conv_out[0, n]``, exactly as
+``kernels.gdn_decode.conv1d_decode_step_`` does from the stored y. Each channel has one owner, so no program reads
+a state another writes; one launch fewer a GDN layer.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import triton
@@ -27,6 +35,16 @@ import triton.language as tl
 from kernels.pdl import launch_options, pdl_wait
 
 MAX_ROWS = 16  # more rows than this: the GEMM is no longer a weight stream; use cuBLAS
+
+
+class ConvStep(NamedTuple):
+    """The conv step a one-row stream runs in its epilogue (module doc): on ``pool[slots[0]]`` with ``weight``, into
+    ``out``; the GEMM's first C = weight.shape[0] output columns are its input."""
+
+    pool: torch.Tensor  # [slots, C, KW], updated in place
+    slots: torch.Tensor  # [1] int, the row's recurrent slot
+    weight: torch.Tensor  # [C, KW]
+    out: torch.Tensor  # [1, C], silu(conv), unit column stride
 
 
 @triton.jit
@@ -81,6 +99,26 @@ def _gemv_tile(
 
 
 @triton.jit
+def _conv_epilogue(y, offs_n, C, conv_ptr, slot_ptr, cw_ptr, co_ptr, s_slot, s_c, s_k, cw_c, cw_k,
+                   KW: tl.constexpr, KW_BLOCK: tl.constexpr):  # fmt: skip
+    """The conv step of one row's channels ``offs_n`` (those < C) from their rounded GEMM outputs ``y`` [BLOCK_N]:
+    state = cat(state[:, 1:], y) in place in the row's slot, conv_out = silu(sum(state * w)), as the conv kernel."""
+    mc = offs_n < C
+    offs_j = tl.arange(0, KW_BLOCK)
+    m2 = mc[:, None] & (offs_j < KW)[None, :]
+    last = (offs_j == KW - 1)[None, :] & mc[:, None]  # [BLOCK_N, KW_BLOCK]
+    shifted = mc[:, None] & ((offs_j + 1) < KW)[None, :]
+    slot = tl.load(slot_ptr).to(tl.int64)
+    base = conv_ptr + slot * s_slot + offs_n.to(tl.int64)[:, None] * s_c
+    w = tl.load(cw_ptr + offs_n[:, None] * cw_c + offs_j[None, :] * cw_k, mask=m2, other=0.0)
+    old = tl.load(base + (offs_j[None, :] + 1) * s_k, mask=shifted, other=0.0)  # state[:, j + 1]
+    new = tl.where(last, y[:, None].to(cw_ptr.dtype.element_ty), old.to(cw_ptr.dtype.element_ty))
+    acc = tl.sum(new.to(tl.float32) * w.to(tl.float32), axis=1)  # [BLOCK_N]
+    tl.store(base + offs_j[None, :] * s_k, new.to(conv_ptr.dtype.element_ty), mask=m2)
+    tl.store(co_ptr + offs_n, (acc * tl.sigmoid(acc)).to(co_ptr.dtype.element_ty), mask=mc)
+
+
+@triton.jit
 def _gemv_kernel(
     x_ptr,
     w_ptr,
@@ -95,6 +133,16 @@ def _gemv_kernel(
     nw_ptr,  # NORM: the norm weight [K]
     ho_ptr,  # NORM: where program 0 stores s = round(h + delta) [1, K]
     eps,
+    conv_ptr,  # CONV: the conv pool [slots, C, KW]
+    slot_ptr,  # CONV: the row's recurrent slot [1]
+    cw_ptr,  # CONV: the conv weight [C, KW]
+    co_ptr,  # CONV: silu(conv) out [1, C]
+    C,  # CONV: conv channels, the first C output columns
+    s_slot,
+    s_c,
+    s_k,
+    cw_c,
+    cw_k,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -104,6 +152,9 @@ def _gemv_kernel(
     HAS_DELTA: tl.constexpr,
     ZERO_CENTERED: tl.constexpr,
     NORM_BLOCK: tl.constexpr,  # NORM: next_power_of_2(K), the whole row
+    CONV: tl.constexpr,
+    KW: tl.constexpr,  # CONV: the conv's taps
+    KW_BLOCK: tl.constexpr,  # CONV: next_power_of_2(KW)
     PDL: tl.constexpr,
 ):
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -144,7 +195,11 @@ def _gemv_kernel(
         dst = y_ptr + offs_m[:, None] * y_m + offs_n[None, :]
         tl.store(dst, acc.to(y_ptr.dtype.element_ty), mask=mm[:, None] & mn[None, :])
     else:
-        tl.store(y_ptr + offs_n, acc.to(y_ptr.dtype.element_ty), mask=mn)
+        y = acc.to(y_ptr.dtype.element_ty)
+        tl.store(y_ptr + offs_n, y, mask=mn)
+        if CONV:
+            _conv_epilogue(y, offs_n, C, conv_ptr, slot_ptr, cw_ptr, co_ptr, s_slot, s_c, s_k, cw_c, cw_k, KW,
+                           KW_BLOCK)  # fmt: skip
 
 
 # (block_n, block_k, num_warps, num_stages), from models/bench/results/gemv_h200.md (Qwen3.5-0.8B shapes, H200). The
@@ -204,6 +259,7 @@ def gemv(
     out: torch.Tensor | None = None,  # [M, N] contiguous, x's dtype unless given
     config: tuple[int, int, int, int] | None = None,  # (block_n, block_k, num_warps, num_stages)
     pdl: bool | None = None,  # launch with PDL (kernels.pdl); None reads the process default: an engine passes a bool
+    conv: ConvStep | None = None,  # one row: the conv step on the first C output columns, in the epilogue
 ) -> torch.Tensor:
     """x @ w^T for a few rows, as one weight stream. See module doc. Under PDL the first tile of ``w`` is read before
     the kernel waits for the one before it: ``w`` must be a weight, never something an earlier kernel of the step
@@ -211,7 +267,7 @@ def gemv(
     M, K = x.shape
     N = w.shape[0]
     assert w.shape == (N, K) and x.stride(-1) == 1 and w.stride(-1) == 1, (x.shape, w.shape)
-    return _launch(x, w, out, config, M, N, K, pdl=pdl)
+    return _launch(x, w, out, config, M, N, K, pdl=pdl, conv=conv)
 
 
 def gemv_silu_mul(
@@ -239,6 +295,7 @@ def gemv_add_rms_norm(
     config: tuple[int, int, int, int] | None = None,  # (block_n, block_k, num_warps, num_stages)
     zero_centered: bool = True,
     pdl: bool | None = None,  # launch with PDL (kernels.pdl); None reads the process default: an engine passes a bool
+    conv: ConvStep | None = None,  # the conv step on the first C output columns, in the epilogue
 ) -> torch.Tensor:
     """h_out = s = round(h_in + delta); y = round(s * rsqrt(mean(s^2) + eps) * (1 + nw)) @ w^T, in one launch: the
     value of ``gemv(add_rms_norm_(h, delta, nw, eps), w)`` with ``h`` updated into h_out instead of in place."""
@@ -254,13 +311,14 @@ def gemv_add_rms_norm(
         assert delta.shape == (1, K) and delta.stride(-1) == 1, (delta.shape, h_in.shape)
         assert h_out.data_ptr() != delta.data_ptr(), "h_out must be another buffer than delta"
     norm = (h_in if delta is None else delta, norm_weight, h_out, float(eps), zero_centered, delta is not None)
-    return _launch(h_in, w, out, config, M, N, K, norm=norm, pdl=pdl)
+    return _launch(h_in, w, out, config, M, N, K, norm=norm, pdl=pdl, conv=conv)
 
 
 def _launch(x, w, out, config, M: int, N: int, K: int, silu_mul: bool = False, norm: tuple | None = None,
-            pdl: bool | None = None):
+            pdl: bool | None = None, conv: ConvStep | None = None):  # fmt: skip
     """Run _gemv_kernel over ``x`` ([M, K], or with ``silu_mul`` gu [M, 2K]) and ``w`` [N, K] into ``out``; ``norm``:
-    (delta, norm weight, h_out, eps, zero_centered, has_delta) of gemv_add_rms_norm, x being its h_in."""
+    (delta, norm weight, h_out, eps, zero_centered, has_delta) of gemv_add_rms_norm, x being its h_in; ``conv``: the
+    conv step in the epilogue."""
     assert M <= MAX_ROWS, f"gemv serves <= {MAX_ROWS} rows, got {M}"
     if out is None:
         out = torch.empty(M, N, dtype=x.dtype, device=x.device)
@@ -271,10 +329,20 @@ def _launch(x, w, out, config, M: int, N: int, K: int, silu_mul: bool = False, n
     table = NORM_CONFIGS if norm else SILU_MUL_CONFIGS if silu_mul else GEMV_CONFIGS
     block_n, block_k, warps, stages = config or table.get((dot, N, K), DEFAULT_CONFIG[dot])
     d, nw, h_out, eps, zero_centered, has_delta = norm or (x, x, x, 0.0, False, False)
+    if conv is not None:
+        C, KW = conv.weight.shape
+        assert M == 1, f"the conv epilogue serves one row, got {M}"
+        assert C <= N and conv.pool.shape[1:] == (C, KW) and conv.slots.shape == (1,), (conv.pool.shape, N)
+        assert conv.out.shape == (1, C) and conv.out.stride(-1) == 1, conv.out.shape
+        conv_args = (conv.pool, conv.slots, conv.weight, conv.out, C, *conv.pool.stride(), *conv.weight.stride())
+    else:
+        C = KW = 1
+        conv_args = (x, x, x, x, 0, 0, 0, 0, 0, 0)
     _gemv_kernel[(triton.cdiv(N, block_n),)](
-        x, w, out, M, N, K, x.stride(0), w.stride(0), out.stride(0), d, nw, h_out, eps,
+        x, w, out, M, N, K, x.stride(0), w.stride(0), out.stride(0), d, nw, h_out, eps, *conv_args,
         BLOCK_M=16 if dot else 1, BLOCK_N=block_n, BLOCK_K=block_k, DOT=dot, SILU_MUL=silu_mul, NORM=norm is not None,
         HAS_DELTA=has_delta, ZERO_CENTERED=zero_centered, NORM_BLOCK=triton.next_power_of_2(K) if norm else 1,
+        CONV=conv is not None, KW=KW, KW_BLOCK=triton.next_power_of_2(KW),
         num_warps=warps, num_stages=stages, **launch_options(pdl),
     )  # fmt: skip
     return out

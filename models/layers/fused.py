@@ -21,7 +21,7 @@ from torch import nn
 
 from kernels.choices import KernelChoices
 from kernels.gates import silu_mul
-from kernels.gemv import gemv, gemv_add_rms_norm, gemv_silu_mul
+from kernels.gemv import ConvStep, gemv, gemv_add_rms_norm, gemv_silu_mul
 from kernels.norms import add_rms_norm_
 
 
@@ -57,12 +57,12 @@ def fused_weight(owner: nn.Module, name: str, *linears: nn.Linear) -> torch.Tens
     return w
 
 
-def decode_linear(x: torch.Tensor, w: torch.Tensor, kc: KernelChoices) -> torch.Tensor:
+def decode_linear(x: torch.Tensor, w: torch.Tensor, kc: KernelChoices, conv: ConvStep | None = None) -> torch.Tensor:
     """x [M, K] @ w[N, K]^T for a decode step: the Triton weight stream (kernels.gemv) on CUDA where ``kc.streams``
     (by default the shapes where it was measured faster than cuBLAS, ``kernels.gemv.GEMV_CONFIGS``), else
-    ``F.linear``."""
-    if x.is_cuda and kc.streams(x.shape[0], w.shape[0], w.shape[1]):
-        return gemv(x, w, pdl=kc.pdl)
+    ``F.linear``. ``conv``: the stream runs this conv step in its epilogue (only where ``conv_folds``)."""
+    if conv is not None or (x.is_cuda and kc.streams(x.shape[0], w.shape[0], w.shape[1])):
+        return gemv(x, w, pdl=kc.pdl, conv=conv)
     return F.linear(x, w)
 
 
@@ -121,16 +121,25 @@ def norm_folds(p: PendingNorm, w: torch.Tensor, kc: KernelChoices) -> bool:
     return p.res.h.is_cuda and kc.folds_norm(p.res.h.shape[0], w.shape[0], w.shape[1])
 
 
-def decode_normed_linear(x: torch.Tensor | PendingNorm, w: torch.Tensor, kc: KernelChoices) -> torch.Tensor:
+def conv_folds(x: torch.Tensor | PendingNorm, w: torch.Tensor, kc: KernelChoices) -> bool:
+    """Whether ``decode_normed_linear(x, w, kc, conv)`` may carry a conv step in its epilogue: on CUDA, where
+    ``kc.folds_conv`` (one row, the GEMM a weight stream)."""
+    h = x.res.h if isinstance(x, PendingNorm) else x
+    return h.is_cuda and kc.folds_conv(h.shape[0], w.shape[0], w.shape[1])
+
+
+def decode_normed_linear(x: torch.Tensor | PendingNorm, w: torch.Tensor, kc: KernelChoices,
+                         conv: ConvStep | None = None) -> torch.Tensor:  # fmt: skip
     """x @ w[N, K]^T for a decode step, where x [b, K] may be a pre-norm not yet applied (``PendingNorm``): where
     ``norm_folds``, one kernel with the norm in its loads (kernels.gemv.gemv_add_rms_norm; the residual moves to the
     stream's spare buffer), else add_rms_norm_ (the residual updated in place) then ``decode_linear``. Both leave the
-    updated residual in ``x.res.h``."""
+    updated residual in ``x.res.h``. ``conv``: the GEMM's stream runs this conv step in its epilogue (``conv_folds``
+    says where it may)."""
     if isinstance(x, torch.Tensor):
-        return decode_linear(x, w, kc)
+        return decode_linear(x, w, kc, conv)
     if norm_folds(x, w, kc):
         y = gemv_add_rms_norm(x.res.h, x.delta, x.weight, x.eps, w, x.res.take_spare(), zero_centered=x.zero_centered,
-                              pdl=kc.pdl)  # fmt: skip
+                              pdl=kc.pdl, conv=conv)  # fmt: skip
         x.res.swap()
         return y
-    return decode_linear(x.apply(kc), w, kc)
+    return decode_linear(x.apply(kc), w, kc, conv)
