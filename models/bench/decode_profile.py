@@ -84,13 +84,17 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--norm", default="fold",
                     help="each sublayer's pre-norm folded into its first GEMM's weight stream (one row, NORM_CONFIGS "
                          "shapes) or a kernel of its own: fold, split, or fold,split (A/B)")
+    ap.add_argument("--gate-fold", default="fold",
+                    help="the GDN output norm folded into out_proj's and attention's output gate into o_proj's weight "
+                         "stream (one row, GATED_NORM_CONFIGS / SIGMOID_GATE_CONFIGS shapes), both together, or "
+                         "kernels of their own: fold, split, or fold,split (A/B)")
     return ap
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = parser()
     a = ap.parse_args(argv)
-    for flag, value in (("--silu-mul", a.silu_mul), ("--norm", a.norm)):
+    for flag, value in (("--silu-mul", a.silu_mul), ("--norm", a.norm), ("--gate-fold", a.gate_fold)):
         if not set(value.split(",")) <= {"fold", "split"}:
             ap.error(f"{flag} takes fold, split or fold,split; got {value!r}")
     if not set(a.pdl.split(",")) <= {"on", "off"}:
@@ -126,10 +130,12 @@ def main(argv: list[str] | None = None) -> None:
         bufs = _bufs(layout, b, a.ctx, ps, W, num_pages, dev, rng)
         ids = torch.randint(0, model.cfg.vocab_size, (b,), device=dev)
         out = torch.empty(b, dtype=torch.int64, device=dev)
-        variants = [(p, m == "on", f, n) for p in a.paths.split(",") for m in a.pdl.split(",")
-                    for f in a.silu_mul.split(",") for n in a.norm.split(",")]  # fmt: skip
-        for path, pdl_on, silu, norm in variants:
-            kc = KernelChoices(pdl=pdl_on, fold_silu_mul=silu == "fold", fold_norm=norm == "fold", gemv=gemv_pick,
+        variants = [(p, m == "on", f, n, g) for p in a.paths.split(",") for m in a.pdl.split(",")
+                    for f in a.silu_mul.split(",") for n in a.norm.split(",")
+                    for g in a.gate_fold.split(",")]  # fmt: skip
+        for path, pdl_on, silu, norm, gate in variants:
+            kc = KernelChoices(pdl=pdl_on, fold_silu_mul=silu == "fold", fold_norm=norm == "fold",
+                               fold_gated_norm=gate == "fold", fold_sigmoid_gate=gate == "fold", gemv=gemv_pick,
                                fused_decode={"fused": True, "torch": False}[path])  # fmt: skip
             if a.attention != "xqa":
                 attn = TritonDecode(hq, hk, d, ps, max_batch=max(batches), max_pages_per_row=W, device=dev, dtype=dt,
@@ -137,6 +143,7 @@ def main(argv: list[str] | None = None) -> None:
             label = path + ("" if kc.launches_pdl() else " (no PDL)")
             label += " (silu_mul split)" if silu == "split" and path == "fused" else ""
             label += " (norm split)" if norm == "split" and path == "fused" else ""
+            label += " (gates split)" if gate == "split" and path == "fused" else ""
 
             def step(ids=ids, bufs=bufs, out=out, attn=attn, kc=kc) -> None:
                 logits = model.decode(state, ids, bufs, attn, kc)
