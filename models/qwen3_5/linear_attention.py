@@ -17,7 +17,13 @@ from kernels.gdn_decode import conv1d_decode_step_, gdn_decode_raw_step_, gdn_de
 from kernels.gdn_prefill import gdn_prefill, gdn_prefill_ref
 from kernels.gemv import ConvStep
 from kernels.norms import gated_rms_norm
-from models.layers.fused import PendingNorm, conv_folds, decode_linear, decode_normed_linear, fused_weight
+from models.layers.fused import (
+    PendingNorm,
+    conv_folds,
+    decode_gated_norm_linear,
+    decode_normed_linear,
+    fused_weight,
+)
 from models.layers.gdn import L2_EPS, causal_conv1d_step, gated_delta_step, gdn_gates, l2norm, normalize_qk
 from models.layers.norms import GatedRMSNorm
 from models.qwen3_5.config import Qwen35Config
@@ -169,8 +175,8 @@ class GatedDeltaNet(nn.Module):
         kc: KernelChoices,  # the step's kernel choices
     ) -> torch.Tensor:
         """``decode`` in five kernels: one input GEMM, conv step, delta-rule step (norms and gates inside), gated norm,
-        out_proj; four at one row, where the conv step rides in the input GEMM's epilogue (``conv_folds``). Triton
-        (CUDA or the interpreter). [b, hidden]."""
+        out_proj; at one row the conv step rides in the input GEMM's epilogue (``conv_folds``) and the gated norm in
+        out_proj's loads, three kernels. Triton (CUDA or the interpreter). [b, hidden]."""
         w, C = self.in_weight(), self.conv_dim
         if conv_folds(x, w, kc):
             h = x.res.h if isinstance(x, PendingNorm) else x
@@ -186,5 +192,4 @@ class GatedDeltaNet(nn.Module):
         beta_raw, a_raw = p[:, C + vd : C + vd + hv], p[:, C + vd + hv :]
         o = torch.empty(b, hv, self.dv, dtype=torch.float32, device=p.device)  # [b, hv, dv]
         gdn_decode_raw_step_(ssm_pool, slots, q, k, v, a_raw, beta_raw, self.A_log, self.dt_bias, o, pdl=kc.pdl)
-        y = gated_rms_norm(o, p[:, C : C + vd], self.norm.weight, self.norm.eps, pdl=kc.pdl)  # [b, vd]
-        return decode_linear(y, self.out_proj.weight, kc)
+        return decode_gated_norm_linear(o, p[:, C : C + vd], self.norm.weight, self.norm.eps, self.out_proj.weight, kc)
