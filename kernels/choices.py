@@ -12,14 +12,7 @@ import enum
 import attrs
 
 from kernels import pdl as _pdl
-from kernels.gemv import (
-    MAX_ROWS,
-    gated_norm_fold_wins,
-    gemv_wins,
-    norm_fold_wins,
-    sigmoid_gate_fold_wins,
-    silu_mul_fold_wins,
-)
+from kernels.gemv import MAX_ROWS, gemv_wins, norm_fold_wins, silu_mul_fold_wins
 
 
 class GemvPick(enum.Enum):
@@ -32,15 +25,12 @@ class GemvPick(enum.Enum):
 
 @attrs.frozen
 class KernelChoices:
-    """PDL launches, the one-row folds into the weight stream, where the weight stream runs at all, and which
+    """PDL launches, the two one-row folds into the weight stream, where the weight stream runs at all, and which
     path the model's decode and prefill take (its Triton / CUDA kernels or the torch references)."""
 
     pdl: bool | None = None  # launch with programmatic dependent launch; None: the process default (``resolved``)
     fold_silu_mul: bool = True  # SwiGLU's silu_mul folded into the down GEMM where measured (SILU_MUL_CONFIGS)
     fold_norm: bool = True  # a sublayer's pre-norm folded into its first GEMM where configured (NORM_CONFIGS)
-    fold_conv: bool = True  # one row: the GDN conv step in the epilogue of its input GEMM's weight stream
-    fold_gated_norm: bool = True  # the GDN output norm folded into out_proj where configured (GATED_NORM_CONFIGS)
-    fold_sigmoid_gate: bool = True  # attention's output gate folded into o_proj where configured (SIGMOID_GATE_CONFIGS)
     gemv: GemvPick = GemvPick.MEASURED
     fused_decode: bool | None = None  # decode on the Triton kernels (fused step, GDN conv/delta rule); None: on CUDA
     prefill_kernels: bool | None = None  # prefill mixers on fla-core / FlashInfer; None: CUDA weights in 16 bits
@@ -59,19 +49,6 @@ class KernelChoices:
     def folds_norm(self, rows: int, n: int, k: int) -> bool:
         """Whether the pre-norm folds into this GEMM (``kernels.gemv.gemv_add_rms_norm``)."""
         return self.fold_norm and norm_fold_wins(rows, n, k)
-
-    def folds_conv(self, rows: int, n: int, k: int) -> bool:
-        """Whether the conv step rides in this input GEMM's epilogue (``kernels.gemv.ConvStep``): one row, where the
-        GEMM runs as the weight stream (folded with its pre-norm or not)."""
-        return self.fold_conv and rows == 1 and (self.streams(rows, n, k) or self.folds_norm(rows, n, k))
-
-    def folds_gated_norm(self, rows: int, n: int, k: int) -> bool:
-        """Whether the GDN output norm folds into this GEMM (``kernels.gemv.gemv_gated_rms_norm``)."""
-        return self.fold_gated_norm and gated_norm_fold_wins(rows, n, k)
-
-    def folds_sigmoid_gate(self, rows: int, n: int, k: int) -> bool:
-        """Whether attention's output gate folds into this GEMM (``kernels.gemv.gemv_sigmoid_gate``)."""
-        return self.fold_sigmoid_gate and sigmoid_gate_fold_wins(rows, n, k)
 
     def launches_pdl(self) -> bool:
         """Whether the step's kernels launch with PDL on this machine (never in the interpreter or off sm_90+)."""

@@ -112,21 +112,13 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--norm", default="fold",
                     help="each sublayer's pre-norm folded into its first GEMM's weight stream (one row, NORM_CONFIGS "
                          "shapes) or a kernel of its own: fold, split, or fold,split (A/B)")
-    ap.add_argument("--conv", default="fold",
-                    help="the GDN conv step in its input GEMM's epilogue (one row, where that GEMM streams) or a "
-                         "kernel of its own: fold, split, or fold,split (A/B)")
-    ap.add_argument("--gate-fold", default="fold",
-                    help="the GDN output norm folded into out_proj's and attention's output gate into o_proj's weight "
-                         "stream (one row, GATED_NORM_CONFIGS / SIGMOID_GATE_CONFIGS shapes), both together, or "
-                         "kernels of their own: fold, split, or fold,split (A/B)")
     return ap
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = parser()
     a = ap.parse_args(argv)
-    for flag, value in (("--silu-mul", a.silu_mul), ("--norm", a.norm), ("--conv", a.conv),
-                        ("--gate-fold", a.gate_fold)):
+    for flag, value in (("--silu-mul", a.silu_mul), ("--norm", a.norm)):
         if not set(value.split(",")) <= {"fold", "split"}:
             ap.error(f"{flag} takes fold, split or fold,split; got {value!r}")
     if not set(a.pdl.split(",")) <= {"on", "off"}:
@@ -166,13 +158,10 @@ def main(argv: list[str] | None = None) -> None:
         ids = torch.randint(0, model.cfg.vocab_size, (b,), device=dev)
         out = torch.empty(b, dtype=torch.int64, device=dev)
         floor_us = step_bytes(model, state, b, a.ctx) / bandwidth * 1e6
-        variants = [(p, m == "on", f, n, c, g) for p in a.paths.split(",") for m in a.pdl.split(",")
-                    for f in a.silu_mul.split(",") for n in a.norm.split(",") for c in a.conv.split(",")
-                    for g in a.gate_fold.split(",")]  # fmt: skip
-        for path, pdl_on, silu, norm, conv, gate in variants:
-            kc = KernelChoices(pdl=pdl_on, fold_silu_mul=silu == "fold", fold_norm=norm == "fold",
-                               fold_conv=conv == "fold", fold_gated_norm=gate == "fold",
-                               fold_sigmoid_gate=gate == "fold", gemv=gemv_pick,
+        variants = [(p, m == "on", f, n) for p in a.paths.split(",") for m in a.pdl.split(",")
+                    for f in a.silu_mul.split(",") for n in a.norm.split(",")]  # fmt: skip
+        for path, pdl_on, silu, norm in variants:
+            kc = KernelChoices(pdl=pdl_on, fold_silu_mul=silu == "fold", fold_norm=norm == "fold", gemv=gemv_pick,
                                fused_decode={"fused": True, "torch": False}[path])  # fmt: skip
             if a.attention != "xqa":
                 attn = TritonDecode(hq, hk, d, ps, max_batch=max(batches), max_pages_per_row=W, device=dev, dtype=dt,
@@ -180,8 +169,6 @@ def main(argv: list[str] | None = None) -> None:
             label = path + ("" if kc.launches_pdl() else " (no PDL)")
             label += " (silu_mul split)" if silu == "split" and path == "fused" else ""
             label += " (norm split)" if norm == "split" and path == "fused" else ""
-            label += " (conv split)" if conv == "split" and path == "fused" else ""
-            label += " (gates split)" if gate == "split" and path == "fused" else ""
 
             def step(ids=ids, bufs=bufs, out=out, attn=attn, kc=kc) -> None:
                 logits = model.decode(state, ids, bufs, attn, kc)

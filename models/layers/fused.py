@@ -8,9 +8,8 @@ inside a CUDA-graph capture: call the model's ``fuse_projections()`` first (``bu
 
 Decode's GEMM dispatch is here too: ``decode_linear`` (the Triton weight stream where it was measured faster than
 cuBLAS), and the forms with the op before the GEMM folded into its loads: ``decode_silu_mul_linear`` (SwiGLU's
-silu_mul), ``decode_normed_linear`` (the pre-norm, with the residual stream ``Residual`` it updates),
-``decode_gated_norm_linear`` (the GDN output norm) and ``decode_sigmoid_gate_linear`` (attention's output gate). Each
-takes the step's ``KernelChoices`` (``kernels.choices``): which of those forms to take, and whether to launch with PDL.
+silu_mul) and ``decode_normed_linear`` (the pre-norm, with the residual stream ``Residual`` it updates). Each takes
+the step's ``KernelChoices`` (``kernels.choices``): which of those forms to take, and whether to launch with PDL.
 """
 
 from __future__ import annotations
@@ -21,9 +20,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.choices import KernelChoices
-from kernels.gates import sigmoid_gate_mul, silu_mul
-from kernels.gemv import ConvStep, gemv, gemv_add_rms_norm, gemv_gated_rms_norm, gemv_sigmoid_gate, gemv_silu_mul
-from kernels.norms import add_rms_norm_, gated_rms_norm
+from kernels.gates import silu_mul
+from kernels.gemv import gemv, gemv_add_rms_norm, gemv_silu_mul
+from kernels.norms import add_rms_norm_
 
 
 def _is_fused(w: torch.Tensor, linears: tuple[nn.Linear, ...]) -> bool:
@@ -58,12 +57,12 @@ def fused_weight(owner: nn.Module, name: str, *linears: nn.Linear) -> torch.Tens
     return w
 
 
-def decode_linear(x: torch.Tensor, w: torch.Tensor, kc: KernelChoices, conv: ConvStep | None = None) -> torch.Tensor:
+def decode_linear(x: torch.Tensor, w: torch.Tensor, kc: KernelChoices) -> torch.Tensor:
     """x [M, K] @ w[N, K]^T for a decode step: the Triton weight stream (kernels.gemv) on CUDA where ``kc.streams``
     (by default the shapes where it was measured faster than cuBLAS, ``kernels.gemv.GEMV_CONFIGS``), else
-    ``F.linear``. ``conv``: the stream runs this conv step in its epilogue (only where ``conv_folds``)."""
-    if conv is not None or (x.is_cuda and kc.streams(x.shape[0], w.shape[0], w.shape[1])):
-        return gemv(x, w, pdl=kc.pdl, conv=conv)
+    ``F.linear``."""
+    if x.is_cuda and kc.streams(x.shape[0], w.shape[0], w.shape[1]):
+        return gemv(x, w, pdl=kc.pdl)
     return F.linear(x, w)
 
 
@@ -75,47 +74,6 @@ def decode_silu_mul_linear(gu: torch.Tensor, w: torch.Tensor, kc: KernelChoices)
     if gu.is_cuda and kc.folds_silu_mul(gu.shape[0], w.shape[0], w.shape[1]):
         return gemv_silu_mul(gu, w, pdl=kc.pdl)
     return decode_linear(silu_mul(gu, pdl=kc.pdl), w, kc)
-
-
-def gated_norm_folds(o: torch.Tensor, w: torch.Tensor, kc: KernelChoices) -> bool:
-    """Whether ``decode_gated_norm_linear(o, ..., w, kc)`` runs as one kernel (gemv_gated_rms_norm): on CUDA, where
-    ``kc.folds_gated_norm`` (one row, a shape where the fold is configured: ``kernels.gemv.GATED_NORM_CONFIGS``)."""
-    return o.is_cuda and kc.folds_gated_norm(o.shape[0], w.shape[0], w.shape[1])
-
-
-def decode_gated_norm_linear(
-    o: torch.Tensor,  # [b, H, D], the GDN output (float32)
-    z: torch.Tensor,  # [b, H * D], the output gate
-    norm_weight: torch.Tensor,  # [D]
-    eps: float,
-    w: torch.Tensor,  # [N, H * D], out_proj
-    kc: KernelChoices,
-) -> torch.Tensor:
-    """gated_rms_norm(o, z, nw, eps) @ w^T for a decode step [b, N]: where ``gated_norm_folds``, one kernel with the
-    norm in its loads (kernels.gemv.gemv_gated_rms_norm), else kernels.norms.gated_rms_norm then ``decode_linear``."""
-    if gated_norm_folds(o, w, kc):
-        return gemv_gated_rms_norm(o, z, norm_weight, eps, w, pdl=kc.pdl)
-    return decode_linear(gated_rms_norm(o, z, norm_weight, eps, pdl=kc.pdl), w, kc)
-
-
-def sigmoid_gate_folds(o: torch.Tensor, w: torch.Tensor, kc: KernelChoices) -> bool:
-    """Whether ``decode_sigmoid_gate_linear(o, qkv, w, kc)`` runs as one kernel (gemv_sigmoid_gate): on CUDA, where
-    ``kc.folds_sigmoid_gate`` (one row, a shape where the fold is configured: ``kernels.gemv.SIGMOID_GATE_CONFIGS``)."""
-    return o.is_cuda and kc.folds_sigmoid_gate(o.shape[0], w.shape[0], w.shape[1])
-
-
-def decode_sigmoid_gate_linear(
-    o: torch.Tensor,  # [b, H, D], the attention output
-    qkv: torch.Tensor,  # [b, >= 2 H D], the fused projection: per head h, [query D | gate D] at h * 2D
-    w: torch.Tensor,  # [N, H * D], o_proj
-    kc: KernelChoices,
-) -> torch.Tensor:
-    """(o * sigmoid(gate)) @ w^T for a decode step [b, N]: where ``sigmoid_gate_folds``, one kernel with the gate in its
-    loads (kernels.gemv.gemv_sigmoid_gate, the two-step value bit for bit), else kernels.gates.sigmoid_gate_mul then
-    ``decode_linear``."""
-    if sigmoid_gate_folds(o, w, kc):
-        return gemv_sigmoid_gate(o, qkv, w, pdl=kc.pdl)
-    return decode_linear(sigmoid_gate_mul(o, qkv, pdl=kc.pdl), w, kc)
 
 
 @attrs.define(eq=False)
@@ -163,25 +121,16 @@ def norm_folds(p: PendingNorm, w: torch.Tensor, kc: KernelChoices) -> bool:
     return p.res.h.is_cuda and kc.folds_norm(p.res.h.shape[0], w.shape[0], w.shape[1])
 
 
-def conv_folds(x: torch.Tensor | PendingNorm, w: torch.Tensor, kc: KernelChoices) -> bool:
-    """Whether ``decode_normed_linear(x, w, kc, conv)`` may carry a conv step in its epilogue: on CUDA, where
-    ``kc.folds_conv`` (one row, the GEMM a weight stream)."""
-    h = x.res.h if isinstance(x, PendingNorm) else x
-    return h.is_cuda and kc.folds_conv(h.shape[0], w.shape[0], w.shape[1])
-
-
-def decode_normed_linear(x: torch.Tensor | PendingNorm, w: torch.Tensor, kc: KernelChoices,
-                         conv: ConvStep | None = None) -> torch.Tensor:  # fmt: skip
+def decode_normed_linear(x: torch.Tensor | PendingNorm, w: torch.Tensor, kc: KernelChoices) -> torch.Tensor:
     """x @ w[N, K]^T for a decode step, where x [b, K] may be a pre-norm not yet applied (``PendingNorm``): where
     ``norm_folds``, one kernel with the norm in its loads (kernels.gemv.gemv_add_rms_norm; the residual moves to the
     stream's spare buffer), else add_rms_norm_ (the residual updated in place) then ``decode_linear``. Both leave the
-    updated residual in ``x.res.h``. ``conv``: the GEMM's stream runs this conv step in its epilogue (``conv_folds``
-    says where it may)."""
+    updated residual in ``x.res.h``."""
     if isinstance(x, torch.Tensor):
-        return decode_linear(x, w, kc, conv)
+        return decode_linear(x, w, kc)
     if norm_folds(x, w, kc):
         y = gemv_add_rms_norm(x.res.h, x.delta, x.weight, x.eps, w, x.res.take_spare(), zero_centered=x.zero_centered,
-                              pdl=kc.pdl, conv=conv)  # fmt: skip
+                              pdl=kc.pdl)  # fmt: skip
         x.res.swap()
         return y
-    return decode_linear(x.apply(kc), w, kc, conv)
+    return decode_linear(x.apply(kc), w, kc)

@@ -13,7 +13,7 @@ from torch import nn
 from kernels.attention_prep import attention_prep_
 from kernels.choices import KernelChoices
 from kernels.gates import sigmoid_gate_mul
-from models.layers.fused import PendingNorm, decode_normed_linear, decode_sigmoid_gate_linear, fused_weight
+from models.layers.fused import PendingNorm, decode_linear, decode_normed_linear, fused_weight
 from models.layers.norms import ZeroCenteredRMSNorm
 from models.layers.paged import paged_decode_attention, write_kv
 from models.layers.prefill_attention import paged_prefill_ref
@@ -124,7 +124,7 @@ class GatedAttention(nn.Module):
         kc: KernelChoices,  # the step's kernel choices
     ) -> torch.Tensor:
         """``decode`` in five kernels around the attention: qkv GEMM, prologue (norms, RoPE, K/V write), attention,
-        sigmoid gate, o_proj (four where the gate folds into o_proj). Triton (CUDA or the interpreter). [b, hidden]."""
+        sigmoid gate, o_proj. Triton (CUDA or the interpreter). [b, hidden]."""
         qkv = decode_normed_linear(x, self.qkv_weight(), kc)  # [b, hq 2d + 2 hk d]
         q = attention_prep_(qkv, self.q_norm.weight, self.k_norm.weight, cos, sin, kv, write_loc, self.n_heads,
                             self.q_norm.eps, pdl=kc.pdl)  # fmt: skip
@@ -132,4 +132,4 @@ class GatedAttention(nn.Module):
             o = paged_decode_attention(q, kv, block_table, seq_lens, self.scale)  # [b, hq, d]
         else:
             o = attn(q, kv, block_table, seq_lens, self.scale)
-        return decode_sigmoid_gate_linear(o, qkv, self.o_proj.weight, kc)
+        return decode_linear(sigmoid_gate_mul(o, qkv, pdl=kc.pdl), self.o_proj.weight, kc)

@@ -15,15 +15,8 @@ from kernels.choices import DEFAULT, KernelChoices
 from kernels.conv1d_varlen import conv1d_varlen_, conv1d_varlen_ref_
 from kernels.gdn_decode import conv1d_decode_step_, gdn_decode_raw_step_, gdn_decode_step_
 from kernels.gdn_prefill import gdn_prefill, gdn_prefill_ref
-from kernels.gemv import ConvStep
 from kernels.norms import gated_rms_norm
-from models.layers.fused import (
-    PendingNorm,
-    conv_folds,
-    decode_gated_norm_linear,
-    decode_normed_linear,
-    fused_weight,
-)
+from models.layers.fused import PendingNorm, decode_linear, decode_normed_linear, fused_weight
 from models.layers.gdn import L2_EPS, causal_conv1d_step, gated_delta_step, gdn_gates, l2norm, normalize_qk
 from models.layers.norms import GatedRMSNorm
 from models.qwen3_5.config import Qwen35Config
@@ -175,21 +168,15 @@ class GatedDeltaNet(nn.Module):
         kc: KernelChoices,  # the step's kernel choices
     ) -> torch.Tensor:
         """``decode`` in five kernels: one input GEMM, conv step, delta-rule step (norms and gates inside), gated norm,
-        out_proj; at one row the conv step rides in the input GEMM's epilogue (``conv_folds``) and the gated norm in
-        out_proj's loads, three kernels. Triton (CUDA or the interpreter). [b, hidden]."""
-        w, C = self.in_weight(), self.conv_dim
-        if conv_folds(x, w, kc):
-            h = x.res.h if isinstance(x, PendingNorm) else x
-            mixed = torch.empty(h.shape[0], C, dtype=h.dtype, device=h.device)  # [b, C]: q | k | v
-            p = decode_normed_linear(x, w, kc, ConvStep(conv_pool, slots, self.conv_weight, mixed))
-        else:
-            p = decode_normed_linear(x, w, kc)  # [b, C | vd | hv | hv]
-            mixed = conv1d_decode_step_(conv_pool, slots, p[:, :C], self.conv_weight, pdl=kc.pdl)  # [b, C]: q | k | v
-        b, kd, vd, hv = p.shape[0], self.key_dim, self.value_dim, self.hv
+        out_proj. Triton (CUDA or the interpreter). [b, hidden]."""
+        p = decode_normed_linear(x, self.in_weight(), kc)  # [b, C | vd | hv | hv]
+        b, C, kd, vd, hv = p.shape[0], self.conv_dim, self.key_dim, self.value_dim, self.hv
+        mixed = conv1d_decode_step_(conv_pool, slots, p[:, :C], self.conv_weight, pdl=kc.pdl)  # [b, C]: q | k | v
         q = mixed[:, :kd].view(b, self.hk, self.dk)
         k = mixed[:, kd : 2 * kd].view(b, self.hk, self.dk)
         v = mixed[:, 2 * kd :].view(b, hv, self.dv)
         beta_raw, a_raw = p[:, C + vd : C + vd + hv], p[:, C + vd + hv :]
         o = torch.empty(b, hv, self.dv, dtype=torch.float32, device=p.device)  # [b, hv, dv]
         gdn_decode_raw_step_(ssm_pool, slots, q, k, v, a_raw, beta_raw, self.A_log, self.dt_bias, o, pdl=kc.pdl)
-        return decode_gated_norm_linear(o, p[:, C : C + vd], self.norm.weight, self.norm.eps, self.out_proj.weight, kc)
+        y = gated_rms_norm(o, p[:, C : C + vd], self.norm.weight, self.norm.eps, pdl=kc.pdl)  # [b, vd]
+        return decode_linear(y, self.out_proj.weight, kc)
