@@ -26,7 +26,6 @@ import triton
 import triton.language as tl
 
 from kernels.gdn_decode.naive import L2_EPS as _L2_EPS
-from kernels.paged_decode.kernel import device_sms
 from kernels.pdl import launch_options, pdl_wait
 
 L2_EPS = tl.constexpr(_L2_EPS)
@@ -144,20 +143,6 @@ def gdn_decode_raw_step_(
     _launch_gdn(ssm_pool, slots, q, k, v, a, b, out, block_v, prep=(A_log, dt_bias), pdl=pdl)
 
 
-MIN_BLOCK_V = 8  # the narrowest state tile a program owns: [next_power_of_2(dk), 8] float32
-PROGRAMS_PER_SM = 2  # the programs a step's delta rule should give each SM before its tiles grow
-
-
-def block_v_for(b: int, hv: int, dk: int, dv: int, sms: int) -> int:
-    """The dv columns a program owns: the widest power of two up to dv (and 8192 // next_power_of_2(dk) state
-    entries a program) that still gives ``PROGRAMS_PER_SM`` programs an SM over b rows x hv heads, at least
-    ``MIN_BLOCK_V``. Few rows take narrow tiles: one row of 16 heads is 32 programs at 64 columns, 256 at 8."""
-    bv = max(MIN_BLOCK_V, min(triton.next_power_of_2(dv), 8192 // triton.next_power_of_2(dk)))
-    while bv > MIN_BLOCK_V and b * hv * triton.cdiv(dv, bv) < PROGRAMS_PER_SM * sms:
-        bv //= 2
-    return bv
-
-
 def _launch_gdn(ssm_pool, slots, q, k, v, g, beta, out, block_v, prep, pdl) -> None:
     _, hv, dk, dv = ssm_pool.shape
     b, hk = q.shape[0], q.shape[1]
@@ -170,7 +155,7 @@ def _launch_gdn(ssm_pool, slots, q, k, v, g, beta, out, block_v, prep, pdl) -> N
         return
     block_k = triton.next_power_of_2(dk)
     if block_v is None:
-        block_v = block_v_for(b, hv, dk, dv, device_sms(ssm_pool.device))
+        block_v = max(16, min(triton.next_power_of_2(dv), 8192 // block_k))
     A_log, dt_bias = prep if prep is not None else (g, g)  # unread unless PREP
     grid = (b, hv, triton.cdiv(dv, block_v))
     _gdn_decode_kernel[grid](

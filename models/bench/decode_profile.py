@@ -112,9 +112,6 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--norm", default="fold",
                     help="each sublayer's pre-norm folded into its first GEMM's weight stream (one row, NORM_CONFIGS "
                          "shapes) or a kernel of its own: fold, split, or fold,split (A/B)")
-    ap.add_argument("--gdn-block-v", default="auto",
-                    help="the delta rule's state columns a program: auto (kernels.gdn_decode.block_v_for, by rows) or "
-                         "a power of two; comma-separated for an A/B, e.g. auto,64")
     return ap
 
 
@@ -126,10 +123,6 @@ def main(argv: list[str] | None = None) -> None:
             ap.error(f"{flag} takes fold, split or fold,split; got {value!r}")
     if not set(a.pdl.split(",")) <= {"on", "off"}:
         ap.error(f"--pdl takes on, off or on,off; got {a.pdl!r}")
-    block_vs = [None if x == "auto" else x for x in a.gdn_block_v.split(",")]
-    if not all(x is None or (x.isdigit() and int(x) >= 1 and int(x) & (int(x) - 1) == 0) for x in block_vs):
-        ap.error(f"--gdn-block-v takes auto or powers of two, comma-separated; got {a.gdn_block_v!r}")
-    block_vs = [None if x is None else int(x) for x in block_vs]
     if not torch.cuda.is_available():
         raise SystemExit("decode_profile measures CUDA graphs: it needs a GPU")
     dev, dt, ps = torch.device("cuda"), torch.bfloat16, a.page_size
@@ -165,18 +158,17 @@ def main(argv: list[str] | None = None) -> None:
         ids = torch.randint(0, model.cfg.vocab_size, (b,), device=dev)
         out = torch.empty(b, dtype=torch.int64, device=dev)
         floor_us = step_bytes(model, state, b, a.ctx) / bandwidth * 1e6
-        variants = [(p, m == "on", f, n, bv) for p in a.paths.split(",") for m in a.pdl.split(",")
-                    for f in a.silu_mul.split(",") for n in a.norm.split(",") for bv in block_vs]  # fmt: skip
-        for path, pdl_on, silu, norm, block_v in variants:
+        variants = [(p, m == "on", f, n) for p in a.paths.split(",") for m in a.pdl.split(",")
+                    for f in a.silu_mul.split(",") for n in a.norm.split(",")]  # fmt: skip
+        for path, pdl_on, silu, norm in variants:
             kc = KernelChoices(pdl=pdl_on, fold_silu_mul=silu == "fold", fold_norm=norm == "fold", gemv=gemv_pick,
-                               gdn_block_v=block_v, fused_decode={"fused": True, "torch": False}[path])  # fmt: skip
+                               fused_decode={"fused": True, "torch": False}[path])  # fmt: skip
             if a.attention != "xqa":
                 attn = TritonDecode(hq, hk, d, ps, max_batch=max(batches), max_pages_per_row=W, device=dev, dtype=dt,
                                     pdl=pdl_on)  # fmt: skip
             label = path + ("" if kc.launches_pdl() else " (no PDL)")
             label += " (silu_mul split)" if silu == "split" and path == "fused" else ""
             label += " (norm split)" if norm == "split" and path == "fused" else ""
-            label += f" (delta rule {block_v} columns a program)" if block_v and path == "fused" else ""
 
             def step(ids=ids, bufs=bufs, out=out, attn=attn, kc=kc) -> None:
                 logits = model.decode(state, ids, bufs, attn, kc)

@@ -177,7 +177,6 @@ class GatedDeltaNet(nn.Module):
         v = mixed[:, 2 * kd :].view(b, hv, self.dv)
         beta_raw, a_raw = p[:, C + vd : C + vd + hv], p[:, C + vd + hv :]
         o = torch.empty(b, hv, self.dv, dtype=torch.float32, device=p.device)  # [b, hv, dv]
-        gdn_decode_raw_step_(ssm_pool, slots, q, k, v, a_raw, beta_raw, self.A_log, self.dt_bias, o,
-                             block_v=kc.gdn_block_v, pdl=kc.pdl)  # fmt: skip
+        gdn_decode_raw_step_(ssm_pool, slots, q, k, v, a_raw, beta_raw, self.A_log, self.dt_bias, o, pdl=kc.pdl)
         y = gated_rms_norm(o, p[:, C : C + vd], self.norm.weight, self.norm.eps, pdl=kc.pdl)  # [b, vd]
         return decode_linear(y, self.out_proj.weight, kc)
