@@ -13,7 +13,7 @@ from kernels.runtime import interpreted
 CLIS = ["models.demo", "models.generate", "models.server", *(f"models.bench.{m}" for m in (
     "attention", "decode_profile", "gemv", "planner", "prefill_profile", "prefill_ops", "serve", "traffic",
     "pool_probe", "prefill_pass", "prefill_kernels", "sampler", "step_profile", "make_checkpoint",
-    "front_end"))]  # fmt: skip
+    "front_end", "host_step"))]  # fmt: skip
 
 
 @pytest.mark.parametrize("module", CLIS)
