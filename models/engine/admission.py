@@ -455,14 +455,19 @@ class Admission:
         """Every page of handle h goes back to its pool; its streams keep their lengths. Returns the pages."""
         given = []
         for k, held in self.n_pages.items():
-            s = self.streams.kv[k]
-            pages = s.pages[h, : held[h]].copy()
-            self._give_pages(k, pages[::-1])  # the last page first: a chain's tail is evicted before its head
+            pages = self.streams.kv[k].pages[h, : held[h]].copy()
+            self._empty_row(k, h, pages)
             given.append(pages)
-            s.pages[h] = SINK_PAGE
-            held[h] = 0
-            s.epoch[h] += 1
         return np.concatenate(given)
+
+    def _empty_row(self, k: str, h: int, pages: np.ndarray) -> None:
+        """Handle h holds no page of pool k any more: ``pages`` (those of its row it lets go) go back, the last first
+        (a chain's tail is evicted before its head), and its row points at the sink."""
+        s = self.streams.kv[k]
+        self._give_pages(k, pages[::-1])
+        s.pages[h] = SINK_PAGE
+        self.n_pages[k][h] = 0
+        s.epoch[h] += 1
 
     # -- lengths -------------------------------------------------------------------------------------------------
     def advance(self, rows: np.ndarray) -> None:
@@ -509,21 +514,17 @@ class Admission:
         prefix cache's: full, read-only) is not copied: h keeps its reference, and it comes back as it is."""
         saved, given = {}, []
         for k, held in self.n_pages.items():
-            s = self.streams.kv[k]
             n = int(held[h])
-            row = s.pages[h, :n].astype(np.int32)
+            row = self.streams.kv[k].pages[h, :n].astype(np.int32)
             kept = np.zeros(n, np.int32)  # [n] the page kept at each column, 0 where the page was copied
             if self.refs is not None and k == self.prefix.pool:
-                cached = np.fromiter((p in self.refs.key_of for p in row.tolist()), bool, n)
+                cached = self.refs.cached(row)
                 kept[cached] = row[cached]
             moved = row[kept == 0]
             idx = torch.from_numpy(moved.astype(np.int64)).to(self.device)
             saved[k] = (n, [c[idx].to("cpu", copy=True) for c in self.kv_caches(k)], kept)
-            self._give_pages(k, moved[::-1])
+            self._empty_row(k, h, moved)
             given.append(moved)
-            s.pages[h] = SINK_PAGE
-            held[h] = 0
-            s.epoch[h] += 1
         self.saved[h] = saved
         return np.concatenate(given)
 

@@ -83,11 +83,15 @@ class PageRefs:
         zero = pages[self.count[pages] == 0]
         if zero.size == 0:
             return zero
-        cached = np.fromiter((p in self.key_of for p in zero.tolist()), bool, zero.size)
+        cached = self.cached(zero)
         for p in zero[cached].tolist():
             self.idle[p] = None
             self.idle.move_to_end(p)
         return zero[~cached]
+
+    def cached(self, pages: np.ndarray) -> np.ndarray:
+        """[n] bool: the page is cached (under a chain key)."""
+        return np.fromiter((p in self.key_of for p in pages.tolist()), bool, pages.size)
 
     def insert(self, pages: np.ndarray, keys: list[bytes]) -> int:
         """Cache held full pages under their chain keys (a key cached already keeps its page); returns how many were
