@@ -19,11 +19,13 @@ import argparse
 import statistics
 import time
 from collections import defaultdict
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 
 from kernels.choices import GemvPick, KernelChoices
+from models.bench.timing import replay_us
 from models.cli import OneLineParser
 from models.engine import build_adapter
 from models.engine.sampler import Sampler
@@ -68,15 +70,8 @@ def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, iters: int = 10)
     """Bytes a second a device-to-device copy moves (read plus written), the median of ``iters`` copies."""
     src = torch.empty(nbytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(iters + 1):  # (the first warms up)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return 2 * nbytes / statistics.median(times[1:])
+    dst.copy_(src)  # (warms up)
+    return 2 * nbytes / (replay_us(SimpleNamespace(replay=lambda: dst.copy_(src)), iters) / 1e6)
 
 
 def step_bytes(model, state, b: int, ctx: int) -> int:
