@@ -189,31 +189,30 @@ class Admission:
             self.page_pools[k].give(self.refs.let_go(pages))
 
     # -- a step's admit transaction ------------------------------------------------------------------------------
-    def crossing_need(self, rows: np.ndarray) -> dict[str, int]:
-        """Pages the rows' next tokens open, by APPEND pool."""
-        need = {}
+    def crossings(self, rows: np.ndarray) -> tuple[tuple[str, np.ndarray, np.ndarray], ...]:
+        """The rows whose next token opens a page, by APPEND pool: (pool, [m] handles, [m] page columns), only the
+        pools with some (vectorised per pool)."""
+        found = []
         for k in self.append_keys:
             col = self.streams.kv[k].lengths[rows] // self.page_size
-            need[k] = int(np.count_nonzero(col >= self.n_pages[k][rows]))
-        return need
+            need = col >= self.n_pages[k][rows]
+            if need.any():
+                found.append((k, rows[need], col[need]))
+        return tuple(found)
 
-    def crossings_fit(self, rows: np.ndarray) -> bool:
-        """Whether every APPEND pool has a free page for each of the rows' next tokens that opens one."""
-        need, free = self.crossing_need(rows), self.free()
-        return all(need[k] <= free[k] for k in need)
+    def crossings_fit(self, found: tuple[tuple[str, np.ndarray, np.ndarray], ...]) -> bool:
+        """Whether every APPEND pool has a free page for each crossing ``found`` (``crossings``)."""
+        if not found:
+            return True
+        free = self.free()
+        return all(h.size <= free[k] for k, h, _ in found)
 
-    def take_crossings(self, rows: np.ndarray, txn: AdmitTxn) -> None:
-        """A page for each row whose next token opens one (vectorised per pool)."""
-        for k in self.append_keys:
-            s, held = self.streams.kv[k], self.n_pages[k]
-            col = s.lengths[rows] // self.page_size
-            need = col >= held[rows]
-            if not need.any():
-                continue
-            h, c = rows[need], col[need]
+    def take_crossings(self, found: tuple[tuple[str, np.ndarray, np.ndarray], ...], txn: AdmitTxn) -> None:
+        """A page for each crossing ``found`` (``crossings``), in ``txn``."""
+        for k, h, c in found:
             pages = self._take_pages(k, h.size)
-            s.pages[h, c] = pages
-            held[h] += 1
+            self.streams.kv[k].pages[h, c] = pages
+            self.n_pages[k][h] += 1
             txn.crossings.append(Crossing(k, h, c, pages))
 
     def admit(self, rows: np.ndarray, admits: Sequence[tuple[Pending, int]], txn: AdmitTxn) -> Admitted:
@@ -222,7 +221,7 @@ class Admission:
         transaction took (``txn``'s crossings taken early included) is given back."""
         ahead, starts = 0, []
         try:
-            self.take_crossings(rows, txn)
+            self.take_crossings(self.crossings(rows), txn)
             for pend, _ in admits:
                 h = self.handles.take()
                 txn.admitted.append(h)

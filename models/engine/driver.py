@@ -126,6 +126,7 @@ class Engine:
         stops = stop_set(request.sampling, self.limits.eos_token_ids)
         keys = tuple(chain_keys(request.prompt, self.config.page_size)) if self.config.prefix_cache else ()
         self.scheduler.enqueue(Pending(rid, request, next(self._arrivals), pages, stops, keys))
+        self.early.void_batch()  # (a step composed now may admit it)
         return rid
 
     def abort(self, request_id: str) -> bool:
@@ -134,6 +135,7 @@ class Engine:
         if not self.table.knows(request_id):
             return False
         with self._on_stream():
+            self.early.void_batch()
             self._land_pass(wait=True)  # its pages and slot may be the pass's, and go back now
             pend = self.scheduler.drop_waiting(request_id)
             if pend is not None:
@@ -207,9 +209,9 @@ class Engine:
         """Compose and admit the step (module doc, 2), first landing a step or pass it may not run beside or waits
         for. Returns the batch (None: landing left no work), its chunks with the admitted requests' first ones, and
         the nanoseconds spent landing."""
-        landed_ns = 0
+        landed_ns, early = 0, self.early.take_batch()  # composed early, and its crossings taken: nothing to check
         while True:
-            batch = self._compose()
+            batch = early if early is not None else self._compose()
             drain, wait_pass = self._must_land(batch), batch.empty and self.prefill.in_flight is not None
             if drain or wait_pass:  # (an offload below can make room for an admission: composed again, it lands)
                 t = time.perf_counter_ns()
@@ -219,8 +221,11 @@ class Engine:
                     return None, (), landed_ns
             elif batch.empty:
                 raise RuntimeError(f"engine stalled: {self.scheduler.describe()}, free pages {self.admission.free()}")
-            elif not self.admission.crossings_fit(batch.rows):
+            elif early is None and not self.admission.crossings_fit(self.admission.crossings(batch.rows)):
                 self._offload(self.scheduler.victim(batch))
+            elif early is not None:  # (no admits: early keeps only such a batch)
+                self.early.take_txn()
+                return batch, batch.chunks, landed_ns
             else:
                 admitted = self.admission.admit(batch.rows, batch.admits, self.early.take_txn())
                 if admitted.refused is None:
@@ -228,6 +233,7 @@ class Engine:
                 self.stats.add(self.early.given_back(admitted.given))  # rolled back whole: the retry admits those ahead
                 self.scheduler.refused(admitted.ahead)  # (of the refused one)
                 self.stats.add(Events(refused_admits=1))
+            early = None
 
     def _admitted(self, admitted: Admitted, admits: tuple[tuple[Pending, int], ...]) -> tuple[Chunk, ...]:
         """Admitted requests join the table and the scheduler; returns their first chunks (from a restored
@@ -312,6 +318,7 @@ class Engine:
         """Land the pass beside the decode steps if it has finished (``wait``: in any case)."""
         prefilled = self.prefill.land_beside(wait)
         if prefilled is not None:
+            self.early.void_batch()  # (its rows start decoding)
             self._prefilled(prefilled, next(self.seqs))
             if prefilled.ended.size:
                 self._emit(prefilled.ended, prefilled.first_tokens, prefilled.first_lp)
@@ -353,6 +360,7 @@ class Engine:
         while (h := self.scheduler.next_reload()) is not None:
             if not self.admission.reload_fits(h, self.scheduler.reload_watermark()):
                 return
+            self.early.void_batch()
             self.admission.reload(h)
             self.scheduler.reload(h)
             self.stats.add(Events(reloads=1))

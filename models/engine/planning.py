@@ -8,9 +8,10 @@ host streams (``HostFill``, one H2D) every step. Both build a host schedule for 
 host arm's ``EarlyFill`` under overlap (what engines with asynchronous scheduling run). What an arm prepared early is a
 value the engine passes back to ``prepare``; the arm uses it only while it is still what the step would make.
 
-``EarlyStep`` is the next step prepared early, as the driver holds it: its decode rows' crossing pages (an admit
-transaction the step's admit continues) and the arm's early preparation; pages given back meanwhile that the
-preparation names void it.
+``EarlyStep`` is the next step prepared early, as the driver holds it: the batch composed for it, its decode rows'
+crossing pages (an admit transaction the step's admit continues) and the arm's early preparation; pages given back
+meanwhile that the preparation names void it, and anything that changes what a step would compose (an arrival, an
+abort, a pass landing, a reload) voids the batch.
 """
 
 from __future__ import annotations
@@ -110,11 +111,13 @@ _KEPT, _DROPPED = Events(), Events(early_drops=1)
 
 @attrs.define(eq=False)
 class EarlyStep:
-    """The next step as prepared early: its decode rows' crossing pages (``txn``, which the step's admit continues)
-    and the arm's preparation (``early``). Each is taken once."""
+    """The next step as prepared early: the batch composed for it (kept only when it admits nothing, so that fewer
+    free pages later would compose the same), its decode rows' crossing pages (``txn``, which the step's admit
+    continues) and the arm's preparation (``early``). Each is taken once."""
 
     txn: AdmitTxn | None = None
     early: Early | None = None
+    batch: Batch | None = None
 
     @classmethod
     def prepare(cls, batch: Batch, admission: Admission, arm: ResidentArm | HostArm, plan: bool) -> EarlyStep:
@@ -122,11 +125,21 @@ class EarlyStep:
         the arm prepare it early. Nothing when it has no decode rows or their crossings do not fit (the step itself
         then offloads)."""
         rows = batch.rows
-        if rows.size == 0 or not admission.crossings_fit(rows):
+        found = admission.crossings(rows) if rows.size else ()
+        if rows.size == 0 or not admission.crossings_fit(found):
             return cls()
         txn = AdmitTxn()
-        admission.take_crossings(rows, txn)
-        return cls(txn, arm.prepare_early(rows, batch.bucket) if plan else None)
+        admission.take_crossings(found, txn)
+        return cls(txn, arm.prepare_early(rows, batch.bucket) if plan else None, None if batch.admits else batch)
+
+    def take_batch(self) -> Batch | None:
+        """The batch composed early, if nothing voided it: its crossings are taken (``txn``)."""
+        batch, self.batch = self.batch, None
+        return batch
+
+    def void_batch(self) -> None:
+        """Something changed what the step would compose: it is composed again."""
+        self.batch = None
 
     def take_txn(self) -> AdmitTxn:
         txn, self.txn = self.txn or AdmitTxn(), None
