@@ -48,9 +48,10 @@ class RequestTable:
         self.gen = np.zeros(H, np.int64)  # tokens generated
         self.t_first = np.zeros(H)  # wall clock of each handle's first token
         self.t_last = np.zeros(H)  # and of its latest
-        self.max_tokens = np.zeros(H, np.int64)
+        self.room = np.zeros(H, np.int64)  # tokens a request may generate: min(max_tokens, context - prompt)
         self.min_tokens = np.zeros(H, np.int64)  # no stop token before this many (0 when it has no stop tokens)
         self.sampling = np.zeros(H, bool)  # temperature > 0: the step replays the sampling graph
+        self.samplers = 0  # admitted requests that sample (0: no step looks at them)
         self.prompt_len = np.zeros(H, np.int64)
         self.last_token = np.zeros(H, np.int64)
         self.out = np.zeros((H, max_seq_len), np.int32)  # generated tokens by handle
@@ -104,11 +105,12 @@ class RequestTable:
         self.live[h] = pend
         self.rid_of[h] = pend.rid
         self.sampling[h] = sp.temperature > 0
+        self.samplers += sp.temperature > 0
         self.logprobs[h] = -1 if sp.logprobs is None else sp.logprobs
         self.asking += sp.logprobs is not None
         self.gen[h] = 0
-        self.max_tokens[h] = sp.max_tokens
         self.prompt_len[h] = len(pend.request.prompt)
+        self.room[h] = min(sp.max_tokens, self.max_seq_len - len(pend.request.prompt))
         self.last_token[h] = pend.request.prompt[-1]
         stops = pend.stops
         self.min_tokens[h] = sp.min_tokens if stops else 0
@@ -132,7 +134,9 @@ class RequestTable:
         (the argmax graph)."""
         if self.asks_logprobs(rows):
             return SamplingMode.LOGPROBS
-        if self.sampling[rows].any() or self.minimums and (self.min_tokens[rows] > self.gen[rows]).any():
+        if self.samplers and self.sampling[rows].any():
+            return SamplingMode.SAMPLE
+        if self.minimums and (self.min_tokens[rows] > self.gen[rows]).any():
             return SamplingMode.SAMPLE
         return SamplingMode.GREEDY
 
@@ -150,22 +154,24 @@ class RequestTable:
         g = self.gen[rows]
         now = time.perf_counter()
         first = g == 0
-        if first.any():
+        n_first = int(np.count_nonzero(first))
+        if n_first:
             self.t_first[rows[first]] = now
-        itl = now - self.t_last[rows[~first]] if timing and not first.all() else None
+        itl = now - self.t_last[rows[~first]] if timing and n_first < rows.size else None
         self.t_last[rows] = now
         self.out[rows, g] = tokens
         if lp is not None:
             self._emit_logprobs(rows, g, lp)
         g += 1
         self.emitted += rows.size
-        self.digest = (self.digest + int((tokens.astype(np.int64) * g).sum())) % (1 << 61)
+        tokens = tokens.astype(np.int64, copy=False)
+        self.digest = (self.digest + int(tokens @ g)) % (1 << 61)
         self.gen[rows] = g
         self.last_token[rows] = tokens
         self._out_ids.append(self.rid_of[rows])
         self._out_tokens.append(tokens)
         stopped = (self.stop[rows] == tokens[:, None]).any(1)
-        return Emitted(rows.size, itl, stopped | self.out_of_room(rows, g), stopped)
+        return Emitted(rows.size, itl, stopped | (g >= self.room[rows]), stopped)
 
     def _emit_logprobs(self, rows: np.ndarray, g: np.ndarray, lp: TokenLogprobs) -> None:
         """Record the rows' logprobs at token index g ([n] each) and put them in the outbox, NaN / -1 past what each
@@ -181,7 +187,7 @@ class RequestTable:
 
     def out_of_room(self, rows: np.ndarray, tokens: np.ndarray) -> np.ndarray:
         """[n] bool: with ``tokens`` generated, the row has no token left (max_tokens) or no context left."""
-        return (tokens >= self.max_tokens[rows]) | (self.prompt_len[rows] + tokens >= self.max_seq_len)
+        return tokens >= self.room[rows]
 
     def finish(self, h: int, reason: FinishReason) -> Result:
         """Handle h's request ends: its result, and its id forgotten. A step in flight that ran it drops its token
@@ -197,6 +203,9 @@ class RequestTable:
         if self.min_tokens[h]:
             self.min_tokens[h] = 0
             self.minimums -= 1
+        if self.sampling[h]:
+            self.sampling[h] = False
+            self.samplers -= 1
         lps, tops = self._logprobs_of(h, n)
         return Result(rid, int(self.prompt_len[h]), tuple(self.out[h, :n].tolist()), reason, ttft, itl, lps, tops)
 
