@@ -68,9 +68,9 @@ def test_the_next_step_launches_before_the_last_ones_tokens_are_read(monkeypatch
     launch, land = Engine._launch, Engine._land
 
     def logged_launch(self, *a, **k):
-        f = launch(self, *a, **k)
+        f, last = launch(self, *a, **k)
         log.append(("launch", id(f)))
-        return f
+        return f, last
 
     def logged_land(self, f):
         log.append(("land", id(f)))

@@ -196,7 +196,7 @@ class Admission:
         for k in self.append_keys:
             col = self.streams.kv[k].lengths[rows] // self.page_size
             need = col >= self.n_pages[k][rows]
-            if need.any():
+            if np.count_nonzero(need):
                 found.append((k, rows[need], col[need]))
         return tuple(found)
 

@@ -254,14 +254,15 @@ class Engine:
         seq, prepared = self.arm.prepare(rows, b, early)
         self.stats.add(prepared)
         mode = self.table.mode(rows)
-        f = self._launch(self.graphs.decode(b, mode), b, rows, self.arm.device_ids, decode=True, mode=mode)
+        f, last = self._launch(self.graphs.decode(b, mode), b, rows, self.arm.device_ids, decode=True, mode=mode)
         self._ran(rows, seq)
         self.stats.add_check(self.arm.ran(rows, b, seq))
         beside = int(self.prefill.in_flight is not None)
         if not self.config.overlap:
             self._land(f)
             return beside, 0
-        self.scheduler.retire(rows[self.table.last_in_flight(rows)])
+        if np.count_nonzero(last):
+            self.scheduler.retire(rows[last])
         prev = self.launcher.hold(f)
         if prev is not None:
             self._land(prev)
@@ -276,7 +277,7 @@ class Engine:
         if rows.size and not in_pass:
             self.fills.fill(self.streams, rows, b)
             mode = self.table.mode(rows)
-            f = self._launch(self.graphs.host(b, mode), b, rows, self.config.overlap, decode=False, mode=mode)
+            f, _ = self._launch(self.graphs.host(b, mode), b, rows, self.config.overlap, decode=False, mode=mode)
             self._ran(rows, seq)
         reqs = self.table.requests(handles_of(chunks))
         launched, prefilled = self.prefill.run(chunks, reqs, pass_rows, self.table.last_tokens(pass_rows),
@@ -367,13 +368,14 @@ class Engine:
 
     # -- launch, land, emit, finish ----------------------------------------------------------------------------------
     def _launch(self, graph, b: int, rows: np.ndarray, device_ids: bool, decode: bool,
-                mode: SamplingMode) -> InFlight:  # fmt: skip
-        """Launch ``graph`` (bucket b's, drawing as ``mode`` says) on ``rows``; the step is in flight."""
+                mode: SamplingMode) -> tuple[InFlight, np.ndarray]:  # fmt: skip
+        """Launch ``graph`` (bucket b's, drawing as ``mode`` says) on ``rows``; the step is in flight. Returns it, and
+        [n] bool: the row's last token is in it (``RequestTable.launched``)."""
         f, launched = self.launcher.launch(graph, b, rows, self.table.serials(rows), self.table.last_token,
                                            device_ids, decode, mode is SamplingMode.LOGPROBS)  # fmt: skip
-        self.table.launched(rows)
+        last = self.table.launched(rows)
         self.stats.add(launched)
-        return f
+        return f, last
 
     def _land(self, f: InFlight) -> None:
         """Wait for a launched step's tokens and emit them (the launcher drops rows whose request ended meanwhile)."""
@@ -395,7 +397,7 @@ class Engine:
         self.stats.add(Tokens(emitted.n))
         if emitted.itl is not None:
             self.stats.sample_itl(emitted.itl)
-        if emitted.done.any():
+        if emitted.n_done:
             for i in np.flatnonzero(emitted.done).tolist():
                 self._finish(int(rows[i]), FinishReason.STOP if emitted.stopped[i] else FinishReason.LENGTH)
 

@@ -205,9 +205,10 @@ class Launcher:
         tokens = io.tokens_np[:n].copy()
         lp = io.logprobs_np[:n].copy() if f.logprobs else None
         wait_ns = time.perf_counter_ns() - t0
-        rows, keep = f.rows, serial[f.rows] == f.serial
+        rows, now = f.rows, serial[f.rows]
         dropped = 0
-        if not keep.all():
+        if now.tobytes() != f.serial.tobytes():  # (a request ended meanwhile)
+            keep = now == f.serial
             dropped = int(np.count_nonzero(~keep))
             rows, tokens, lp = rows[keep], tokens[keep], (lp[keep] if lp is not None else None)
         if not f.decode:

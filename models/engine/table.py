@@ -39,6 +39,7 @@ class Emitted:
     itl: np.ndarray | None  # [k] seconds, the rows that had a token before
     done: np.ndarray  # [n] bool
     stopped: np.ndarray  # [n] bool: done by a stop token
+    n_done: int
 
 
 class RequestTable:
@@ -48,6 +49,7 @@ class RequestTable:
         self.gen = np.zeros(H, np.int64)  # tokens generated
         self.t_first = np.zeros(H)  # wall clock of each handle's first token
         self.t_last = np.zeros(H)  # and of its latest
+        self._zero, self._one = np.zeros(1, np.int64), np.ones(1, np.int64)  # (a compare with an array is cheaper)
         self.room = np.zeros(H, np.int64)  # tokens a request may generate: min(max_tokens, context - prompt)
         self.min_tokens = np.zeros(H, np.int64)  # no stop token before this many (0 when it has no stop tokens)
         self.sampling = np.zeros(H, bool)  # temperature > 0: the step replays the sampling graph
@@ -120,9 +122,12 @@ class RequestTable:
         self.stop[h] = -1
         self.stop[h, : len(stops)] = stops
 
-    def launched(self, rows: np.ndarray) -> None:
-        """A step was launched with ``rows``: each has one more token issued."""
-        self.issued[rows] += 1
+    def launched(self, rows: np.ndarray) -> np.ndarray:
+        """A step was launched with ``rows``: each has one more token issued. Returns [n] bool: the row's last token
+        is among those issued (no later step may run it)."""
+        issued = self.issued[rows] + self._one
+        self.issued[rows] = issued
+        return issued >= self.room[rows]
 
     def started(self, ended: np.ndarray) -> None:
         """A pass ended these handles' prompts: each has issued its first token."""
@@ -144,17 +149,13 @@ class RequestTable:
         """Some row's request asks for logprobs."""
         return self.asking > 0 and bool((self.logprobs[rows] >= 0).any())
 
-    def last_in_flight(self, rows: np.ndarray) -> np.ndarray:
-        """[n] bool: the row's last token is among those issued (no later step may run it)."""
-        return self.out_of_room(rows, self.issued[rows])
-
     def emit(self, rows: np.ndarray, tokens: np.ndarray, timing: bool, lp: TokenLogprobs | None = None) -> Emitted:
         """Record each row's token ([n] handles, [n] tokens; ``lp``: their logprobs, drawn by a step where a row asked
         for them) in its request and in the outbox, and say which rows are done."""
         g = self.gen[rows]
         now = time.perf_counter()
-        first = g == 0
-        n_first = int(np.count_nonzero(first))
+        first = g == self._zero
+        n_first = np.count_nonzero(first)
         if n_first:
             self.t_first[rows[first]] = now
         itl = now - self.t_last[rows[~first]] if timing and n_first < rows.size else None
@@ -162,16 +163,18 @@ class RequestTable:
         self.out[rows, g] = tokens
         if lp is not None:
             self._emit_logprobs(rows, g, lp)
-        g += 1
+        g += self._one
         self.emitted += rows.size
         tokens = tokens.astype(np.int64, copy=False)
-        self.digest = (self.digest + int(tokens @ g)) % (1 << 61)
+        self.digest = (self.digest + int(np.dot(tokens, g))) % (1 << 61)
         self.gen[rows] = g
         self.last_token[rows] = tokens
         self._out_ids.append(self.rid_of[rows])
         self._out_tokens.append(tokens)
-        stopped = (self.stop[rows] == tokens[:, None]).any(1)
-        return Emitted(rows.size, itl, stopped | (g >= self.room[rows]), stopped)
+        stopped = self.stop[rows] == tokens[:, None]  # [n, stops]
+        stopped = stopped[:, 0] if stopped.shape[1] == 1 else stopped.any(1)
+        done = stopped | (g >= self.room[rows])
+        return Emitted(rows.size, itl, done, stopped, np.count_nonzero(done))
 
     def _emit_logprobs(self, rows: np.ndarray, g: np.ndarray, lp: TokenLogprobs) -> None:
         """Record the rows' logprobs at token index g ([n] each) and put them in the outbox, NaN / -1 past what each
@@ -184,10 +187,6 @@ class RequestTable:
         shown = TokenLogprobs(np.where(k >= 0, lp.logprob, np.float32(np.nan)), np.where(hide, -1, lp.top_ids),
                               np.where(hide, np.float32(np.nan), lp.top_logprobs))  # fmt: skip
         self._out_lp.append((len(self._out_ids), shown))
-
-    def out_of_room(self, rows: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-        """[n] bool: with ``tokens`` generated, the row has no token left (max_tokens) or no context left."""
-        return tokens >= self.room[rows]
 
     def finish(self, h: int, reason: FinishReason) -> Result:
         """Handle h's request ends: its result, and its id forgotten. A step in flight that ran it drops its token
