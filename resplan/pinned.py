@@ -30,6 +30,8 @@ class PinnedRing(Generic[T]):
             raise ValueError(f"a ring needs at least one entry, got {n}")
         self.entries: list[T] = [make(cuda) for _ in range(n)]  # make(pinned) builds one entry's buffers
         self._events = [torch.cuda.Event() if cuda else None for _ in range(n)]
+        # (an index, not None: torch.cuda.current_stream(None) looks the device up through is_available, ~5 us a call)
+        self._device = torch.cuda.current_device() if cuda else None
         self._next = 0
         self.last = 0  # the entry taken last
 
@@ -41,11 +43,12 @@ class PinnedRing(Generic[T]):
         self.wait(i)
         return i, self.entries[i]
 
-    def done(self) -> None:
-        """The copies that use the last entry taken are enqueued on the current stream: mark their completion."""
+    def done(self, stream: torch.cuda.Stream | None = None) -> None:
+        """The copies that use the last entry taken are enqueued on ``stream`` (None: the current stream): mark their
+        completion."""
         ev = self._events[self.last]
         if ev is not None:
-            ev.record()
+            ev.record(stream if stream is not None else torch.cuda.current_stream(self._device))
 
     def wait(self, i: int) -> None:
         """Block until the copies marked on entry ``i`` have completed (at once if none were, or off CUDA)."""

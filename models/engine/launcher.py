@@ -104,6 +104,8 @@ class Launcher:
         self._last_key: bytes | None = None  # the last launch's rows (tobytes) while each still has its position
         # two entries, used by alternate launches: an entry's completion is its sampled tokens' readback
         self._ring = PinnedRing(2, lambda pinned: _HostIO.make(buckets, pinned), cuda)
+        # its index (torch.cuda.current_stream(None) looks the device up through is_available: ~5 us a call)
+        self._device = (device.index if device.index is not None else torch.cuda.current_device()) if cuda else None
         self._timers = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda
                         else None for _ in range(2)]  # fmt: skip
         self._tok_pos = np.full(capacity, -1, np.int64)  # each handle's position in tokens_all, -1 when not there
@@ -155,16 +157,17 @@ class Launcher:
             if decode:
                 copies, nbytes = 1, 8 * b
         timer = self._timers[k] if self.timing and decode else None
+        stream = torch.cuda.current_stream(self._device) if self._device is not None else None
         if timer is not None:
-            timer[0].record()
+            timer[0].record(stream)
         graph.replay()
         if timer is not None:
-            timer[1].record()
+            timer[1].record(stream)
         io.tokens[b].copy_(self.tokens[b], non_blocking=True)
         if logprobs:
             for dst, src in zip(io.logprobs[b], self.logprobs[b], strict=True):
                 dst.copy_(src, non_blocking=True)
-        self._ring.done()
+        self._ring.done(stream)
         key = rows.tobytes()
         if key != self._last_key:  # (the same rows keep their positions)
             self._tok_pos[self._last_rows] = -1  # tokens_all now holds this step's tokens
