@@ -216,3 +216,18 @@ def test_a_decode_steps_wall_time_includes_the_pre_plan_it_makes(monkeypatch):
     made_in_decode_steps = st.early_steps - st.prefill_steps - st.mixed_steps  # at most one early plan a step
     assert st.early_hits > 0 and made_in_decode_steps >= 3
     assert st.decode_ns >= made_in_decode_steps * 0.1e9
+
+
+def test_a_bfloat16_recurrent_state_serves_both_arms_alike():
+    """``EngineConfig(state_dtype=bfloat16)``: every SSM pool is bf16 (half the bytes a step moves for it), the resident
+    and host arms give the same tokens (one state, rounded alike), overlap and offloads included, and the first token
+    of each request (sampled from its prefill pass, before any state is stored) is the float32 state's."""
+    cfg = attrs.evolve(BASE, **CASES["kv-pressure-c8"], state_dtype=torch.bfloat16)
+    runs = run_arms(QWEN, cfg, PROMPTS, make_on_step=_pool_check, per_arm={R: dict(overlap=True)})
+    assert_same(runs, PROMPTS)
+    assert all(t.dtype == torch.bfloat16 for t in runs[R].engine.model_state.ssm)
+    assert runs[R].engine.stats.offloads > 0
+    f32 = run_arms(QWEN, attrs.evolve(cfg, state_dtype=torch.float32), PROMPTS, arms=(H,))[H]
+    assert [r.tokens[0] for r in f32.results] == [r.tokens[0] for r in runs[H].results]
+    with pytest.raises(ValueError, match="state_dtype"):
+        EngineConfig(state_dtype=torch.float16)

@@ -76,6 +76,13 @@ def test_gdn_decode_matches_step(shape, seed):
     check(*case, b=b, block_v=block_v)
 
 
+def test_gdn_decode_on_a_bfloat16_state_pool():
+    """``EngineConfig.state_dtype=bfloat16``: the kernel reads the bf16 state, steps it in float32 and stores it
+    rounded, as the torch step does (the pool within a bf16 rounding, the output as from the same bf16 state)."""
+    case = make_case(3, 4, 2, 16, 32, n_slots=8, n_pad=2, seed=7, dtype=torch.bfloat16)
+    check(*case, b=3, atol=1e-2, rtol=1e-2)
+
+
 def test_gdn_decode_matches_ref_and_two_steps():
     """The exported reference agrees, and two consecutive steps chain through the pool."""
     pool, slots, q, k, v, g, beta = make_case(3, 4, 2, 16, 32, n_slots=6, n_pad=1, seed=5)

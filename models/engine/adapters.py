@@ -99,10 +99,11 @@ class Adapter:
         return {}
 
     def allocate(self, num_pages: dict[str, int], page_size: int, rec_slots: int, device, dtype,
-                 workspaces: Workspaces | None = None, saving: bool = False):  # fmt: skip
+                 workspaces: Workspaces | None = None, saving: bool = False,
+                 state_dtype: torch.dtype = torch.float32):  # fmt: skip
         """The model's state: its pools, and its prefill attention where it has one, whose FlashInfer workspace comes
         from ``workspaces`` (the engine's; None: a private one). ``saving``: its passes may save recurrent states
-        (``PrefillInput.saves``; False: no save work at all in a pass)."""
+        (``PrefillInput.saves``; False: no save work at all in a pass). ``state_dtype``: its recurrent (SSM) states'."""
         raise NotImplementedError
 
     def recurrent_pools(self, state) -> tuple[torch.Tensor, ...]:
@@ -166,8 +167,10 @@ class QwenAdapter(Adapter):
         self.positions_pool = KV_POOL
         self.recurrent = True
 
-    def allocate(self, num_pages, page_size, rec_slots, device, dtype, workspaces=None, saving=False):
-        return self.model.allocate_state(num_pages[KV_POOL], page_size, rec_slots, device, dtype, workspaces, saving)
+    def allocate(self, num_pages, page_size, rec_slots, device, dtype, workspaces=None, saving=False,
+                 state_dtype=torch.float32):  # fmt: skip
+        return self.model.allocate_state(num_pages[KV_POOL], page_size, rec_slots, device, dtype, workspaces, saving,
+                                         ssm_dtype=state_dtype)  # fmt: skip
 
     def kv_caches(self, state, key):
         return state.kv
@@ -246,7 +249,8 @@ class WhisperAdapter(Adapter):
     def read_tokens(self, req):
         return {CROSS: self._n_ctx(req)}
 
-    def allocate(self, num_pages, page_size, rec_slots, device, dtype, workspaces=None, saving=False):
+    def allocate(self, num_pages, page_size, rec_slots, device, dtype, workspaces=None, saving=False,
+                 state_dtype=torch.float32):  # fmt: skip
         return self.model.allocate_state(num_pages, {k: page_size for k in num_pages}, device=device, dtype=dtype,
                                          workspaces=workspaces)  # fmt: skip
 

@@ -45,6 +45,7 @@ DECODE_STREAM_PRIORITY = -1  # BESIDE_PRIORITY: the engine's step stream, above 
 CHECKPOINTS_PER_ROW = 4  # the checkpoint pool's default size, per request running at once
 CHECKPOINT_GRID = 64  # the delta rule's chunk: a pass saves states only where its chunks start
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+STATE_DTYPES = (torch.float32, torch.bfloat16)  # EngineConfig.state_dtype
 DEFAULT_CONTEXT = 256  # EngineConfig.max_seq_len's default where the model's is longer (the KV pools hold every
 # running request at the context: a serving context is chosen by models.engine.serving)
 
@@ -67,6 +68,11 @@ def _token_budget(_inst, attribute, value) -> None:
 def _dtype(_inst, attribute, value) -> None:
     if value is not None and value not in DTYPES:
         raise ValueError(f"{attribute.name} must be one of {', '.join(map(str, DTYPES))} (or None), got {value!r}")
+
+
+def _state_dtype(_inst, attribute, value) -> None:
+    if value not in STATE_DTYPES:
+        raise ValueError(f"{attribute.name} must be one of {', '.join(map(str, STATE_DTYPES))}, got {value!r}")
 
 
 def _default_placement(cfg: EngineConfig) -> PrefillPlacement:
@@ -118,6 +124,9 @@ class EngineConfig:
     checkpoints: int = attrs.field(default=attrs.Factory(_default_checkpoints, takes_self=True),
                                    validator=attrs.validators.ge(0))  # fmt: skip
     checkpoint_interval: int = attrs.field(default=256, validator=_positive)  # tokens between a prompt's checkpoints
+    # the recurrent (GDN) state's dtype in the pools; bfloat16 halves its traffic (1 MiB a row and layer read and
+    # written each step at float32) at a cost in accuracy: an option, not the default. The math stays float32
+    state_dtype: torch.dtype = attrs.field(default=torch.float32, validator=_state_dtype)
 
     def __attrs_post_init__(self) -> None:
         cuda = torch.device(self.device).type == "cuda"
@@ -166,6 +175,8 @@ def check_fits(config: EngineConfig, adapter) -> None:
     if config.dtype is not None and config.dtype != w.dtype:
         raise ValueError(f"EngineConfig.dtype is {config.dtype} but {adapter.name}'s weights are {w.dtype}: build the "
                          "adapter in that dtype, or leave dtype None")  # fmt: skip
+    if config.state_dtype != torch.float32 and not adapter.recurrent:
+        raise ValueError(f"state_dtype: {adapter.name} keeps no recurrent state")
     if config.prefix_cache and not (adapter.recurrent and len(adapter.pools) == 1):
         raise ValueError(f"prefix_cache serves a hybrid model with one KV pool and recurrent state (Qwen3.5); "
                          f"{adapter.name} has pools {[p.key for p in adapter.pools]}")  # fmt: skip

@@ -68,7 +68,8 @@ class Engine:
         rec_slots = cfg.rec_slots if cfg.rec_slots is not None else H + 1
         kernels, workspaces = cfg.kernels.resolved(), Workspaces(self.device)  # (the environment read once, here)
         self.model_state = adapter.allocate(counts, ps, rec_slots + cfg.checkpoints, self.device, dtype, workspaces,
-                                            saving=cfg.prefix_cache)  # (no save work in a pass without the cache)
+                                            saving=cfg.prefix_cache,  # (no save work in a pass without the cache)
+                                            state_dtype=cfg.state_dtype)  # fmt: skip
         prefix = PrefixSettings.of(cfg, adapter, self.model_state, self.layout, rec_slots) if cfg.prefix_cache else None
         self.admission = Admission(self.layout, counts, H, rec_slots if adapter.recurrent else None,
                                    partial(adapter.kv_caches, self.model_state), self.device, prefix)  # fmt: skip

@@ -169,8 +169,10 @@ class Qwen35Model(nn.Module):
         self, num_pages: int, page_size: int, num_rec_slots: int, device: torch.device | str, dtype: torch.dtype,
         workspaces: Workspaces | None = None,
         saving: bool = False,
+        ssm_dtype: torch.dtype = torch.float32,
     ) -> Qwen35State:
-        """Zeroed pools: KV [num_pages, 2, page_size, hk, d] per attention layer; conv/SSM slots per GDN layer. On CUDA
+        """Zeroed pools: KV [num_pages, 2, page_size, hk, d] per attention layer; conv (in ``dtype``) and SSM (in
+        ``ssm_dtype``; its math is float32 either way) slots per GDN layer. On CUDA
         in 16 bits also the prefill pass's FlashInfer attention, its workspace taken from ``workspaces`` (the
         owner's; None: a private one)."""
         if num_pages < 2 or num_rec_slots < 2:
@@ -179,7 +181,7 @@ class Qwen35Model(nn.Module):
         kv = kv_spec.allocate(num_pages, page_size, device=device, dtype=dtype)
         rec = self.recurrent_specs()
         conv = tuple(torch.zeros(num_rec_slots, *s.conv_shape, dtype=dtype, device=device) for s in rec)
-        ssm = tuple(torch.zeros(num_rec_slots, *s.ssm_shape, dtype=s.ssm_dtype, device=device) for s in rec)
+        ssm = tuple(torch.zeros(num_rec_slots, *s.ssm_shape, dtype=ssm_dtype, device=device) for s in rec)
         attn = None
         if torch.device(device).type == "cuda" and dtype in PREFILL_KERNEL_DTYPES:
             c = self.cfg
