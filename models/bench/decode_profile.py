@@ -34,6 +34,8 @@ from models.layers.triton_attention import TritonDecode
 from models.qwen3_5 import KV_POOL
 from resplan import Graph, KVPool, RowLayout, StepBuffers
 
+STATE_DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # --state-dtype
+
 
 def _bufs(layout, b, ctx, ps, W, num_pages, device, rng) -> StepBuffers:
     """StepBuffers of b rows of ``ctx`` tokens (this step's token the last), distinct pages, slots 1..b, greedy."""
@@ -101,6 +103,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--pdl", default="on", help="our kernels' programmatic dependent launch: on, off, or on,off (A/B)")
     ap.add_argument("--xqa-pdl", default="auto", choices=["auto", "on", "off"],
                     help="XQA's programmatic dependent launch (auto: FlashInfer's default, on for sm_90)")
+    ap.add_argument("--state-dtype", default="float32",
+                    help="the GDN state's dtype in its pool: float32, bfloat16, or float32,bfloat16 (A/B; the floor "
+                         "counts each one's bytes)")
     ap.add_argument("--silu-mul", default="fold",
                     help="SwiGLU's silu_mul folded into the down GEMM's weight stream or a kernel of its own: fold, "
                          "split, or fold,split (A/B)")
@@ -118,6 +123,8 @@ def main(argv: list[str] | None = None) -> None:
             ap.error(f"{flag} takes fold, split or fold,split; got {value!r}")
     if not set(a.pdl.split(",")) <= {"on", "off"}:
         ap.error(f"--pdl takes on, off or on,off; got {a.pdl!r}")
+    if not set(a.state_dtype.split(",")) <= set(STATE_DTYPE_NAMES):
+        ap.error(f"--state-dtype takes {', '.join(STATE_DTYPE_NAMES)} or both comma-separated; got {a.state_dtype!r}")
     if not torch.cuda.is_available():
         raise SystemExit("decode_profile measures CUDA graphs: it needs a GPU")
     dev, dt, ps = torch.device("cuda"), torch.bfloat16, a.page_size
@@ -130,7 +137,8 @@ def main(argv: list[str] | None = None) -> None:
     num_pages = 1 + max(batches) * W
     layout = RowLayout((KVPool(KV_POOL, ps, num_pages, W * ps),), positions_pool=KV_POOL, recurrent=True,
                        sampler=True)  # fmt: skip
-    state = model.allocate_state(num_pages, ps, max(batches) + 1, dev, dt)
+    states = {n: model.allocate_state(num_pages, ps, max(batches) + 1, dev, dt, ssm_dtype=STATE_DTYPE_NAMES[n])
+              for n in a.state_dtype.split(",")}  # fmt: skip
     hq, hk, d, _ = adapter.attention_dims()
     pdl = {"auto": None, "on": True, "off": False}[a.xqa_pdl]
     if a.attention == "xqa":
@@ -152,10 +160,12 @@ def main(argv: list[str] | None = None) -> None:
         bufs = _bufs(layout, b, a.ctx, ps, W, num_pages, dev, rng)
         ids = torch.randint(0, model.cfg.vocab_size, (b,), device=dev)
         out = torch.empty(b, dtype=torch.int64, device=dev)
-        floor_us = step_bytes(model, state, b, a.ctx) / bandwidth * 1e6
-        variants = [(p, m == "on", f, n) for p in a.paths.split(",") for m in a.pdl.split(",")
-                    for f in a.silu_mul.split(",") for n in a.norm.split(",")]  # fmt: skip
-        for path, pdl_on, silu, norm in variants:
+        variants = [(p, m == "on", f, n, sd) for p in a.paths.split(",") for m in a.pdl.split(",")
+                    for f in a.silu_mul.split(",") for n in a.norm.split(",")
+                    for sd in a.state_dtype.split(",")]  # fmt: skip
+        for path, pdl_on, silu, norm, sd in variants:
+            state = states[sd]
+            floor_us = step_bytes(model, state, b, a.ctx) / bandwidth * 1e6
             kc = KernelChoices(pdl=pdl_on, fold_silu_mul=silu == "fold", fold_norm=norm == "fold", gemv=gemv_pick,
                                fused_decode={"fused": True, "torch": False}[path])  # fmt: skip
             if a.attention != "xqa":
@@ -164,8 +174,9 @@ def main(argv: list[str] | None = None) -> None:
             label = path + ("" if kc.launches_pdl() else " (no PDL)")
             label += " (silu_mul split)" if silu == "split" and path == "fused" else ""
             label += " (norm split)" if norm == "split" and path == "fused" else ""
+            label += f" ({sd} state)" if sd != "float32" else ""
 
-            def step(ids=ids, bufs=bufs, out=out, attn=attn, kc=kc) -> None:
+            def step(ids=ids, bufs=bufs, out=out, attn=attn, kc=kc, state=state) -> None:
                 logits = model.decode(state, ids, bufs, attn, kc)
                 out.copy_(logits.argmax(-1) if a.sampler == "greedy" else sampler(logits, bufs.sampler, bufs.positions))
 
