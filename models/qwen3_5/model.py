@@ -158,12 +158,12 @@ class Qwen35Model(nn.Module):
         return (KVPoolSpec(KV_POOL, StreamMode.APPEND, len(c.full_layers), c.num_key_value_heads, c.head_dim,
                            c.max_position_embeddings),)  # fmt: skip
 
-    def recurrent_specs(self) -> tuple[RecurrentSpec, ...]:
-        """Per GDN layer: conv state (conv_dim, K) and SSM state (hv, dk, dv) float32."""
+    def recurrent_specs(self, ssm_dtype: torch.dtype = torch.float32) -> tuple[RecurrentSpec, ...]:
+        """Per GDN layer: conv state (conv_dim, K) and SSM state (hv, dk, dv) in ``ssm_dtype``."""
         c = self.cfg
         conv = (c.conv_dim, c.linear_conv_kernel_dim)
         ssm = (c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim)
-        return tuple(RecurrentSpec(layer, conv, ssm) for layer in c.linear_layers)
+        return tuple(RecurrentSpec(layer, conv, ssm, ssm_dtype) for layer in c.linear_layers)
 
     def allocate_state(
         self, num_pages: int, page_size: int, num_rec_slots: int, device: torch.device | str, dtype: torch.dtype,
@@ -179,9 +179,9 @@ class Qwen35Model(nn.Module):
             raise ValueError("need >= 2 pages and >= 2 recurrent slots (page 0 and slot 0 are sinks)")
         (kv_spec,) = self.kv_pool_specs()
         kv = kv_spec.allocate(num_pages, page_size, device=device, dtype=dtype)
-        rec = self.recurrent_specs()
+        rec = self.recurrent_specs(ssm_dtype)
         conv = tuple(torch.zeros(num_rec_slots, *s.conv_shape, dtype=dtype, device=device) for s in rec)
-        ssm = tuple(torch.zeros(num_rec_slots, *s.ssm_shape, dtype=ssm_dtype, device=device) for s in rec)
+        ssm = tuple(torch.zeros(num_rec_slots, *s.ssm_shape, dtype=s.ssm_dtype, device=device) for s in rec)
         attn = None
         if torch.device(device).type == "cuda" and dtype in PREFILL_KERNEL_DTYPES:
             c = self.cfg
