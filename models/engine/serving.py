@@ -7,7 +7,6 @@ Every choice a user may make is a keyword; None takes the default, resolved here
 
 from __future__ import annotations
 
-import math
 import os
 
 import attrs
@@ -101,8 +100,7 @@ def serving_config(
     cache = {}
     if prefix_cache:
         cache = dict(prefix_cache=True, checkpoints=CHECKPOINTS_PER_ROW * max_running)
-        slot = sum(math.prod(s.conv_shape) * dtype.itemsize + math.prod(s.ssm_shape) * s.ssm_dtype.itemsize
-                   for s in adapter.model.recurrent_specs())  # fmt: skip
+        slot = sum(s.slot_bytes(dtype) for s in adapter.model.recurrent_specs())
         notes.append(f"prefix cache on: {cache['checkpoints']} recurrent-state checkpoints "
                      f"({cache['checkpoints'] * slot / GIB:.2f} GiB; --no-prefix-cache)")  # fmt: skip
     placement = {} if prefill is None else {"prefill": prefill}
