@@ -125,8 +125,10 @@ class EarlyStep:
         the arm prepare it early. Nothing when it has no decode rows or their crossings do not fit (the step itself
         then offloads)."""
         rows = batch.rows
-        found = admission.crossings(rows) if rows.size else ()
-        if rows.size == 0 or not admission.crossings_fit(found):
+        if rows.size == 0:
+            return cls()
+        found = admission.crossings(rows)
+        if not admission.crossings_fit(found):
             return cls()
         txn = AdmitTxn()
         admission.take_crossings(found, txn)
