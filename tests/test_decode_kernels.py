@@ -168,6 +168,31 @@ def test_gemv(M, N, K, config, seed, dtype, device):
     torch.testing.assert_close(gemv(x, w, config=config), want, **tol)
 
 
+@pytest.mark.parametrize("dtype,device", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("M,N,K,split", [(1, 37, 700, 3), (1, 20, 1024, 8), (3, 40, 300, 4), (16, 33, 1000, 7),
+                                         (1, 9, 100, 4)])  # fmt: skip
+def test_gemv_split_k(M, N, K, split, seed, dtype, device):
+    """K split over programs (a config's fifth entry): the float64 value within the dtype's tolerance, the same bits
+    on every launch (the partials are summed in split order, whichever split ends last), and every count of the
+    stream's workspace back at zero. (1, 9, 100, 4): two 64-wide K tiles, so two splits, none empty."""
+    from kernels.gemv import gemv
+    from kernels.gemv.kernel import split_workspace
+
+    gen = torch.Generator().manual_seed(seed)
+    x = rand(gen, M, K, dtype=dtype, device=device)
+    w = rand(gen, N, K + 5, dtype=dtype, device=device)[:, 2 : 2 + K]  # a strided weight (row stride K + 5)
+    config = (16 if M > 1 else 4, 64, 2, 1, split)
+    want = (x.double() @ w.double().t()).to(dtype)
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else TOL[dtype]
+    if device == "cuda" and dtype == torch.float32 and M > 1:
+        tol = dict(atol=2e-2, rtol=2e-2)  # tl.dot takes float32 inputs as TF32 on the GPU
+    got = gemv(x, w, config=config)
+    torch.testing.assert_close(got, want, **tol)
+    assert torch.equal(gemv(x, w, config=config), got)
+    assert not split_workspace(x.device, 0, 0)[1].any()
+
+
 def test_gemv_only_where_measured_faster():
     """decode_linear's dispatch: listed one-row shapes and listed multi-row shapes take the weight stream; an unlisted
     shape, a multi-row use of a one-row-only shape, and more than 16 rows stay on cuBLAS."""

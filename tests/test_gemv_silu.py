@@ -76,6 +76,18 @@ def test_gemv_silu_mul(seed, M, N, K, config, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("M", [1, 3])
+def test_gemv_silu_mul_split_k(M, dtype):
+    """With K split over 3 programs a column block (a config's fifth entry): still gemv(silu_mul(gu)) at the same
+    config bit for bit, and the float64 value within tolerance."""
+    gu, w = _case(2, M, 70, 300, dtype)
+    cfg = (16 if M > 1 else 4, 64, 2, 1, 3)
+    got = gemv_silu_mul(gu, w, config=cfg)
+    assert torch.equal(got, gemv(silu_mul(gu), w, config=cfg))
+    _check_ref(got, gu, w)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 @pytest.mark.parametrize("M", [1, 3, 16])
 @pytest.mark.parametrize("seed", SEEDS)
 def test_gemv_silu_mul_row_strided_input(seed, M, dtype):

@@ -5,6 +5,14 @@ memory bandwidth, and its cost is how many bytes are in flight. One program owns
 K in ``BLOCK_K`` tiles: for M == 1 it reduces ``w_tile * x`` on the CUDA cores, for M > 1 it pads the rows to 16 and
 uses ``tl.dot``. Configurations are chosen per shape by ``models/bench/gemv.py`` on the GPU (``GEMV_CONFIGS``).
 
+Split K (a configuration's optional fifth entry, SPLIT): where N is small against K (the out projections and the MLP's
+down projection: 1024 columns, K up to 3584) one program per column block walks a long K serially and the grid is
+small. With SPLIT > 1 the grid is (column blocks, SPLIT): each program walks a run of whole K tiles, stores its float32
+partial in the stream's workspace (``split_workspace``) and counts itself done on the column block's counter; the
+last to finish sums the SPLIT partials in split order, stores y and resets the counter to 0. The order of the sum
+never depends on which program finished last, so the result is deterministic (not gemv's bits at SPLIT = 1: another
+order of float32 adds).
+
 ``gemv_silu_mul`` is the same stream for SwiGLU's down projection with ``kernels.gates.silu_mul`` folded into its input
 loads (the kernel's ``SILU_MUL``): x is never written, each program forms its x tiles from the gate|up output gu [M, 2K]
 as ``silu(g) * u``, rounded to gu's dtype exactly as silu_mul stores them, so the result is gemv's bit for bit.
@@ -20,11 +28,14 @@ an x element by one rounding. The residual s is bit for bit either way.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from kernels.pdl import launch_options, pdl_wait
+from kernels.runtime import interpreted
 
 MAX_ROWS = 16  # more rows than this: the GEMM is no longer a weight stream; use cuBLAS
 
@@ -81,6 +92,44 @@ def _gemv_tile(
 
 
 @triton.jit
+def _release_fence(t):
+    """``fence.acq_rel.gpu`` in every thread (``t`` only gives the asm a shape): the thread's earlier stores are
+    visible GPU-wide before its later ones."""
+    return tl.inline_asm_elementwise("fence.acq_rel.gpu; mov.b32 $0, $1;", "=r,r", [t], dtype=tl.int32,
+                                     is_pure=False, pack=1)  # fmt: skip
+
+
+@triton.jit
+def _split_reduce(acc, part_ptr, count_ptr, N, offs_m, offs_n, mm, mn,
+                  BLOCK_M: tl.constexpr, SPLIT: tl.constexpr, DOT: tl.constexpr, FENCE: tl.constexpr):  # fmt: skip
+    """Store this split's partial ``acc`` and count it; return (the sum of the column block's SPLIT partials in split
+    order, True) in its last split to finish, else (zeros, False). The order of the sum never depends on which split
+    finished last, so the result is deterministic. The last split sets the count back to 0 for the next launch."""
+    split = tl.program_id(1)
+    if DOT:
+        tl.store(part_ptr + (split * BLOCK_M + offs_m[:, None]) * N + offs_n[None, :], acc,
+                 mask=mm[:, None] & mn[None, :])  # fmt: skip
+    else:
+        tl.store(part_ptr + split * N + offs_n, acc, mask=mn)
+    if FENCE:  # the asm's value is never stored (no lane passes the mask); the store keeps the fence in place
+        f = _release_fence(offs_n)
+        tl.store(count_ptr + offs_n, f, mask=f < 0)
+    tl.debug_barrier()  # every thread's partial stored (and fenced) before the count
+    done = tl.atomic_add(count_ptr + tl.program_id(0), 1, sem="acq_rel")
+    last = done == SPLIT - 1
+    total = tl.zeros_like(acc)
+    if last:
+        for s in tl.static_range(SPLIT):  # .cg: from L2, where the other splits' partials are
+            if DOT:
+                total += tl.load(part_ptr + (s * BLOCK_M + offs_m[:, None]) * N + offs_n[None, :],
+                                 mask=mm[:, None] & mn[None, :], other=0.0, cache_modifier=".cg")  # fmt: skip
+            else:
+                total += tl.load(part_ptr + s * N + offs_n, mask=mn, other=0.0, cache_modifier=".cg")
+        tl.store(count_ptr + tl.program_id(0), 0)
+    return total, last
+
+
+@triton.jit
 def _gemv_kernel(
     x_ptr,
     w_ptr,
@@ -95,6 +144,9 @@ def _gemv_kernel(
     nw_ptr,  # NORM: the norm weight [K]
     ho_ptr,  # NORM: where program 0 stores s = round(h + delta) [1, K]
     eps,
+    part_ptr,  # SPLIT > 1: float32 partial sums [SPLIT, BLOCK_M, N]
+    count_ptr,  # SPLIT > 1: int32 [cdiv(N, BLOCK_N)], zero between launches: the splits done per column block
+    k_split,  # SPLIT > 1: the K elements of one split, a multiple of BLOCK_K
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -104,6 +156,8 @@ def _gemv_kernel(
     HAS_DELTA: tl.constexpr,
     ZERO_CENTERED: tl.constexpr,
     NORM_BLOCK: tl.constexpr,  # NORM: next_power_of_2(K), the whole row
+    SPLIT: tl.constexpr,  # programs along K per column block (program_id(1)); 1: no split
+    FENCE: tl.constexpr,  # SPLIT > 1, compiled: each thread's partial stored GPU-wide before the count
     PDL: tl.constexpr,
 ):
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -111,8 +165,14 @@ def _gemv_kernel(
     mn = offs_n < N
     mm = offs_m < M
     rows = w_ptr + offs_n.to(tl.int64)[:, None] * w_n  # [BLOCK_N, 1]
-    offs_k = tl.arange(0, BLOCK_K)
-    mk = offs_k < K
+    if SPLIT > 1:  # this program's K range: [k_begin, k_end)
+        k_begin = tl.program_id(1) * k_split
+        k_end = tl.minimum(k_begin + k_split, K)
+    else:
+        k_begin = 0
+        k_end = K
+    offs_k = k_begin + tl.arange(0, BLOCK_K)
+    mk = offs_k < k_end
     # The first weight tile: weights are constant through the step, so under PDL it streams in while the kernel
     # before this one finishes (kernels/pdl.py); x (or gu), written by that kernel, is read only after the wait.
     w = tl.load(rows + offs_k[None, :], mask=mn[:, None] & mk[None, :], other=0.0)  # [BLOCK_N, BLOCK_K]
@@ -134,12 +194,16 @@ def _gemv_kernel(
         acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     acc = _gemv_tile(acc, w, x_ptr, x_m, K, offs_m, offs_k, mm, mk, d_ptr, nw_ptr, rstd,
                      DOT, SILU_MUL, NORM, HAS_DELTA, ZERO_CENTERED)  # fmt: skip
-    for k0 in range(BLOCK_K, K, BLOCK_K):
+    for k0 in range(k_begin + BLOCK_K, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        mk = offs_k < K
+        mk = offs_k < k_end
         w = tl.load(rows + offs_k[None, :], mask=mn[:, None] & mk[None, :], other=0.0)
         acc = _gemv_tile(acc, w, x_ptr, x_m, K, offs_m, offs_k, mm, mk, d_ptr, nw_ptr, rstd,
                          DOT, SILU_MUL, NORM, HAS_DELTA, ZERO_CENTERED)  # fmt: skip
+    if SPLIT > 1:  # the column block's last split to finish sums every split's partial, in split order
+        acc, last = _split_reduce(acc, part_ptr, count_ptr, N, offs_m, offs_n, mm, mn, BLOCK_M, SPLIT, DOT, FENCE)
+        mm = mm & last
+        mn = mn & last
     if DOT:
         dst = y_ptr + offs_m[:, None] * y_m + offs_n[None, :]
         tl.store(dst, acc.to(y_ptr.dtype.element_ty), mask=mm[:, None] & mn[None, :])
@@ -150,7 +214,7 @@ def _gemv_kernel(
 # (block_n, block_k, num_warps, num_stages), from models/bench/results/gemv_h200.md (Qwen3.5-0.8B shapes, H200). The
 # defaults serve a caller that forces gemv on an unlisted shape; decode_linear uses listed shapes only.
 DEFAULT_CONFIG = {False: (2, 1024, 4, 3), True: (32, 128, 4, 4)}
-GEMV_CONFIGS: dict[tuple[bool, int, int], tuple[int, int, int, int]] = {  # (dot, N, K) -> config
+GEMV_CONFIGS: dict[tuple[bool, int, int], tuple[int, ...]] = {  # (dot, N, K) -> config
     (False, 7168, 1024): (16, 512, 4, 3),  # 4.8 vs cuBLAS 6.5 us
     (False, 1024, 3584): (2, 1024, 8, 3),  # 4.5 vs 7.9
     (False, 8224, 1024): (8, 512, 4, 3),  # 4.9 vs 7.1
@@ -163,7 +227,7 @@ GEMV_CONFIGS: dict[tuple[bool, int, int], tuple[int, int, int, int]] = {  # (dot
 }
 # gemv_silu_mul (SwiGLU's down GEMM with silu_mul in its loads), where it was measured against silu_mul + gemv: one
 # row only (at 4 and 16 rows the folded tl.dot path measured ~30 us against ~8, so decode keeps two launches there)
-SILU_MUL_CONFIGS: dict[tuple[bool, int, int], tuple[int, int, int, int]] = {
+SILU_MUL_CONFIGS: dict[tuple[bool, int, int], tuple[int, ...]] = {
     (False, 1024, 3584): (2, 1024, 8, 1),  # 5.7 (7.6 at gemv's config)
 }
 # gemv_add_rms_norm (a GEMM with the pre-norm before it in its loads), one row only: the GDN in_proj, the MLP gate|up
@@ -202,7 +266,7 @@ def gemv(
     x: torch.Tensor,  # [M, K], M <= 16, unit column stride
     w: torch.Tensor,  # [N, K], unit column stride
     out: torch.Tensor | None = None,  # [M, N] contiguous, x's dtype unless given
-    config: tuple[int, int, int, int] | None = None,  # (block_n, block_k, num_warps, num_stages)
+    config: tuple[int, ...] | None = None,  # (block_n, block_k, num_warps, num_stages[, split])
     pdl: bool | None = None,  # launch with PDL (kernels.pdl); None reads the process default: an engine passes a bool
 ) -> torch.Tensor:
     """x @ w^T for a few rows, as one weight stream. See module doc. Under PDL the first tile of ``w`` is read before
@@ -218,7 +282,7 @@ def gemv_silu_mul(
     gu: torch.Tensor,  # [M, 2K], the gate|up GEMM output, M <= 16, unit column stride
     w: torch.Tensor,  # [N, K], the down projection, unit column stride
     out: torch.Tensor | None = None,  # [M, N] contiguous, gu's dtype unless given
-    config: tuple[int, int, int, int] | None = None,  # (block_n, block_k, num_warps, num_stages)
+    config: tuple[int, ...] | None = None,  # (block_n, block_k, num_warps, num_stages[, split])
     pdl: bool | None = None,  # launch with PDL (kernels.pdl); None reads the process default: an engine passes a bool
 ) -> torch.Tensor:
     """(silu(gu[:, :K]) * gu[:, K:]) @ w^T, bit for bit ``gemv(kernels.gates.silu_mul(gu), w)``, in one launch."""
@@ -257,6 +321,28 @@ def gemv_add_rms_norm(
     return _launch(h_in, w, out, config, M, N, K, norm=norm, pdl=pdl)
 
 
+SPLIT_PARTS = 1 << 18  # float32 partial sums a split-K workspace holds (1 MiB): splits x rows (16 if M > 1) x N
+SPLIT_COUNTS = 1 << 12  # column blocks a split-K workspace counts
+
+
+@functools.cache
+def _workspace(device: torch.device, stream: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split-K workspace of the launches on one stream: partials [SPLIT_PARTS] float32, counts [SPLIT_COUNTS]
+    int32 at zero (each launch's last splits set their counts back to 0). Launches on one stream run one after another
+    (under PDL a kernel touches it only after its wait), so they share it; graphs that may replay at the same time must
+    be captured on distinct streams, as for cuBLAS's workspace (resplan.Graph). Kept for the process: a graph
+    captured with it holds its address."""
+    return (torch.empty(SPLIT_PARTS, dtype=torch.float32, device=device),
+            torch.zeros(SPLIT_COUNTS, dtype=torch.int32, device=device))  # fmt: skip
+
+
+def split_workspace(device: torch.device, parts: int, counts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The current stream's split-K workspace (partials, counts), checked to hold ``parts`` and ``counts``."""
+    assert parts <= SPLIT_PARTS and counts <= SPLIT_COUNTS, (parts, counts)
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    return _workspace(device, stream)
+
+
 def _launch(x, w, out, config, M: int, N: int, K: int, silu_mul: bool = False, norm: tuple | None = None,
             pdl: bool | None = None):
     """Run _gemv_kernel over ``x`` ([M, K], or with ``silu_mul`` gu [M, 2K]) and ``w`` [N, K] into ``out``; ``norm``:
@@ -269,12 +355,20 @@ def _launch(x, w, out, config, M: int, N: int, K: int, silu_mul: bool = False, n
         return out
     dot = M > 1
     table = NORM_CONFIGS if norm else SILU_MUL_CONFIGS if silu_mul else GEMV_CONFIGS
-    block_n, block_k, warps, stages = config or table.get((dot, N, K), DEFAULT_CONFIG[dot])
+    block_n, block_k, warps, stages, *rest = config or table.get((dot, N, K), DEFAULT_CONFIG[dot])
+    tiles = triton.cdiv(K, block_k)
+    per_split = triton.cdiv(tiles, rest[0] if rest else 1)  # K tiles a split: at most the config's split count,
+    split = triton.cdiv(tiles, per_split)  # none of them empty
+    assert split == 1 or norm is None, "gemv_add_rms_norm does not split K"
     d, nw, h_out, eps, zero_centered, has_delta = norm or (x, x, x, 0.0, False, False)
-    _gemv_kernel[(triton.cdiv(N, block_n),)](
-        x, w, out, M, N, K, x.stride(0), w.stride(0), out.stride(0), d, nw, h_out, eps,
+    blocks = triton.cdiv(N, block_n)
+    k_split = per_split * block_k
+    parts, counts = split_workspace(x.device, split * (16 if dot else 1) * N, blocks) if split > 1 else (out, out)
+    _gemv_kernel[(blocks, split)](
+        x, w, out, M, N, K, x.stride(0), w.stride(0), out.stride(0), d, nw, h_out, eps, parts, counts, k_split,
         BLOCK_M=16 if dot else 1, BLOCK_N=block_n, BLOCK_K=block_k, DOT=dot, SILU_MUL=silu_mul, NORM=norm is not None,
         HAS_DELTA=has_delta, ZERO_CENTERED=zero_centered, NORM_BLOCK=triton.next_power_of_2(K) if norm else 1,
-        num_warps=warps, num_stages=stages, **launch_options(pdl),
+        SPLIT=split, FENCE=split > 1 and not interpreted(), num_warps=warps, num_stages=stages,
+        **launch_options(pdl),
     )  # fmt: skip
     return out
