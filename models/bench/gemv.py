@@ -17,10 +17,15 @@ path's best configuration (decode_linear shares one ``GEMV_CONFIGS`` entry betwe
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import itertools
+import multiprocessing
+import os
+import time
 
 import torch
 import torch.nn.functional as F
+import triton
 
 from kernels.gates import silu_mul
 from kernels.gemv import gemv, gemv_silu_mul
@@ -30,7 +35,10 @@ from models.engine import build_adapter
 from resplan import Graph
 
 DOT_SPACE = dict(block_n=(16, 32, 64), block_k=(64, 128, 256), warps=(4,), stages=(2, 4))
-ROW_SPACE = dict(block_n=(2, 4, 8, 16), block_k=(256, 512, 1024), warps=(4, 8), stages=(1, 3))
+ROW_SPACE = dict(block_n=(1, 2, 4, 8, 16), block_k=(256, 512, 1024, 2048, 4096), warps=(4, 8), stages=(1, 3))
+ROW_TILE = 8192  # one row: block_n * block_k at most (a program's weight tile, elements)
+SPLITS = (2, 4, 8)  # K split over this many programs a column block, searched where N < K (a long walk, few columns)
+ROW_SPLIT_TILES = ((2, 512), (4, 512))  # one row: the (block_n, block_k) tried with a split (whole-K tiles win there)
 
 
 def _shapes(model) -> list[tuple[int, int]]:
@@ -53,12 +61,20 @@ def _time_us(fn, layers: int, iters: int) -> float:
     return replay_us(Graph(fn, torch.device("cuda")), iters) / layers
 
 
-def _configs(dot: bool, quick: bool) -> list[tuple[int, int, int, int]]:
-    """The (block_n, block_k, warps, stages) searched for a path (tl.dot needs block_n >= 16); ``quick``: a few."""
+def _configs(dot: bool, quick: bool, n: int, k: int) -> list[tuple[int, ...]]:
+    """The (block_n, block_k, warps, stages[, split]) searched for a path and shape: tl.dot needs block_n >= 16; one
+    row takes tiles of at most ROW_TILE elements and K tiles up to K's next power of 2, one stage where one tile spans
+    K. Where N < K also each tile with K split ``SPLITS`` ways (one stage: a split walks a few tiles; at one row the
+    ``ROW_SPLIT_TILES`` only). ``quick``: a few."""
     space = DOT_SPACE if dot else ROW_SPACE
     if quick:
-        space = {k: v[:2] for k, v in space.items()}
-    return [cfg for cfg in itertools.product(*space.values()) if not (dot and cfg[0] < 16)]
+        space = {key: v[:2] for key, v in space.items()}
+    whole = triton.next_power_of_2(k)
+    plain = [(bn, bk, warps, stages) for bn, bk, warps, stages in itertools.product(*space.values())
+             if (bn >= 16 if dot else bn * bk <= ROW_TILE) and bk <= whole and (stages == 1 or bk < k)]  # fmt: skip
+    splits = SPLITS[:1] if quick else SPLITS if n < k else ()
+    tiles = sorted({(bn, bk, warps) for bn, bk, warps, _ in plain if dot or (bn, bk) in ROW_SPLIT_TILES})
+    return plain + [(bn, bk, warps, 1, s) for bn, bk, warps in tiles for s in splits if bk * s < 2 * k]
 
 
 def _sweep(fn, configs, copies: int, iters: int, what: str) -> dict[tuple, float]:
@@ -72,6 +88,33 @@ def _sweep(fn, configs, copies: int, iters: int, what: str) -> dict[tuple, float
     return results
 
 
+def _compile_one(job: tuple) -> None:
+    """Compile (into Triton's disk cache) the kernel one sweep entry launches: ``job`` = (kind, M, N, K, config), kind
+    "gemv" or "silu" (gemv_silu_mul; silu_mul + gemv compiles gemv's). A configuration the compiler refuses is left to
+    the sweep, which reports it."""
+    kind, M, N, K, cfg = job
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    w = torch.empty(N, K, device=dev, dtype=dt)
+    try:
+        if kind == "silu":
+            gemv_silu_mul(torch.zeros(M, 2 * K, device=dev, dtype=dt), w, config=cfg)
+        else:
+            gemv(torch.zeros(M, K, device=dev, dtype=dt), w, config=cfg)
+    except Exception:  # noqa: BLE001, S110 (the sweep reports it)
+        pass
+
+
+def _compile_all(shapes, rows: list[int], quick: bool, jobs: int) -> None:
+    """Every kernel the sweeps launch, compiled first in ``jobs`` processes (the sweeps then find them in Triton's
+    cache): the search compiles hundreds of variants, one after another a few minutes of a device call."""
+    down = shapes[0]  # the fused down projection's (N, K) is passed first
+    todo = [("gemv", M, N, K, cfg) for N, K in shapes[1:] for M in rows for cfg in _configs(M > 1, quick, N, K)]
+    todo += [("silu", M, *down, cfg) for M in rows for cfg in _configs(M > 1, quick, *down)]
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        list(pool.map(_compile_one, todo, chunksize=4))
+
+
 def _fused_down(model, rows: list[int], a, dev, dt) -> None:
     """SwiGLU's down GEMM from gu: silu_mul + cuBLAS, silu_mul + gemv, and gemv_silu_mul (one launch)."""
     N, K = model.model.layers[0].mlp.down_proj.weight.shape
@@ -83,7 +126,7 @@ def _fused_down(model, rows: list[int], a, dev, dt) -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     for M in rows:
         gu = torch.randn(M, 2 * K, device=dev, dtype=dt)
-        configs = _configs(M > 1, a.quick)
+        configs = _configs(M > 1, a.quick, N, K)
         t_cu = _time_us(lambda gu=gu: [F.linear(silu_mul(gu), w) for w in ws], copies, a.iters)
         two = _sweep(lambda cfg, gu=gu: [gemv(silu_mul(gu), w, config=cfg) for w in ws], configs, copies, a.iters,
                      f"silu_mul+gemv {M} {N} {K}")  # fmt: skip
@@ -103,6 +146,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--layers", type=int, default=24, help="weight copies per graph (distinct, so L2 cannot hold them)")
     ap.add_argument("--iters", type=int, default=20, help="graph replays timed (default 20)")
     ap.add_argument("--quick", action="store_true", help="a few configurations per path only")
+    ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1),
+                    help="processes compiling the searched kernels before the sweeps (default: the CPUs, at most 16; "
+                         "1: each compiled where first timed)")
     return ap
 
 
@@ -113,12 +159,17 @@ def main(argv: list[str] | None = None) -> None:
     dev, dt = torch.device("cuda"), torch.bfloat16
     model = build_adapter(a.model, seed=0, device=dev, dtype=dt).model
     rows = [int(r) for r in a.rows.split(",")]
+    shapes = _shapes(model)
+    if a.jobs > 1:
+        t0 = time.perf_counter()
+        _compile_all([tuple(model.model.layers[0].mlp.down_proj.weight.shape), *shapes], rows, a.quick, a.jobs)
+        print(f"<!-- compiled the searched kernels in {a.jobs} processes: {time.perf_counter() - t0:.0f} s -->")
     print(f"# decode GEMMs on {torch.cuda.get_device_name()}: {a.model}, bf16, {a.layers} weight copies a graph\n")
-    print("| M | N | K | cuBLAS us | TB/s | best Triton us | TB/s | config (bn, bk, warps, stages) |")
+    print("| M | N | K | cuBLAS us | TB/s | best Triton us | TB/s | config (bn, bk, warps, stages[, split]) |")
     print("|---|---|---|---|---|---|---|---|")
     best: dict[tuple[bool, int, int], dict[tuple, float]] = {}
     cublas: dict[tuple[bool, int, int], float] = {}
-    for N, K in _shapes(model):
+    for N, K in shapes:
         copies = 1 if N * K * 2 > 200 << 20 else a.layers  # lm_head alone is larger than L2 many times over
         ws = [torch.randn(N, K, device=dev, dtype=dt) * 0.02 for _ in range(copies)]
         gb = N * K * 2 / 1e9
@@ -126,7 +177,7 @@ def main(argv: list[str] | None = None) -> None:
             x = torch.randn(M, K, device=dev, dtype=dt)
             dot = M > 1
             t_cu = _time_us(lambda x=x, ws=ws: [F.linear(x, w) for w in ws], copies, a.iters)
-            results = _sweep(lambda cfg, x=x, ws=ws: [gemv(x, w, config=cfg) for w in ws], _configs(dot, a.quick),
+            results = _sweep(lambda cfg, x=x, ws=ws: [gemv(x, w, config=cfg) for w in ws], _configs(dot, a.quick, N, K),
                              copies, a.iters, f"{M} {N} {K}")  # fmt: skip
             cfg, t = min(results.items(), key=lambda kv: kv[1])
             print(f"| {M} | {N} | {K} | {t_cu:.1f} | {gb / t_cu * 1e3:.2f} | {t:.1f} | {gb / t * 1e3:.2f} | {cfg} |",
@@ -139,7 +190,8 @@ def main(argv: list[str] | None = None) -> None:
                 acc[c] = (total + v, n + 1)
         del ws
         torch.cuda.empty_cache()
-    print("\nGEMV_CONFIGS = {  # (dot, N, K): (block_n, block_k, num_warps, num_stages), where Triton beats cuBLAS")
+    print("\nGEMV_CONFIGS = {  # (dot, N, K): (block_n, block_k, num_warps, num_stages[, split]), where Triton beats "
+          "cuBLAS")
     for key, acc in best.items():
         n_rows = max(n for _, n in acc.values())
         common = {c: total for c, (total, n) in acc.items() if n == n_rows}  # measured at every M of this path
