@@ -211,28 +211,32 @@ def _gemv_kernel(
         tl.store(y_ptr + offs_n, acc.to(y_ptr.dtype.element_ty), mask=mn)
 
 
-# (block_n, block_k, num_warps, num_stages), from models/bench/results/gemv_h200.md (Qwen3.5-0.8B shapes, H200). The
-# defaults serve a caller that forces gemv on an unlisted shape; decode_linear uses listed shapes only.
+# (block_n, block_k, num_warps, num_stages[, split]), from models/bench/results/gemv_h100.md (Qwen3.5-0.8B shapes, on an
+# H100: the H200's table, gemv_h200.md, searched tiles of at most 1024 K elements and no split). The defaults serve a
+# caller that forces gemv on an unlisted shape; decode_linear uses listed shapes only.
 DEFAULT_CONFIG = {False: (2, 1024, 4, 3), True: (32, 128, 4, 4)}
 GEMV_CONFIGS: dict[tuple[bool, int, int], tuple[int, ...]] = {  # (dot, N, K) -> config
-    (False, 7168, 1024): (16, 512, 4, 3),  # 4.8 vs cuBLAS 6.5 us
-    (False, 1024, 3584): (2, 1024, 8, 3),  # 4.5 vs 7.9
-    (False, 8224, 1024): (8, 512, 4, 3),  # 4.9 vs 7.1
-    (False, 1024, 2048): (2, 1024, 4, 1),  # 2.8 vs 13.0
-    (False, 5120, 1024): (8, 512, 8, 3),  # 3.9 vs 5.6
-    (False, 248320, 1024): (8, 512, 4, 3),  # 121.0 vs 131.3
-    (True, 7168, 1024): (64, 256, 4, 4),  # 12.3 vs 13.5 (M = 4 plus M = 16)
-    (True, 8224, 1024): (64, 256, 4, 4),  # 13.4 vs 14.2
-    (True, 1024, 2048): (16, 256, 4, 4),  # 10.4 vs 14.6
+    (False, 7168, 1024): (16, 512, 8, 1),  # 6.0 vs cuBLAS 7.9 us
+    (False, 1024, 3584): (1, 2048, 8, 1),  # 3.7 vs 8.0
+    (False, 8224, 1024): (16, 512, 4, 1),  # 6.3 vs 8.4
+    (False, 1024, 2048): (2, 2048, 8, 1),  # 2.8 vs 5.8
+    (False, 5120, 1024): (8, 512, 8, 3),  # 4.8 vs 6.4
+    (False, 248320, 1024): (4, 512, 4, 1),  # 165.9 vs 181.9
+    (True, 7168, 1024): (64, 256, 4, 4),  # 14.3 vs 16.0 (M = 4 plus M = 16)
+    (True, 1024, 3584): (32, 256, 4, 1, 8),  # 13.5 vs 16.5
+    (True, 8224, 1024): (64, 256, 4, 4),  # 15.5 vs 17.4
+    (True, 1024, 2048): (32, 256, 4, 1, 8),  # 8.6 vs 11.8
+    (True, 5120, 1024): (64, 256, 4, 4),  # 12.2 vs 13.3
+    (True, 248320, 1024): (64, 256, 4, 2),  # 349.9 vs 372.1
 }
 # gemv_silu_mul (SwiGLU's down GEMM with silu_mul in its loads), where it was measured against silu_mul + gemv: one
-# row only (at 4 and 16 rows the folded tl.dot path measured ~30 us against ~8, so decode keeps two launches there)
+# row only (at 4 and 16 rows the folded tl.dot path measured 11.3-11.6 us against 7.3, so decode keeps two launches)
 SILU_MUL_CONFIGS: dict[tuple[bool, int, int], tuple[int, ...]] = {
-    (False, 1024, 3584): (2, 1024, 8, 1),  # 5.7 (7.6 at gemv's config)
+    (False, 1024, 3584): (2, 4096, 8, 1),  # 4.3 (silu_mul + gemv 4.6; fused at gemv's config 5.8)
 }
 # gemv_add_rms_norm (a GEMM with the pre-norm before it in its loads), one row only: the GDN in_proj, the MLP gate|up
-# and the attention qkv GEMMs of Qwen3.5-0.8B. Not yet measured: gemv's one-row configs as a start. Not the lm_head
-# (248320 columns: its ~31k programs would each re-read the row)
+# and the attention qkv GEMMs of Qwen3.5-0.8B. Not yet measured: gemv's one-row configs of gemv_h200.md as a start.
+# Not the lm_head (248320 columns: its ~31k programs would each re-read the row)
 NORM_CONFIGS: dict[tuple[bool, int, int], tuple[int, int, int, int]] = {
     (False, 8224, 1024): (8, 512, 4, 3),
     (False, 7168, 1024): (16, 512, 4, 3),
