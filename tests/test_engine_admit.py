@@ -272,11 +272,12 @@ def _schedule(cfg: EngineConfig, reqs, arrive, aborts) -> tuple[list, dict]:
     return log, results
 
 
-@pytest.mark.parametrize("seed", [10, 11])  # each fails with the arrival's void taken out of Engine.submit
+@pytest.mark.parametrize("seed", [10, 11])  # each fails with the version bump taken out of Scheduler.enqueue
 def test_a_step_reuses_its_early_batch_only_while_nothing_changed_it(seed, monkeypatch):
-    """The next step's batch, composed early, is reused unless an arrival, an abort, a pass landing or a reload came
-    since (each voids it): over random arrivals and aborts, with passes in the step or beside, the steps launch the
-    same rows and admit the same requests at the same steps as when every step composes its batch afresh."""
+    """The next step's batch, composed early, is reused only while the scheduler stays at the version it was composed
+    at (an arrival, an abort, a pass landing or a reload each moves it): over random arrivals and aborts, with passes
+    in the step or beside, the steps launch the same rows and admit the same requests at the same steps as when every
+    step composes its batch afresh."""
     from models.engine.config import PrefillPlacement
 
     cfg, reqs, arrive = _arrivals(seed)
@@ -286,7 +287,7 @@ def test_a_step_reuses_its_early_batch_only_while_nothing_changed_it(seed, monke
     cfg = attrs.evolve(cfg, planning=Planning.RESIDENT, overlap=True, prefill=placement)
     log, results = _schedule(cfg, reqs, arrive, aborts)
     assert any(k == "launch" for k, *_ in log)
-    monkeypatch.setattr(EarlyStep, "take_batch", lambda self: None)  # every step composes
+    monkeypatch.setattr(EarlyStep, "take_batch", lambda self, version: None)  # every step composes
     want_log, want = _schedule(cfg, reqs, arrive, aborts)
     assert log == want_log
     assert results == want

@@ -127,7 +127,6 @@ class Engine:
         stops = stop_set(request.sampling, self.limits.eos_token_ids)
         keys = tuple(chain_keys(request.prompt, self.config.page_size)) if self.config.prefix_cache else ()
         self.scheduler.enqueue(Pending(rid, request, next(self._arrivals), pages, stops, keys))
-        self.early.void_batch()  # (a step composed now may admit it)
         return rid
 
     def abort(self, request_id: str) -> bool:
@@ -136,7 +135,6 @@ class Engine:
         if not self.table.knows(request_id):
             return False
         with self._on_stream():
-            self.early.void_batch()
             self._land_pass(wait=True)  # its pages and slot may be the pass's, and go back now
             pend = self.scheduler.drop_waiting(request_id)
             if pend is not None:
@@ -210,7 +208,7 @@ class Engine:
         """Compose and admit the step (module doc, 2), first landing a step or pass it may not run beside or waits
         for. Returns the batch (None: landing left no work), its chunks with the admitted requests' first ones, and
         the nanoseconds spent landing."""
-        landed_ns, early = 0, self.early.take_batch()  # composed early, and its crossings taken: nothing to check
+        landed_ns, early = 0, self.early.take_batch(self.scheduler.version)  # crossings taken: nothing to check
         while True:
             batch = early if early is not None else self._compose()
             drain, wait_pass = self._must_land(batch), batch.empty and self.prefill.in_flight is not None
@@ -311,7 +309,8 @@ class Engine:
             batch = self._compose()
         if not self._runs():
             return EarlyStep()
-        early = EarlyStep.prepare(batch, self.admission, self.arm, not batch.has_prefill or self.config.prefill.beside)
+        early = EarlyStep.prepare(batch, self.scheduler.version, self.admission, self.arm,
+                                  not batch.has_prefill or self.config.prefill.beside)  # fmt: skip
         self.stats.add(EARLY_STEP if early.early is not None else NO_EARLY_STEP)
         return early
 
@@ -320,7 +319,6 @@ class Engine:
         """Land the pass beside the decode steps if it has finished (``wait``: in any case)."""
         prefilled = self.prefill.land_beside(wait)
         if prefilled is not None:
-            self.early.void_batch()  # (its rows start decoding)
             self._prefilled(prefilled, next(self.seqs))
             if prefilled.ended.size:
                 self._emit(prefilled.ended, prefilled.first_tokens, prefilled.first_lp)
@@ -362,7 +360,6 @@ class Engine:
         while (h := self.scheduler.next_reload()) is not None:
             if not self.admission.reload_fits(h, self.scheduler.reload_watermark()):
                 return
-            self.early.void_batch()
             self.admission.reload(h)
             self.scheduler.reload(h)
             self.stats.add(Events(reloads=1))

@@ -10,8 +10,8 @@ value the engine passes back to ``prepare``; the arm uses it only while it is st
 
 ``EarlyStep`` is the next step prepared early, as the driver holds it: the batch composed for it, its decode rows'
 crossing pages (an admit transaction the step's admit continues) and the arm's early preparation; pages given back
-meanwhile that the preparation names void it, and anything that changes what a step would compose (an arrival, an
-abort, a pass landing, a reload) voids the batch.
+meanwhile that the preparation names void it, and the batch is reused only while the scheduler is at the version it
+was composed at (every scheduler transition, such as an arrival, an abort, a pass landing or a reload, moves it).
 """
 
 from __future__ import annotations
@@ -111,19 +111,21 @@ _KEPT, _DROPPED = Events(), Events(early_drops=1)
 
 @attrs.define(eq=False)
 class EarlyStep:
-    """The next step as prepared early: the batch composed for it (kept only when it admits nothing, so that fewer
-    free pages later would compose the same), its decode rows' crossing pages (``txn``, which the step's admit
-    continues) and the arm's preparation (``early``). Each is taken once."""
+    """The next step as prepared early: the batch composed for it at the scheduler's ``version`` (kept only when it
+    admits nothing, so that fewer free pages later would compose the same), its decode rows' crossing pages (``txn``,
+    which the step's admit continues) and the arm's preparation (``early``). Each is taken once."""
 
     txn: AdmitTxn | None = None
     early: Early | None = None
     batch: Batch | None = None
+    version: int = -1  # the scheduler's version the batch was composed at
 
     @classmethod
-    def prepare(cls, batch: Batch, admission: Admission, arm: ResidentArm | HostArm, plan: bool) -> EarlyStep:
-        """Prepare ``batch`` (the next step as composed now): take its decode rows' crossing pages and (``plan``) let
-        the arm prepare it early. Nothing when it has no decode rows or their crossings do not fit (the step itself
-        then offloads)."""
+    def prepare(cls, batch: Batch, version: int, admission: Admission, arm: ResidentArm | HostArm,
+                plan: bool) -> EarlyStep:  # fmt: skip
+        """Prepare ``batch`` (the next step as composed now, at the scheduler's ``version``): take its decode rows'
+        crossing pages and (``plan``) let the arm prepare it early. Nothing when it has no decode rows or their
+        crossings do not fit (the step itself then offloads)."""
         rows = batch.rows
         if rows.size == 0:
             return cls()
@@ -132,16 +134,14 @@ class EarlyStep:
             return cls()
         txn = AdmitTxn()
         admission.take_crossings(found, txn)
-        return cls(txn, arm.prepare_early(rows, batch.bucket) if plan else None, None if batch.admits else batch)
+        return cls(txn, arm.prepare_early(rows, batch.bucket) if plan else None, None if batch.admits else batch,
+                   version)  # fmt: skip
 
-    def take_batch(self) -> Batch | None:
-        """The batch composed early, if nothing voided it: its crossings are taken (``txn``)."""
+    def take_batch(self, version: int) -> Batch | None:
+        """The batch composed early, if the scheduler is still at its version (no transition since: an arrival, an
+        abort, a landed pass, a reload would each compose another); its crossings are taken (``txn``)."""
         batch, self.batch = self.batch, None
-        return batch
-
-    def void_batch(self) -> None:
-        """Something changed what the step would compose: it is composed again."""
-        self.batch = None
+        return batch if version == self.version else None
 
     def take_txn(self) -> AdmitTxn:
         txn, self.txn = self.txn or AdmitTxn(), None

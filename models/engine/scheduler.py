@@ -133,6 +133,7 @@ class Scheduler:
         self.admit_quota: int | None = None  # after a refused admit: admissions left until a request finishes
         self.admitted = 0
         self._rows: np.ndarray | None = None  # decode_rows() until a transition changes what it depends on
+        self.version = 0  # bumped by every transition: a batch composed at one version is composed again at another
 
     # -- choosing a step ---------------------------------------------------------------------------------------------
     def decode_rows(self) -> np.ndarray:
@@ -237,7 +238,7 @@ class Scheduler:
     # -- transitions (the engine calls these as it carries a step out) -----------------------------------------------
     def admit(self, h: int, pend: Pending, start: int = 0) -> None:
         """A waiting request holds handle h; its prompt is prefilled from ``start`` (a restored checkpoint's)."""
-        self._rows = None
+        self._rows, self.version = None, self.version + 1
         self.waiting.remove(pend)
         self.status[h] = Status.PREFILLING
         self.arrival[h] = pend.arrival
@@ -251,12 +252,14 @@ class Scheduler:
 
     def enqueue(self, pend: Pending) -> None:
         """A validated request waits for admission, behind every request that came before it."""
+        self.version += 1
         self.waiting.append(pend)
 
     def drop_waiting(self, rid: str) -> Pending | None:
         """Take the waiting request ``rid`` out of the queue (it is aborted); None when it is not waiting."""
         for pend in self.waiting:
             if pend.rid == rid:
+                self.version += 1
                 self.waiting.remove(pend)
                 return pend
         return None
@@ -264,11 +267,12 @@ class Scheduler:
     def refused(self, admitted: int) -> None:
         """A pool refused a step's admit: the retry admits only the ``admitted`` requests ahead of the refused one,
         and no more until a request finishes."""
+        self.version += 1
         self.admit_quota = admitted
 
     def prefilled_chunks(self, chunks: tuple[Chunk, ...], seq: int) -> None:
         """A pass (at step ``seq``) ran ``chunks``: a chunk that ends its prompt makes its request DECODING."""
-        self._rows = None
+        self._rows, self.version = None, self.version + 1
         for chunk in chunks:
             h = chunk.handle
             self.prefilled[h] = chunk.start + chunk.n
@@ -280,18 +284,18 @@ class Scheduler:
     def ran(self, rows: np.ndarray, seq: int) -> None:
         self.last_run[rows] = seq
         if self.order is Order.TURNS:  # ARRIVAL picks rows by arrival alone
-            self._rows = None
+            self._rows, self.version = None, self.version + 1
 
     def retire(self, hs: np.ndarray) -> None:
         """DECODING handles whose last token a step in flight produces: no step after it runs them."""
         if hs.size == 0:
             return
-        self._rows = None
+        self._rows, self.version = None, self.version + 1
         self.status[hs] = Status.RETIRING
 
     def finish(self, h: int) -> None:
         """The request of handle h ended (finished, stopped or aborted), whatever its status."""
-        self._rows = None
+        self._rows, self.version = None, self.version + 1
         if self.status[h] == Status.PREFILLING:
             self.prefilling.remove(h)
         elif self.status[h] == Status.OFFLOADED:
@@ -301,7 +305,7 @@ class Scheduler:
         self.admit_quota = None  # what a refusal waited for may be free now
 
     def offload(self, h: int) -> None:
-        self._rows = None
+        self._rows, self.version = None, self.version + 1
         self.resume[h] = self.status[h]
         if self.status[h] == Status.PREFILLING:
             self.prefilling.remove(h)
@@ -309,7 +313,7 @@ class Scheduler:
         self.offloaded.append(h)
 
     def reload(self, h: int) -> None:
-        self._rows = None
+        self._rows, self.version = None, self.version + 1
         self.offloaded.remove(h)
         self.status[h] = self.resume[h]
         if self.status[h] == Status.PREFILLING:
