@@ -318,9 +318,9 @@ def test_kernel_choices_say_where_the_weight_stream_and_the_folds_run():
     from kernels.gemv import MAX_ROWS
 
     kc = KernelChoices()
-    assert kc.streams(1, 7168, 1024) and not kc.streams(1, 12288, 2048)  # measured; a 2B shape, never benchmarked
+    assert kc.streams(1, 7168, 1024) and not kc.streams(1, 18432, 2560)  # measured; a 4B shape, never benchmarked
     every, never = KernelChoices(gemv=GemvPick.EVERY), KernelChoices(gemv=GemvPick.NEVER)
-    assert every.streams(1, 12288, 2048) and every.streams(MAX_ROWS, 12288, 2048)
+    assert every.streams(1, 18432, 2560) and every.streams(MAX_ROWS, 18432, 2560)
     assert not every.streams(MAX_ROWS + 1, 7168, 1024) and not never.streams(1, 7168, 1024)
     assert kc.folds_silu_mul(1, 1024, 3584) and not KernelChoices(fold_silu_mul=False).folds_silu_mul(1, 1024, 3584)
     assert kc.folds_norm(1, 8224, 1024) and not kc.folds_norm(2, 8224, 1024)

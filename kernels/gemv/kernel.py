@@ -212,8 +212,9 @@ def _gemv_kernel(
 
 
 # (block_n, block_k, num_warps, num_stages[, split]), from models/bench/results/gemv_h100.md (Qwen3.5-0.8B shapes, on an
-# H100: the H200's table, gemv_h200.md, searched tiles of at most 1024 K elements and no split). The defaults serve a
-# caller that forces gemv on an unlisted shape; decode_linear uses listed shapes only.
+# H100: the H200's table, gemv_h200.md, searched tiles of at most 1024 K elements and no split) and gemv_2b_h200.md
+# (Qwen3.5-2B). The defaults serve a caller that forces gemv on an unlisted shape; decode_linear uses listed shapes
+# only.
 DEFAULT_CONFIG = {False: (2, 1024, 4, 3), True: (32, 128, 4, 4)}
 GEMV_CONFIGS: dict[tuple[bool, int, int], tuple[int, ...]] = {  # (dot, N, K) -> config
     (False, 7168, 1024): (16, 512, 8, 1),  # 6.0 vs cuBLAS 7.9 us
@@ -228,6 +229,14 @@ GEMV_CONFIGS: dict[tuple[bool, int, int], tuple[int, ...]] = {  # (dot, N, K) ->
     (True, 1024, 2048): (32, 256, 4, 1, 8),  # 8.6 vs 11.8
     (True, 5120, 1024): (64, 256, 4, 4),  # 12.2 vs 13.3
     (True, 248320, 1024): (64, 256, 4, 2),  # 349.9 vs 372.1
+    # Qwen3.5-2B, from models/bench/results/gemv_2b_h200.md (an H200, rows 1 and 16; 4-16 rows: where Triton won at 16)
+    (False, 12288, 2048): (8, 1024, 4, 1),  # 12.8 vs 15.5
+    (False, 2048, 6144): (2, 2048, 8, 1),  # 6.7 vs 11.9
+    (False, 8224, 2048): (4, 1024, 4, 3),  # 8.9 vs 11.2
+    (False, 2048, 2048): (2, 1024, 4, 1),  # 3.4 vs 6.2
+    (False, 5120, 2048): (4, 1024, 4, 3),  # 5.8 vs 8.2
+    (False, 248320, 2048): (2, 1024, 4, 3),  # 223.3 vs 238.2
+    (True, 8224, 2048): (64, 256, 4, 4),  # 10.5 vs 11.4
 }
 # gemv_silu_mul (SwiGLU's down GEMM with silu_mul in its loads), where it was measured against silu_mul + gemv: one
 # row only (at 4 and 16 rows the folded tl.dot path measured 11.3-11.6 us against 7.3, so decode keeps two launches)
