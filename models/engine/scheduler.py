@@ -236,9 +236,13 @@ class Scheduler:
         return int(np.count_nonzero(self.status == _DECODING)) if holding else 0
 
     # -- transitions (the engine calls these as it carries a step out) -----------------------------------------------
+    def _transition(self) -> None:
+        """A transition the decode rows may depend on: forget the kept rows, and move the version."""
+        self._rows, self.version = None, self.version + 1
+
     def admit(self, h: int, pend: Pending, start: int = 0) -> None:
         """A waiting request holds handle h; its prompt is prefilled from ``start`` (a restored checkpoint's)."""
-        self._rows, self.version = None, self.version + 1
+        self._transition()
         self.waiting.remove(pend)
         self.status[h] = Status.PREFILLING
         self.arrival[h] = pend.arrival
@@ -272,7 +276,7 @@ class Scheduler:
 
     def prefilled_chunks(self, chunks: tuple[Chunk, ...], seq: int) -> None:
         """A pass (at step ``seq``) ran ``chunks``: a chunk that ends its prompt makes its request DECODING."""
-        self._rows, self.version = None, self.version + 1
+        self._transition()
         for chunk in chunks:
             h = chunk.handle
             self.prefilled[h] = chunk.start + chunk.n
@@ -284,18 +288,18 @@ class Scheduler:
     def ran(self, rows: np.ndarray, seq: int) -> None:
         self.last_run[rows] = seq
         if self.order is Order.TURNS:  # ARRIVAL picks rows by arrival alone
-            self._rows, self.version = None, self.version + 1
+            self._transition()
 
     def retire(self, hs: np.ndarray) -> None:
         """DECODING handles whose last token a step in flight produces: no step after it runs them."""
         if hs.size == 0:
             return
-        self._rows, self.version = None, self.version + 1
+        self._transition()
         self.status[hs] = Status.RETIRING
 
     def finish(self, h: int) -> None:
         """The request of handle h ended (finished, stopped or aborted), whatever its status."""
-        self._rows, self.version = None, self.version + 1
+        self._transition()
         if self.status[h] == Status.PREFILLING:
             self.prefilling.remove(h)
         elif self.status[h] == Status.OFFLOADED:
@@ -305,7 +309,7 @@ class Scheduler:
         self.admit_quota = None  # what a refusal waited for may be free now
 
     def offload(self, h: int) -> None:
-        self._rows, self.version = None, self.version + 1
+        self._transition()
         self.resume[h] = self.status[h]
         if self.status[h] == Status.PREFILLING:
             self.prefilling.remove(h)
@@ -313,7 +317,7 @@ class Scheduler:
         self.offloaded.append(h)
 
     def reload(self, h: int) -> None:
-        self._rows, self.version = None, self.version + 1
+        self._transition()
         self.offloaded.remove(h)
         self.status[h] = self.resume[h]
         if self.status[h] == Status.PREFILLING:
