@@ -72,7 +72,7 @@ def _configs(dot: bool, quick: bool, n: int, k: int) -> list[tuple[int, ...]]:
     whole = triton.next_power_of_2(k)
     plain = [(bn, bk, warps, stages) for bn, bk, warps, stages in itertools.product(*space.values())
              if (bn >= 16 if dot else bn * bk <= ROW_TILE) and bk <= whole and (stages == 1 or bk < k)]  # fmt: skip
-    splits = SPLITS[:1] if quick else SPLITS if n < k else ()
+    splits = (SPLITS[:1] if quick else SPLITS) if n < k else ()
     tiles = sorted({(bn, bk, warps) for bn, bk, warps, _ in plain if dot or (bn, bk) in ROW_SPLIT_TILES})
     return plain + [(bn, bk, warps, 1, s) for bn, bk, warps in tiles for s in splits if bk * s < 2 * k]
 
@@ -104,11 +104,11 @@ def _compile_one(job: tuple) -> None:
         pass
 
 
-def _compile_all(shapes, rows: list[int], quick: bool, jobs: int) -> None:
-    """Every kernel the sweeps launch, compiled first in ``jobs`` processes (the sweeps then find them in Triton's
-    cache): the search compiles hundreds of variants, one after another a few minutes of a device call."""
-    down = shapes[0]  # the fused down projection's (N, K) is passed first
-    todo = [("gemv", M, N, K, cfg) for N, K in shapes[1:] for M in rows for cfg in _configs(M > 1, quick, N, K)]
+def _compile_all(shapes, down: tuple[int, int], rows: list[int], quick: bool, jobs: int) -> None:
+    """Every kernel the sweeps launch (gemv at ``shapes``, gemv_silu_mul at the down projection's (N, K)), compiled
+    first in ``jobs`` processes (the sweeps then find them in Triton's cache): the search compiles hundreds of
+    variants, one after another a few minutes of a device call."""
+    todo = [("gemv", M, N, K, cfg) for N, K in shapes for M in rows for cfg in _configs(M > 1, quick, N, K)]
     todo += [("silu", M, *down, cfg) for M in rows for cfg in _configs(M > 1, quick, *down)]
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     shapes = _shapes(model)
     if a.jobs > 1:
         t0 = time.perf_counter()
-        _compile_all([tuple(model.model.layers[0].mlp.down_proj.weight.shape), *shapes], rows, a.quick, a.jobs)
+        _compile_all(shapes, tuple(model.model.layers[0].mlp.down_proj.weight.shape), rows, a.quick, a.jobs)
         print(f"<!-- compiled the searched kernels in {a.jobs} processes: {time.perf_counter() - t0:.0f} s -->")
     print(f"# decode GEMMs on {torch.cuda.get_device_name()}: {a.model}, bf16, {a.layers} weight copies a graph\n")
     print("| M | N | K | cuBLAS us | TB/s | best Triton us | TB/s | config (bn, bk, warps, stages[, split]) |")
