@@ -81,9 +81,10 @@ class HostLoad:
         load."""
         return self._held_s / self._wall_s if self._wall_s else 0.0
 
-    def _spin(self) -> None:
-        """The thread: spin ``fraction`` of a period, sleep to the period's end, until told to stop."""
-        clock, period = time.perf_counter, self.period_s
+    def _spin(self, clock=time.perf_counter, sleep=time.sleep) -> None:
+        """The thread: spin ``fraction`` of a period, sleep to the period's end, until told to stop. (``clock`` and
+        ``sleep`` are the tests' way in: a fake clock makes the schedule exact.)"""
+        period = self.period_s
         spin = self.fraction * period
         start = due = clock()
         held = 0.0
@@ -97,5 +98,5 @@ class HostLoad:
             due += period
             if due < now:  # a period behind: sleep the rest of this one and start afresh, no catching up
                 due = now + period - spin
-            time.sleep(due - now)
+            sleep(due - now)
         self._held_s, self._wall_s = held, clock() - start
