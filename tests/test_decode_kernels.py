@@ -151,7 +151,8 @@ def test_gdn_decode_raw_step(hv, hk, dk, dv, seed):
 
 @pytest.mark.parametrize("dtype,device", CASES, ids=CASE_IDS)
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("M,N,K", [(1, 37, 70), (1, 256, 1024), (3, 70, 300), (16, 64, 129)])
+@pytest.mark.parametrize("M,N,K", [(1, 37, 70), (1, 256, 1024), (3, 70, 300), (16, 64, 129), (20, 40, 130),
+                                   (64, 33, 100)])  # fmt: skip
 @pytest.mark.parametrize("config", [None, (4, 64, 2, 1)], ids=["default", "small-tiles"])
 def test_gemv(M, N, K, config, seed, dtype, device):
     from kernels.gemv import gemv
@@ -160,7 +161,7 @@ def test_gemv(M, N, K, config, seed, dtype, device):
     x = rand(gen, M, K, dtype=dtype, device=device)
     w = rand(gen, N, K + 5, dtype=dtype, device=device)[:, 2 : 2 + K]  # a strided weight (row stride K + 5)
     if config is not None and M > 1:
-        config = (16, 64, 2, 1)  # tl.dot needs 16-wide tiles
+        config = (16, 64, 2, 1)  # tl.dot needs 16-wide tiles (20 rows: padded to a 32-row tile; 64: a whole one)
     want = (x.float() @ w.float().t()).to(dtype)
     tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else TOL[dtype]
     if device == "cuda" and dtype == torch.float32 and M > 1:
@@ -171,7 +172,7 @@ def test_gemv(M, N, K, config, seed, dtype, device):
 @pytest.mark.parametrize("dtype,device", CASES, ids=CASE_IDS)
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("M,N,K,split", [(1, 37, 700, 3), (1, 20, 1024, 8), (3, 40, 300, 4), (16, 33, 1000, 7),
-                                         (1, 9, 100, 4)])  # fmt: skip
+                                         (1, 9, 100, 4), (40, 20, 300, 3)])  # fmt: skip
 def test_gemv_split_k(M, N, K, split, seed, dtype, device):
     """K split over programs (a config's fifth entry): the float64 value within the dtype's tolerance, the same bits
     on every launch (the partials are summed in split order, whichever split ends last), and every count of the
@@ -194,15 +195,17 @@ def test_gemv_split_k(M, N, K, split, seed, dtype, device):
 
 
 def test_gemv_only_where_measured_faster():
-    """decode_linear's dispatch: listed one-row shapes and listed multi-row shapes take the weight stream; an unlisted
-    shape, a multi-row use of a one-row-only shape, and more than 16 rows stay on cuBLAS."""
-    from kernels.gemv import GEMV_CONFIGS, MAX_ROWS, gemv_wins
+    """decode_linear's dispatch: a GEMM takes the weight stream where its shape is listed for its row tile (1, 2-16,
+    17-32, 33-64 rows); an unlisted shape, a use at another row tile than the one listed, and more than 64 rows stay
+    on cuBLAS."""
+    from kernels.gemv import GEMV_CONFIGS, MAX_ROWS, ROW_TILES, gemv_wins, tile_rows
 
-    one_row = [(n, k) for dot, n, k in GEMV_CONFIGS if not dot]
-    many = [(n, k) for dot, n, k in GEMV_CONFIGS if dot]
-    assert one_row and many
-    assert all(gemv_wins(1, n, k) for n, k in one_row)
-    assert all(gemv_wins(r, n, k) for n, k in many for r in (2, MAX_ROWS))
-    assert not gemv_wins(MAX_ROWS + 1, *many[0])
+    assert [tile_rows(r) for r in (1, 2, 16, 17, 32, 33, 64)] == [1, 16, 16, 32, 32, 64, 64]
+    listed = {t: {(n, k) for tt, n, k in GEMV_CONFIGS if tt == t} for t in ROW_TILES}
+    assert listed[1] and listed[16]
+    for lo, t in zip((1, 2, 17, 33), ROW_TILES, strict=True):
+        assert all(gemv_wins(r, n, k) for n, k in listed[t] for r in (lo, t))
+        others = set().union(*listed.values()) - listed[t]
+        assert not any(gemv_wins(t, n, k) for n, k in others)
+    assert not any(gemv_wins(MAX_ROWS + 1, n, k) for n, k in listed[16])
     assert not gemv_wins(1, 18432, 2560)  # a 4B shape (gate|up), never benchmarked
-    assert not any(gemv_wins(4, n, k) for n, k in set(one_row) - set(many))

@@ -41,7 +41,7 @@ SEEDS = [0, 1]
 EPS = 1e-6
 SHAPES = [(37, 70), (64, 129), (70, 300), (40, 1100), (24, 1024)]  # (N, K): K over one and many tiles
 # (block_n, block_k, warps, stages): gemv's one-row default, and small tiles (many K steps, N tails)
-CONFIGS = {"default": DEFAULT_CONFIG[False], "small-tiles": (4, 64, 2, 1)}
+CONFIGS = {"default": DEFAULT_CONFIG[1], "small-tiles": (4, 64, 2, 1)}
 
 
 def _case(seed: int, N: int, K: int, dtype: torch.dtype, with_delta: bool):
@@ -105,7 +105,7 @@ def test_gemv_add_rms_norm_row_views_and_out(dtype):
     out = torch.full((1, N), float("nan"), dtype=dtype, device=DEVICE)
     got = gemv_add_rms_norm(h_view, delta, nw, EPS, w, h_out, out=out)
     assert got is out
-    want, h_want = _two_step(h, delta, nw, w, DEFAULT_CONFIG[False])
+    want, h_want = _two_step(h, delta, nw, w, DEFAULT_CONFIG[1])
     _assert_two_step_value(got, want)
     assert torch.equal(h_out, h_want) and torch.equal(bufs[0:1], h) and bufs[1].isnan().all()
 

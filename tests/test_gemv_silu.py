@@ -18,7 +18,7 @@ if not torch.cuda.is_available():
 
 from kernels.choices import DEFAULT  # noqa: E402
 from kernels.gates import silu_mul  # noqa: E402  (after TRITON_INTERPRET is settled)
-from kernels.gemv import DEFAULT_CONFIG, gemv, gemv_silu_mul, gemv_silu_mul_ref  # noqa: E402
+from kernels.gemv import DEFAULT_CONFIG, gemv, gemv_silu_mul, gemv_silu_mul_ref, tile_rows  # noqa: E402
 from models.layers.fused import decode_linear, decode_silu_mul_linear  # noqa: E402
 from models.layers.mlp import SwiGLU  # noqa: E402
 
@@ -29,7 +29,8 @@ DTYPES = [torch.float32, torch.bfloat16]
 SEEDS = [0, 1]
 SHAPES = [(37, 70), (64, 129), (70, 300), (40, 1100)]  # (N, K): N and K off the tile sizes; K over one and many tiles
 # (block_n, block_k, warps, stages) per path (one row / tl.dot): the defaults, and small tiles (many K steps, N tails)
-CONFIGS = {"default": DEFAULT_CONFIG, "small-tiles": {False: (4, 64, 2, 1), True: (16, 64, 2, 1)}}
+SMALL = (16, 64, 2, 1)  # tl.dot needs 16-wide tiles
+CONFIGS = {"default": DEFAULT_CONFIG, "small-tiles": {1: (4, 64, 2, 1), 16: SMALL, 32: SMALL, 64: SMALL}}
 
 
 def _tol(dtype: torch.dtype, M: int) -> dict:
@@ -68,7 +69,7 @@ def _check_ref(got: torch.Tensor, gu: torch.Tensor, w: torch.Tensor) -> None:
 @pytest.mark.parametrize("seed", SEEDS)
 def test_gemv_silu_mul(seed, M, N, K, config, dtype):
     gu, w = _case(seed, M, N, K, dtype)
-    cfg = CONFIGS[config][M > 1]
+    cfg = CONFIGS[config][tile_rows(M)]
     got = gemv_silu_mul(gu, w, config=cfg)
     assert got.shape == (M, N) and got.dtype == dtype
     assert torch.equal(got, gemv(silu_mul(gu), w, config=cfg))  # the two kernels it replaces, bit for bit
@@ -94,7 +95,7 @@ def test_gemv_silu_mul_row_strided_input(seed, M, dtype):
     N, K = 70, 300
     gu, w = _case(seed, M, N, K, dtype, pad=3)  # row stride 2K + 6, unit column stride
     assert gu.stride() == (2 * K + 6, 1) and (M == 1 or not gu.is_contiguous())
-    cfg = CONFIGS["small-tiles"][M > 1]
+    cfg = CONFIGS["small-tiles"][tile_rows(M)]
     out = torch.full((M, N), float("nan"), dtype=dtype, device=DEVICE)
     got = gemv_silu_mul(gu, w, out=out, config=cfg)
     assert got is out
@@ -107,7 +108,7 @@ def test_gemv_silu_mul_rejects_mismatched_widths():
     with pytest.raises(AssertionError):
         gemv_silu_mul(gu[:, :62], w)  # gu must be [M, 2K]
     with pytest.raises(AssertionError):
-        gemv_silu_mul(torch.zeros(17, 64, device=DEVICE), w)  # more rows than a weight stream serves
+        gemv_silu_mul(torch.zeros(65, 64, device=DEVICE), w)  # more rows than a weight stream serves
 
 
 @pytest.mark.parametrize("M", [1, 3, 16])

@@ -1,9 +1,10 @@
-"""Skinny GEMM for decode: ``y[M, N] = x[M, K] @ w[N, K]^T`` with few rows (M <= 16), float32 accumulation.
+"""Skinny GEMM for decode: ``y[M, N] = x[M, K] @ w[N, K]^T`` with few rows (M <= 64), float32 accumulation.
 
-A decode step at small batch reads every weight once for one to sixteen rows: the GEMM is a weight stream, bound by
-memory bandwidth, and its cost is how many bytes are in flight. One program owns ``BLOCK_N`` output columns and walks
-K in ``BLOCK_K`` tiles: for M == 1 it reduces ``w_tile * x`` on the CUDA cores, for M > 1 it pads the rows to 16 and
-uses ``tl.dot``. Configurations are chosen per shape by ``models/bench/gemv.py`` on the GPU (``GEMV_CONFIGS``).
+A decode step reads every weight once for its one to sixty-four rows: the GEMM is a weight stream, bound by memory
+bandwidth, and its cost is how many bytes are in flight. One program owns ``BLOCK_N`` output columns and walks K in
+``BLOCK_K`` tiles: for M == 1 it reduces ``w_tile * x`` on the CUDA cores, for M > 1 it pads the rows to the row tile
+(``tile_rows``: 16, 32 or 64) and uses ``tl.dot``. Configurations are chosen per row tile and shape by
+``models/bench/gemv.py`` on the GPU (``GEMV_CONFIGS``, keyed by (row tile, N, K)).
 
 Split K (a configuration's optional fifth entry, SPLIT): where N is small against K (the out projections and the MLP's
 down projection: 1024 columns, K up to 3584) one program per column block walks a long K serially and the grid is
@@ -37,7 +38,13 @@ import triton.language as tl
 from kernels.pdl import launch_options, pdl_wait
 from kernels.runtime import interpreted
 
-MAX_ROWS = 16  # more rows than this: the GEMM is no longer a weight stream; use cuBLAS
+MAX_ROWS = 64  # more rows than this: the GEMM is no longer a weight stream; use cuBLAS
+ROW_TILES = (1, 16, 32, 64)  # the rows a program's tile holds (1: the CUDA cores; else tl.dot, padded)
+
+
+def tile_rows(rows: int) -> int:
+    """The row tile a GEMM of ``rows`` rows (1..MAX_ROWS) runs in: the smallest of ROW_TILES that holds them."""
+    return next(t for t in ROW_TILES if rows <= t)
 
 
 @triton.jit
@@ -215,52 +222,52 @@ def _gemv_kernel(
 # H100: the H200's table, gemv_h200.md, searched tiles of at most 1024 K elements and no split) and gemv_2b_h200.md
 # (Qwen3.5-2B). The defaults serve a caller that forces gemv on an unlisted shape; decode_linear uses listed shapes
 # only.
-DEFAULT_CONFIG = {False: (2, 1024, 4, 3), True: (32, 128, 4, 4)}
-GEMV_CONFIGS: dict[tuple[bool, int, int], tuple[int, ...]] = {  # (dot, N, K) -> config
-    (False, 7168, 1024): (16, 512, 8, 1),  # 6.0 vs cuBLAS 7.9 us
-    (False, 1024, 3584): (1, 2048, 8, 1),  # 3.7 vs 8.0
-    (False, 8224, 1024): (16, 512, 4, 1),  # 6.3 vs 8.4
-    (False, 1024, 2048): (2, 2048, 8, 1),  # 2.8 vs 5.8
-    (False, 5120, 1024): (8, 512, 8, 3),  # 4.8 vs 6.4
-    (False, 248320, 1024): (4, 512, 4, 1),  # 165.9 vs 181.9
-    (True, 7168, 1024): (64, 256, 4, 4),  # 14.3 vs 16.0 (M = 4 plus M = 16)
-    (True, 1024, 3584): (32, 256, 4, 1, 8),  # 13.5 vs 16.5
-    (True, 8224, 1024): (64, 256, 4, 4),  # 15.5 vs 17.4
-    (True, 1024, 2048): (32, 256, 4, 1, 8),  # 8.6 vs 11.8
-    (True, 5120, 1024): (64, 256, 4, 4),  # 12.2 vs 13.3
-    (True, 248320, 1024): (64, 256, 4, 2),  # 349.9 vs 372.1
+DEFAULT_CONFIG = {1: (2, 1024, 4, 3), 16: (32, 128, 4, 4), 32: (32, 128, 4, 4), 64: (32, 128, 4, 4)}
+GEMV_CONFIGS: dict[tuple[int, int, int], tuple[int, ...]] = {  # (row tile, N, K) -> config
+    (1, 7168, 1024): (16, 512, 8, 1),  # 6.0 vs cuBLAS 7.9 us
+    (1, 1024, 3584): (1, 2048, 8, 1),  # 3.7 vs 8.0
+    (1, 8224, 1024): (16, 512, 4, 1),  # 6.3 vs 8.4
+    (1, 1024, 2048): (2, 2048, 8, 1),  # 2.8 vs 5.8
+    (1, 5120, 1024): (8, 512, 8, 3),  # 4.8 vs 6.4
+    (1, 248320, 1024): (4, 512, 4, 1),  # 165.9 vs 181.9
+    (16, 7168, 1024): (64, 256, 4, 4),  # 14.3 vs 16.0 (M = 4 plus M = 16)
+    (16, 1024, 3584): (32, 256, 4, 1, 8),  # 13.5 vs 16.5
+    (16, 8224, 1024): (64, 256, 4, 4),  # 15.5 vs 17.4
+    (16, 1024, 2048): (32, 256, 4, 1, 8),  # 8.6 vs 11.8
+    (16, 5120, 1024): (64, 256, 4, 4),  # 12.2 vs 13.3
+    (16, 248320, 1024): (64, 256, 4, 2),  # 349.9 vs 372.1
     # Qwen3.5-2B, from models/bench/results/gemv_2b_h200.md (an H200, rows 1 and 16; 4-16 rows: where Triton won at 16)
-    (False, 12288, 2048): (8, 1024, 4, 1),  # 12.8 vs 15.5
-    (False, 2048, 6144): (2, 2048, 8, 1),  # 6.7 vs 11.9
-    (False, 8224, 2048): (4, 1024, 4, 3),  # 8.9 vs 11.2
-    (False, 2048, 2048): (2, 1024, 4, 1),  # 3.4 vs 6.2
-    (False, 5120, 2048): (4, 1024, 4, 3),  # 5.8 vs 8.2
-    (False, 248320, 2048): (2, 1024, 4, 3),  # 223.3 vs 238.2
-    (True, 8224, 2048): (64, 256, 4, 4),  # 10.5 vs 11.4
+    (1, 12288, 2048): (8, 1024, 4, 1),  # 12.8 vs 15.5
+    (1, 2048, 6144): (2, 2048, 8, 1),  # 6.7 vs 11.9
+    (1, 8224, 2048): (4, 1024, 4, 3),  # 8.9 vs 11.2
+    (1, 2048, 2048): (2, 1024, 4, 1),  # 3.4 vs 6.2
+    (1, 5120, 2048): (4, 1024, 4, 3),  # 5.8 vs 8.2
+    (1, 248320, 2048): (2, 1024, 4, 3),  # 223.3 vs 238.2
+    (16, 8224, 2048): (64, 256, 4, 4),  # 10.5 vs 11.4
 }
 # gemv_silu_mul (SwiGLU's down GEMM with silu_mul in its loads), where it was measured against silu_mul + gemv: one
 # row only (at 4 and 16 rows the folded tl.dot path measured 11.3-11.6 us against 7.3, so decode keeps two launches)
-SILU_MUL_CONFIGS: dict[tuple[bool, int, int], tuple[int, ...]] = {
-    (False, 1024, 3584): (2, 4096, 8, 1),  # 4.3 (silu_mul + gemv 4.6; fused at gemv's config 5.8)
+SILU_MUL_CONFIGS: dict[tuple[int, int, int], tuple[int, ...]] = {
+    (1, 1024, 3584): (2, 4096, 8, 1),  # 4.3 (silu_mul + gemv 4.6; fused at gemv's config 5.8)
 }
 # gemv_add_rms_norm (a GEMM with the pre-norm before it in its loads), one row only: the GDN in_proj, the MLP gate|up
 # and the attention qkv GEMMs of Qwen3.5-0.8B. Not yet measured: gemv's one-row configs of gemv_h200.md as a start.
 # Not the lm_head (248320 columns: its ~31k programs would each re-read the row)
-NORM_CONFIGS: dict[tuple[bool, int, int], tuple[int, int, int, int]] = {
-    (False, 8224, 1024): (8, 512, 4, 3),
-    (False, 7168, 1024): (16, 512, 4, 3),
-    (False, 5120, 1024): (8, 512, 8, 3),  # 8 warps: rstd reduced in another order than add_rms_norm_'s (module doc)
+NORM_CONFIGS: dict[tuple[int, int, int], tuple[int, int, int, int]] = {
+    (1, 8224, 1024): (8, 512, 4, 3),
+    (1, 7168, 1024): (16, 512, 4, 3),
+    (1, 5120, 1024): (8, 512, 8, 3),  # 8 warps: rstd reduced in another order than add_rms_norm_'s (module doc)
 }
 
 
 def _listed(table: dict, rows: int, n: int, k: int) -> bool:
-    """The GEMM of ``rows`` rows is in ``table`` for its path (one row, or 2-16 rows)."""
-    return 1 <= rows <= MAX_ROWS and (rows > 1, n, k) in table
+    """The GEMM of ``rows`` rows is in ``table`` for its row tile (``tile_rows``)."""
+    return 1 <= rows <= MAX_ROWS and (tile_rows(rows), n, k) in table
 
 
 def gemv_wins(rows: int, n: int, k: int) -> bool:
     """Whether the weight stream was measured faster than cuBLAS for this GEMM: a shape in ``GEMV_CONFIGS`` for its
-    path (one row, or 2-16 rows). Shapes never benchmarked (another model's) stay on cuBLAS."""
+    row tile (1, 2-16, 17-32 or 33-64 rows). Shapes never benchmarked (another model's) stay on cuBLAS."""
     return _listed(GEMV_CONFIGS, rows, n, k)
 
 
@@ -276,7 +283,7 @@ def norm_fold_wins(rows: int, n: int, k: int) -> bool:
 
 
 def gemv(
-    x: torch.Tensor,  # [M, K], M <= 16, unit column stride
+    x: torch.Tensor,  # [M, K], M <= 64, unit column stride
     w: torch.Tensor,  # [N, K], unit column stride
     out: torch.Tensor | None = None,  # [M, N] contiguous, x's dtype unless given
     config: tuple[int, ...] | None = None,  # (block_n, block_k, num_warps, num_stages[, split])
@@ -292,7 +299,7 @@ def gemv(
 
 
 def gemv_silu_mul(
-    gu: torch.Tensor,  # [M, 2K], the gate|up GEMM output, M <= 16, unit column stride
+    gu: torch.Tensor,  # [M, 2K], the gate|up GEMM output, M <= 64, unit column stride
     w: torch.Tensor,  # [N, K], the down projection, unit column stride
     out: torch.Tensor | None = None,  # [M, N] contiguous, gu's dtype unless given
     config: tuple[int, ...] | None = None,  # (block_n, block_k, num_warps, num_stages[, split])
@@ -334,7 +341,7 @@ def gemv_add_rms_norm(
     return _launch(h_in, w, out, config, M, N, K, norm=norm, pdl=pdl)
 
 
-SPLIT_PARTS = 1 << 18  # float32 partial sums a split-K workspace holds (1 MiB): splits x rows (16 if M > 1) x N
+SPLIT_PARTS = 1 << 20  # float32 partial sums a split-K workspace holds (4 MiB): splits x row tile x N
 SPLIT_COUNTS = 1 << 12  # column blocks a split-K workspace counts
 
 
@@ -366,9 +373,9 @@ def _launch(x, w, out, config, M: int, N: int, K: int, silu_mul: bool = False, n
     assert out.shape == (M, N) and out.is_contiguous()
     if M == 0:
         return out
-    dot = M > 1
+    tile = tile_rows(M)
     table = NORM_CONFIGS if norm else SILU_MUL_CONFIGS if silu_mul else GEMV_CONFIGS
-    block_n, block_k, warps, stages, *rest = config or table.get((dot, N, K), DEFAULT_CONFIG[dot])
+    block_n, block_k, warps, stages, *rest = config or table.get((tile, N, K), DEFAULT_CONFIG[tile])
     tiles = triton.cdiv(K, block_k)
     per_split = triton.cdiv(tiles, rest[0] if rest else 1)  # K tiles a split: at most the config's split count,
     split = triton.cdiv(tiles, per_split)  # none of them empty
@@ -376,10 +383,10 @@ def _launch(x, w, out, config, M: int, N: int, K: int, silu_mul: bool = False, n
     d, nw, h_out, eps, zero_centered, has_delta = norm or (x, x, x, 0.0, False, False)
     blocks = triton.cdiv(N, block_n)
     k_split = per_split * block_k
-    parts, counts = split_workspace(x.device, split * (16 if dot else 1) * N, blocks) if split > 1 else (out, out)
+    parts, counts = split_workspace(x.device, split * tile * N, blocks) if split > 1 else (out, out)
     _gemv_kernel[(blocks, split)](
         x, w, out, M, N, K, x.stride(0), w.stride(0), out.stride(0), d, nw, h_out, eps, parts, counts, k_split,
-        BLOCK_M=16 if dot else 1, BLOCK_N=block_n, BLOCK_K=block_k, DOT=dot, SILU_MUL=silu_mul, NORM=norm is not None,
+        BLOCK_M=tile, BLOCK_N=block_n, BLOCK_K=block_k, DOT=tile > 1, SILU_MUL=silu_mul, NORM=norm is not None,
         HAS_DELTA=has_delta, ZERO_CENTERED=zero_centered, NORM_BLOCK=triton.next_power_of_2(K) if norm else 1,
         SPLIT=split, FENCE=split > 1 and not interpreted(), num_warps=warps, num_stages=stages,
         **launch_options(pdl),

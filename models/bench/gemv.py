@@ -1,12 +1,13 @@
 """Skinny decode GEMMs on the GPU: cuBLAS (``F.linear``) against the Triton weight stream (``kernels.gemv``).
 
-    python -m models.bench.gemv --model qwen3_5-0.8b [--rows 1,4,16] [--quick]
+    python -m models.bench.gemv --model qwen3_5-0.8b [--rows 1,4,16,32,64] [--quick]
 
 For every distinct GEMM shape (N, K) of the model's fused decode (input projections, MLP, output projections,
 lm_head), and every row count M, a CUDA graph of ``--layers`` calls on distinct weight copies (more bytes than the L2
 holds, as in a real step) is replayed; reported: us per call (median replay / layers) and the weight bytes streamed
 per second. Prints the best Triton configuration per shape and a ``GEMV_CONFIGS`` literal of the shapes where Triton
-beats cuBLAS by more than 5% (M == 1 on the CUDA cores, M > 1 with tl.dot, chosen by the sum over the M measured).
+beats cuBLAS by more than 5%, per row tile (``kernels.gemv.tile_rows``: M == 1 on the CUDA cores, 2-16, 17-32 and
+33-64 rows with tl.dot, each chosen by the sum over the M measured in it).
 
 Then SwiGLU's down projection with silu_mul folded into the weight stream (``kernels.gemv.gemv_silu_mul``, what
 ``forward_fused`` runs where gemv wins) against the two launches it replaces (``silu_mul`` then ``gemv``, or then
@@ -28,17 +29,19 @@ import torch.nn.functional as F
 import triton
 
 from kernels.gates import silu_mul
-from kernels.gemv import gemv, gemv_silu_mul
+from kernels.gemv import gemv, gemv_silu_mul, tile_rows
 from models.bench.timing import replay_us
 from models.cli import OneLineParser
 from models.engine import build_adapter
 from resplan import Graph
 
 DOT_SPACE = dict(block_n=(16, 32, 64), block_k=(64, 128, 256), warps=(4,), stages=(2, 4))
+WIDE_SPACE = dict(block_n=(32, 64, 128), block_k=(64, 128, 256), warps=(4, 8), stages=(3, 4))  # 32- and 64-row tiles
 ROW_SPACE = dict(block_n=(1, 2, 4, 8, 16), block_k=(256, 512, 1024, 2048, 4096), warps=(4, 8), stages=(1, 3))
 ROW_TILE = 8192  # one row: block_n * block_k at most (a program's weight tile, elements)
 SPLITS = (2, 4, 8)  # K split over this many programs a column block, searched where N < K (a long walk, few columns)
 ROW_SPLIT_TILES = ((2, 512), (4, 512))  # one row: the (block_n, block_k) tried with a split (whole-K tiles win there)
+SILU_ROWS = 16  # the silu_mul fold is timed up to this many rows (at 4-16 it already lost to two launches)
 
 
 def _shapes(model) -> list[tuple[int, int]]:
@@ -61,12 +64,13 @@ def _time_us(fn, layers: int, iters: int) -> float:
     return replay_us(Graph(fn, torch.device("cuda")), iters) / layers
 
 
-def _configs(dot: bool, quick: bool, n: int, k: int) -> list[tuple[int, ...]]:
-    """The (block_n, block_k, warps, stages[, split]) searched for a path and shape: tl.dot needs block_n >= 16; one
+def _configs(tile: int, quick: bool, n: int, k: int) -> list[tuple[int, ...]]:
+    """The (block_n, block_k, warps, stages[, split]) searched for a row tile and shape: tl.dot needs block_n >= 16; one
     row takes tiles of at most ROW_TILE elements and K tiles up to K's next power of 2, one stage where one tile spans
     K. Where N < K also each tile with K split ``SPLITS`` ways (one stage: a split walks a few tiles; at one row the
     ``ROW_SPLIT_TILES`` only). ``quick``: a few."""
-    space = DOT_SPACE if dot else ROW_SPACE
+    dot = tile > 1
+    space = ROW_SPACE if not dot else DOT_SPACE if tile <= 16 else WIDE_SPACE
     if quick:
         space = {key: v[:2] for key, v in space.items()}
     whole = triton.next_power_of_2(k)
@@ -108,8 +112,8 @@ def _compile_all(shapes, down: tuple[int, int], rows: list[int], quick: bool, jo
     """Every kernel the sweeps launch (gemv at ``shapes``, gemv_silu_mul at the down projection's (N, K)), compiled
     first in ``jobs`` processes (the sweeps then find them in Triton's cache): the search compiles hundreds of
     variants, one after another a few minutes of a device call."""
-    todo = [("gemv", M, N, K, cfg) for N, K in shapes for M in rows for cfg in _configs(M > 1, quick, N, K)]
-    todo += [("silu", M, *down, cfg) for M in rows for cfg in _configs(M > 1, quick, *down)]
+    todo = [("gemv", M, N, K, cfg) for N, K in shapes for M in rows for cfg in _configs(tile_rows(M), quick, N, K)]
+    todo += [("silu", M, *down, cfg) for M in rows if M <= SILU_ROWS for cfg in _configs(tile_rows(M), quick, *down)]
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
         list(pool.map(_compile_one, todo, chunksize=4))
@@ -126,7 +130,7 @@ def _fused_down(model, rows: list[int], a, dev, dt) -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     for M in rows:
         gu = torch.randn(M, 2 * K, device=dev, dtype=dt)
-        configs = _configs(M > 1, a.quick, N, K)
+        configs = _configs(tile_rows(M), a.quick, N, K)
         t_cu = _time_us(lambda gu=gu: [F.linear(silu_mul(gu), w) for w in ws], copies, a.iters)
         two = _sweep(lambda cfg, gu=gu: [gemv(silu_mul(gu), w, config=cfg) for w in ws], configs, copies, a.iters,
                      f"silu_mul+gemv {M} {N} {K}")  # fmt: skip
@@ -142,7 +146,7 @@ def parser() -> argparse.ArgumentParser:
     ap = OneLineParser(prog="python -m models.bench.gemv", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("--model", default="qwen3_5-0.8b", help="model whose decode GEMM shapes are timed")
-    ap.add_argument("--rows", default="1,4,16", help="rows a GEMM, comma-separated (default 1,4,16)")
+    ap.add_argument("--rows", default="1,4,16", help="rows a GEMM, comma-separated, each <= 64 (default 1,4,16)")
     ap.add_argument("--layers", type=int, default=24, help="weight copies per graph (distinct, so L2 cannot hold them)")
     ap.add_argument("--iters", type=int, default=20, help="graph replays timed (default 20)")
     ap.add_argument("--quick", action="store_true", help="a few configurations per path only")
@@ -167,22 +171,22 @@ def main(argv: list[str] | None = None) -> None:
     print(f"# decode GEMMs on {torch.cuda.get_device_name()}: {a.model}, bf16, {a.layers} weight copies a graph\n")
     print("| M | N | K | cuBLAS us | TB/s | best Triton us | TB/s | config (bn, bk, warps, stages[, split]) |")
     print("|---|---|---|---|---|---|---|---|")
-    best: dict[tuple[bool, int, int], dict[tuple, float]] = {}
-    cublas: dict[tuple[bool, int, int], float] = {}
+    best: dict[tuple[int, int, int], dict[tuple, float]] = {}
+    cublas: dict[tuple[int, int, int], float] = {}
     for N, K in shapes:
         copies = 1 if N * K * 2 > 200 << 20 else a.layers  # lm_head alone is larger than L2 many times over
         ws = [torch.randn(N, K, device=dev, dtype=dt) * 0.02 for _ in range(copies)]
         gb = N * K * 2 / 1e9
         for M in rows:
             x = torch.randn(M, K, device=dev, dtype=dt)
-            dot = M > 1
+            tile = tile_rows(M)
             t_cu = _time_us(lambda x=x, ws=ws: [F.linear(x, w) for w in ws], copies, a.iters)
-            results = _sweep(lambda cfg, x=x, ws=ws: [gemv(x, w, config=cfg) for w in ws], _configs(dot, a.quick, N, K),
-                             copies, a.iters, f"{M} {N} {K}")  # fmt: skip
+            results = _sweep(lambda cfg, x=x, ws=ws: [gemv(x, w, config=cfg) for w in ws],
+                             _configs(tile, a.quick, N, K), copies, a.iters, f"{M} {N} {K}")  # fmt: skip
             cfg, t = min(results.items(), key=lambda kv: kv[1])
             print(f"| {M} | {N} | {K} | {t_cu:.1f} | {gb / t_cu * 1e3:.2f} | {t:.1f} | {gb / t * 1e3:.2f} | {cfg} |",
                   flush=True)  # fmt: skip
-            key = (dot, N, K)
+            key = (tile, N, K)
             cublas[key] = cublas.get(key, 0.0) + t_cu
             acc = best.setdefault(key, {})
             for c, v in results.items():
@@ -190,8 +194,8 @@ def main(argv: list[str] | None = None) -> None:
                 acc[c] = (total + v, n + 1)
         del ws
         torch.cuda.empty_cache()
-    print("\nGEMV_CONFIGS = {  # (dot, N, K): (block_n, block_k, num_warps, num_stages[, split]), where Triton beats "
-          "cuBLAS")
+    print("\nGEMV_CONFIGS = {  # (row tile, N, K): (block_n, block_k, num_warps, num_stages[, split]), where Triton "
+          "beats cuBLAS")
     for key, acc in best.items():
         n_rows = max(n for _, n in acc.values())
         common = {c: total for c, (total, n) in acc.items() if n == n_rows}  # measured at every M of this path
@@ -200,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
         line = f"    {key}: {cfg},  # {t:.1f} vs cuBLAS {cublas[key]:.1f} us (summed over M)"
         print(("#" + line[1:] if verdict else line) + verdict)
     print("}")
-    _fused_down(model, rows, a, dev, dt)
+    _fused_down(model, [M for M in rows if M <= SILU_ROWS], a, dev, dt)
 
 
 if __name__ == "__main__":
