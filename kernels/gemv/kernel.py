@@ -222,7 +222,7 @@ def _gemv_kernel(
 # H100: the H200's table, gemv_h200.md, searched tiles of at most 1024 K elements and no split) and gemv_2b_h200.md
 # (Qwen3.5-2B). The defaults serve a caller that forces gemv on an unlisted shape; decode_linear uses listed shapes
 # only.
-DEFAULT_CONFIG = {1: (2, 1024, 4, 3), 16: (32, 128, 4, 4), 32: (32, 128, 4, 4), 64: (32, 128, 4, 4)}
+DEFAULT_CONFIG = {1: (2, 1024, 4, 3), 16: (32, 128, 4, 4), 32: (32, 64, 4, 3), 64: (32, 64, 4, 3)}  # (fit float32)
 GEMV_CONFIGS: dict[tuple[int, int, int], tuple[int, ...]] = {  # (row tile, N, K) -> config
     (1, 7168, 1024): (16, 512, 8, 1),  # 6.0 vs cuBLAS 7.9 us
     (1, 1024, 3584): (1, 2048, 8, 1),  # 3.7 vs 8.0
@@ -236,6 +236,11 @@ GEMV_CONFIGS: dict[tuple[int, int, int], tuple[int, ...]] = {  # (row tile, N, K
     (16, 1024, 2048): (32, 256, 4, 1, 8),  # 8.6 vs 11.8
     (16, 5120, 1024): (64, 256, 4, 4),  # 12.2 vs 13.3
     (16, 248320, 1024): (64, 256, 4, 2),  # 349.9 vs 372.1
+    # 17-64 rows, from models/bench/results/gemv_wide_h200.md (an H200; cuBLAS as fast at the other shapes and rows)
+    (32, 1024, 3584): (64, 256, 8, 1, 8),  # 6.7 vs 8.2
+    (32, 1024, 2048): (32, 256, 8, 1, 8),  # 4.5 vs 6.1
+    (64, 7168, 1024): (64, 128, 4, 4),  # 6.5 vs 7.2
+    (64, 8224, 1024): (64, 128, 4, 4),  # 6.8 vs 7.5
     # Qwen3.5-2B, from models/bench/results/gemv_2b_h200.md (an H200, rows 1 and 16; 4-16 rows: where Triton won at 16)
     (1, 12288, 2048): (8, 1024, 4, 1),  # 12.8 vs 15.5
     (1, 2048, 6144): (2, 2048, 8, 1),  # 6.7 vs 11.9
