@@ -194,6 +194,23 @@ def test_gemv_split_k(M, N, K, split, seed, dtype, device):
     assert not split_workspace(x.device, 0, 0)[1].any()
 
 
+@pytest.mark.skipif(DEVICE != "cuda", reason="the configurations are the GPU's (the interpreter runs the same paths at "
+                    "random shapes above)")
+def test_gemv_at_every_configured_shape_and_config():
+    """Every GEMV_CONFIGS entry at its own configuration, at the row tile's full count and at a padded count: the
+    float64 value within bf16's tolerance (what the decode step runs; split-K entries included)."""
+    from kernels.gemv import GEMV_CONFIGS, gemv
+
+    gen = torch.Generator().manual_seed(0)
+    for tile, n, k in GEMV_CONFIGS:
+        w = rand(gen, n, k, dtype=torch.bfloat16, device="cuda")
+        for m in sorted({tile, tile // 2 + 1}):
+            x = rand(gen, m, k, dtype=torch.bfloat16, device="cuda")
+            want = (x.double() @ w.double().t()).to(torch.bfloat16)
+            got = gemv(x, w)  # (at the table's configuration for its row tile)
+            assert torch.allclose(got.float(), want.float(), **TOL[torch.bfloat16]), (tile, n, k, m)
+
+
 def test_gemv_only_where_measured_faster():
     """decode_linear's dispatch: a GEMM takes the weight stream where its shape is listed for its row tile (1, 2-16,
     17-32, 33-64 rows); an unlisted shape, a use at another row tile than the one listed, and more than 64 rows stay
