@@ -363,6 +363,8 @@ def test_metrics_parse_and_count(server, api):
     assert m["resplan_time_to_first_token_seconds_count"] > before.get("resplan_time_to_first_token_seconds_count", 0)
     assert m["resplan_kv_pages_total"] > 0 and "resplan_requests_waiting" in m
     assert m["resplan_requests_finished_total[('finish_reason', 'length')]"] >= 1
+    assert m["resplan_engine_decode_steps"] - before["resplan_engine_decode_steps"] >= 3  # (a token from the pass)
+    assert m["resplan_engine_decode_steps_beside_pass"] == 0  # on the CPU a pass runs in the step, never beside it
 
 
 def test_max_waiting_answers_503_and_sigterm_drains(ckpt):

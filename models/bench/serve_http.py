@@ -11,7 +11,10 @@ machine compiles every kernel, later starts find them in the on-disk caches) and
 measure the first TTFTs after ready (the client made before the first is timed); (3) each workload (``--workloads``:
 poisson, burst, connections) runs through HTTP; (4) the server is stopped by SIGTERM (its drain) and started again,
 timed warm; (5) each workload but connections runs in-process; (6) ``results.md`` compares them: output tok/s, TTFT p50
-and ITL p50 through HTTP against in-process, the front end's CPU a generated token and the engine's decode step.
+and ITL p50 through HTTP against in-process, the front end's CPU a generated token, the engine's decode step, and
+what places the ITL p50: its 30th and 70th percentiles and the share of decode steps beside a prefill pass. (Under a
+burst about half the decode steps run beside a pass, so the ITL p50 sits at the edge of the decode-only steps' point
+mass: a few percent more steps beside a pass, as arrivals spread over tens of milliseconds bring, move it by ~0.3 ms.)
 
 Workloads: poisson (``--num-requests`` at ``--rate`` req/s), burst (``--num-requests`` at t=0), and connections
 (``--connections`` streaming requests at t=0 with fixed lengths: every connection held until its tokens arrive).
@@ -131,6 +134,20 @@ def traffic(args, workload: str, out: Path, url: str | None) -> dict:
     return json.loads((out / "results.json").read_text())
 
 
+def _edges(runs: list[dict]) -> str:
+    """The ITL's 30th and 70th percentiles (ms, each the median over rounds): around a burst's p50 they show whether
+    the p50 sits in the decode-only steps' point mass or past its edge, which a small change of schedule moves."""
+    lo = sorted(r["itl_ms_deciles"][2] for r in runs if r.get("itl_ms_deciles"))
+    hi = sorted(r["itl_ms_deciles"][6] for r in runs if r.get("itl_ms_deciles"))
+    return f"{lo[len(lo) // 2]:.2f} / {hi[len(hi) // 2]:.2f}" if lo else "-"
+
+
+def _beside_share(runs: list[dict]) -> float:
+    """The in-process engine's share of decode steps launched beside a prefill pass (median over rounds)."""
+    shares = sorted(r["decode_beside_pass"] / r["decode_steps"] for r in runs if r.get("decode_steps"))
+    return shares[len(shares) // 2] if shares else float("nan")
+
+
 def _median(runs: list[dict], key: str) -> float:
     vals = sorted(r[key] for r in runs)
     return vals[len(vals) // 2] if len(vals) % 2 else (vals[len(vals) // 2 - 1] + vals[len(vals) // 2]) / 2
@@ -169,23 +186,26 @@ def main(argv: list[str] | None = None) -> int:
     lines.append(f"- start 2 (compile caches on disk): ready in {again.ready_s:.1f} s; first requests' TTFT "
                  f"{' / '.join(f'{t:.1f}' for t in ttft2)} ms; the stages: {stages(again.log)}")  # fmt: skip
     table = ["| workload | HTTP output tok/s | in-process tok/s | ratio | HTTP TTFT p50 ms | in-process TTFT p50 ms | "
-             "HTTP ITL p50 ms | in-process ITL p50 ms | failed | front-end CPU us/token | engine decode step ms "
-             "(HTTP / in-process) |", "|" + "---|" * 11]  # fmt: skip
+             "HTTP ITL p50 ms | in-process ITL p50 ms | ITL p30 / p70 ms (HTTP; in-process) | failed | front-end CPU "
+             "us/token | engine decode step ms (HTTP / in-process) | decode steps beside a pass (HTTP / in-process) |",
+             "|" + "---|" * 13]  # fmt: skip
     for w in workloads:
         h = http[w]["runs"]
         if w == "connections":
             table.append(f"| connections ({args.connections} streams at once) | {_median(h, 'tokps'):.0f} | - | - | "
-                         f"{_median(h, 'ttft_p50_ms'):.1f} | - | {_median(h, 'itl_p50_ms'):.2f} | - | "
+                         f"{_median(h, 'ttft_p50_ms'):.1f} | - | {_median(h, 'itl_p50_ms'):.2f} | - | {_edges(h)}; - | "
                          f"{sum(r['failed'] for r in h)} | {_median(h, 'front_cpu_us_token'):.0f} | "
-                         f"{_median(h, 'engine_decode_step_ms'):.2f} / - |")  # fmt: skip
+                         f"{_median(h, 'engine_decode_step_ms'):.2f} / - | "
+                         f"{_median(h, 'engine_beside_share'):.0%} / - |")  # fmt: skip
             continue
         e = traffic(args, w, args.out / f"{w}-engine", None)["runs"]
         table.append(f"| {w} | {_median(h, 'tokps'):.0f} | {_median(e, 'tokps'):.0f} | "
                      f"{_median(h, 'tokps') / _median(e, 'tokps'):.3f} | {_median(h, 'ttft_p50_ms'):.1f} | "
                      f"{_median(e, 'ttft_p50_ms'):.1f} | {_median(h, 'itl_p50_ms'):.2f} | "
-                     f"{_median(e, 'itl_p50_ms'):.2f} | {sum(r['failed'] for r in h)} | "
+                     f"{_median(e, 'itl_p50_ms'):.2f} | {_edges(h)}; {_edges(e)} | {sum(r['failed'] for r in h)} | "
                      f"{_median(h, 'front_cpu_us_token'):.0f} | {_median(h, 'engine_decode_step_ms'):.2f} / "
-                     f"{_median(e, 'decode_step_ms'):.2f} |")  # fmt: skip
+                     f"{_median(e, 'decode_step_ms'):.2f} | {_median(h, 'engine_beside_share'):.0%} / "
+                     f"{_beside_share(e):.0%} |")  # fmt: skip
     text = (f"# The server against the engine it wraps\n\nCommand: `python -m models.bench.serve_http "
             f"{' '.join(argv if argv is not None else sys.argv[1:])}` (pid {os.getpid()})\n\n" + "\n".join(lines)
             + "\n\n" + "\n".join(table) + "\n")  # fmt: skip

@@ -65,6 +65,7 @@ class Load:
     steps: int = 0  # the engine's steps so far
     decode_steps: int = 0  # of which decode steps
     decode_ns: int = 0  # their wall time in the engine's step(), summed
+    decode_beside_pass: int = 0  # of the decode steps, those launched while a prefill pass ran beside them
     prefix_hits: int = 0  # requests that restored a prefix cache checkpoint
     prefix_cached_tokens: int = 0  # prompt tokens they did not compute
 

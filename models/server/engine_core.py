@@ -195,7 +195,8 @@ def serve(engine, inbox: zmq.Socket, outbox: zmq.Socket, parent: int) -> None:
                 outbox.send(pack(Kind.STEP, out.request_ids.tolist(), out.tokens.tolist(),
                                  [(r.request_id, r.finish_reason.value) for r in out.finished],
                                  (load.waiting, load.running, load.pages_used, load.pages_total, st.steps,
-                                  st.decode_steps, st.decode_ns, st.prefix_hits, st.prefix_cached_tokens),
+                                  st.decode_steps, st.decode_ns, st.decode_beside_pass, st.prefix_hits,
+                                  st.prefix_cached_tokens),
                                  lp))  # fmt: skip
 
 

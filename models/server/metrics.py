@@ -52,6 +52,8 @@ class Metrics:
             lambda: load().decode_steps)
         Gauge("resplan_engine_decode_step_seconds", "Wall time of the engine's decode steps, summed",
               registry=r).set_function(lambda: load().decode_ns * 1e-9)  # fmt: skip
+        Gauge("resplan_engine_decode_steps_beside_pass", "Decode steps launched while a prefill pass ran beside them",
+              registry=r).set_function(lambda: load().decode_beside_pass)  # fmt: skip
         Gauge("resplan_prefix_cache_hits", "Requests that restored a prefix cache checkpoint",
               registry=r).set_function(lambda: load().prefix_hits)  # fmt: skip
         Gauge("resplan_prefix_cache_prompt_tokens", "Prompt tokens served from the prefix cache (not computed)",
