@@ -45,6 +45,7 @@ class _Stats:
     steps: int = 0
     decode_steps: int = 0
     decode_ns: int = 0
+    decode_beside_pass: int = 0
     prefix_hits: int = 0
     prefix_cached_tokens: int = 0
 
