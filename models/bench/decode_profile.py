@@ -99,7 +99,7 @@ def parser() -> argparse.ArgumentParser:
                     help="full: the engine's in-graph sampler; greedy: argmax only")
     ap.add_argument("--attention", default="xqa", choices=["xqa", "triton"], help="the plan-free decode attention")
     ap.add_argument("--gemv", default="measured", choices=["measured", "all"],
-                    help="measured: the weight stream where GEMV_CONFIGS says it wins; all: every GEMM of <= 16 rows")
+                    help="measured: the weight stream where GEMV_CONFIGS says it wins; all: every GEMM of <= 64 rows")
     ap.add_argument("--pdl", default="on", help="our kernels' programmatic dependent launch: on, off, or on,off (A/B)")
     ap.add_argument("--xqa-pdl", default="auto", choices=["auto", "on", "off"],
                     help="XQA's programmatic dependent launch (auto: FlashInfer's default, on for sm_90)")
