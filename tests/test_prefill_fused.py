@@ -26,8 +26,9 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 pytestmark = pytest.mark.skipif(not INTERPRET, reason="the CPU model's kernels need Triton's interpreter")
 
 
-@pytest.mark.parametrize("bucket", [None, 48], ids=["exact", "bucket"])
-@pytest.mark.parametrize("starts", [None, [0, 5, 2, 9]], ids=["fresh", "continuing"])
+# fresh chunks at their exact size and continuing ones in a padded bucket (13-19 s a case in the interpreter: the two
+# cases cover both axes; the bucket's padding of fresh chunks is the same padding)
+@pytest.mark.parametrize("starts,bucket", [(None, None), ([0, 5, 2, 9], 48)], ids=["fresh-exact", "continuing-bucket"])
 def test_the_fused_pass_equals_the_torch_pass(starts, bucket):
     rng = np.random.default_rng(5)
     chunks = _chunks(rng, [6, 1, 17, 9], starts)
