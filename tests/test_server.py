@@ -365,6 +365,10 @@ def test_metrics_parse_and_count(server, api):
     assert m["resplan_requests_finished_total[('finish_reason', 'length')]"] >= 1
     assert m["resplan_engine_decode_steps"] - before["resplan_engine_decode_steps"] >= 3  # (a token from the pass)
     assert m["resplan_engine_decode_steps_beside_pass"] == 0  # on the CPU a pass runs in the step, never beside it
+    d = {k: m[k] - before.get(k, 0) for k in m if k.startswith("resplan_frontend_")}
+    lag, wake = "resplan_frontend_step_lag_seconds", "resplan_frontend_steps_per_wakeup"
+    assert d[f"{lag}_count"] >= 1 and d[f"{lag}_sum"] >= 0  # every step message's lag from the engine's send
+    assert d[f"{wake}_sum"] == d[f"{lag}_count"] >= d[f"{wake}_count"] >= 1  # each delivered in exactly one wake-up
 
 
 def test_max_waiting_answers_503_and_sigterm_drains(ckpt):

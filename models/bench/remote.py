@@ -470,12 +470,15 @@ def run_rounds(server: Server, rounds: list, warmup, sampling, vocab: int, seed:
 
 
 SERVER_COUNTERS = ("process_cpu_seconds_total", "resplan_generation_tokens_total", "resplan_engine_decode_steps",
-                   "resplan_engine_decode_step_seconds", "resplan_engine_decode_steps_beside_pass")  # fmt: skip
+                   "resplan_engine_decode_step_seconds", "resplan_engine_decode_steps_beside_pass",
+                   "resplan_frontend_step_lag_seconds_sum", "resplan_frontend_step_lag_seconds_count",
+                   "resplan_frontend_steps_per_wakeup_sum", "resplan_frontend_steps_per_wakeup_count")  # fmt: skip
 
 
 async def server_counters(client) -> dict[str, float]:
     """The server's own counters (``models.server``'s /metrics: its front end's CPU time, the tokens it generated,
-    its engine's decode steps, their wall time and those beside a pass); empty for a server without them."""
+    its engine's decode steps, their wall time and those beside a pass, its delivery of the engine's steps); empty for a
+    server without them."""
     from prometheus_client.parser import text_string_to_metric_families
 
     try:
@@ -488,14 +491,23 @@ async def server_counters(client) -> dict[str, float]:
 
 def server_costs(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """What a round cost the server (NaN where it does not say): its front end's CPU a generated token (us), its
-    engine's wall time a decode step (ms), and the share of its decode steps that ran beside a prefill pass."""
+    engine's wall time a decode step (ms), the share of its decode steps that ran beside a prefill pass, and the front
+    end's delivery of the engine's steps: the mean lag from the engine's send (ms) and steps a wake-up of its reader."""
     nan = float("nan")
     d = {k: after[k] - before[k] for k in SERVER_COUNTERS if k in before and k in after}
     tokens, steps = d.get("resplan_generation_tokens_total", 0), d.get("resplan_engine_decode_steps", 0)
     cpu = d.get("process_cpu_seconds_total")
     return dict(front_cpu_us_token=cpu / tokens * 1e6 if tokens and cpu is not None else nan,
                 engine_decode_step_ms=d["resplan_engine_decode_step_seconds"] / steps * 1e3 if steps else nan,
-                engine_beside_share=d.get("resplan_engine_decode_steps_beside_pass", nan) / steps if steps else nan)
+                engine_beside_share=d.get("resplan_engine_decode_steps_beside_pass", nan) / steps if steps else nan,
+                front_step_lag_ms=_ratio(d, "resplan_frontend_step_lag_seconds") * 1e3,
+                front_steps_per_wakeup=_ratio(d, "resplan_frontend_steps_per_wakeup"))
+
+
+def _ratio(d: dict[str, float], histogram: str) -> float:
+    """A histogram's mean over a round from its _sum and _count differences (NaN where the server has none)."""
+    n = d.get(f"{histogram}_count", 0)
+    return d[f"{histogram}_sum"] / n if n else float("nan")
 
 
 def _run_rounds_procs(server: Server, rounds: list, warmup, sampling, vocab: int, seed: int, prerun: bool,
@@ -602,6 +614,8 @@ RUN_COLUMNS = (  # (header, key, format): median [min-max] over rounds
     ("server front-end CPU us/token", "front_cpu_us_token", "{:.0f}"),
     ("engine decode step ms", "engine_decode_step_ms", "{:.2f}"),
     ("engine decode steps beside a pass", "engine_beside_share", "{:.0%}"),
+    ("front-end step lag ms", "front_step_lag_ms", "{:.3f}"), ("steps a reader wake-up", "front_steps_per_wakeup",
+                                                                "{:.2f}"),
     ("prompt tokens", "prompt_tokens", "{:.0f}"),
 )  # fmt: skip
 

@@ -88,6 +88,7 @@ class ServerState:
     def start_metrics(self) -> None:
         """Metrics from now on (a new registry): the server's own warm-up requests are not counted."""
         self.metrics = Metrics(lambda: self.client.load)
+        self.client.on_delivery = self.metrics.delivered
 
 
 @attrs.define(eq=False)

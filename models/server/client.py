@@ -97,6 +97,9 @@ class EngineClient:
         self._proc = None
         self.launched_at = 0.0  # time.time() at launch
         self.on_step: Callable[[list, list, list], None] | None = None  # metrics: (tokens' rids, tokens, finished)
+        # metrics: the lags (s) of the STEP messages one wake-up of the reader delivered, from the engine's send
+        self.on_delivery: Callable[[list[float]], None] | None = None
+        self._lags: list[float] = []
 
     # -- start and stop ------------------------------------------------------------------------------------------
     def start(self, on_progress: Callable[[str, float], None] = lambda stage, t: None,
@@ -204,12 +207,16 @@ class EngineClient:
                 try:
                     msg = unpack(sock.recv(zmq.NOBLOCK))
                 except zmq.Again:
-                    return
+                    break
                 except Exception as e:  # noqa: BLE001 (the task ends with it)
                     failed.set_exception(e)
-                    return
+                    break
                 if not self._deliver(msg):
                     failed.set_result(None)
+            if self._lags:
+                if self.on_delivery is not None:
+                    self.on_delivery(self._lags)
+                self._lags = []
 
         loop.add_reader(fd, readable)
         try:
@@ -223,8 +230,9 @@ class EngineClient:
         streams = self.streams
         kind = msg[0]
         if kind == Kind.STEP:
-            _, rids, tokens, finished, load, lp = msg
+            _, rids, tokens, finished, load, lp, sent = msg
             now = time.perf_counter()
+            self._lags.append(now - sent)  # (one monotonic clock on the host: CLOCK_MONOTONIC in both processes)
             touched = set()
             for rid, tok in zip(rids, tokens, strict=True):
                 s = streams.get(rid)

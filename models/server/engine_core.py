@@ -197,7 +197,7 @@ def serve(engine, inbox: zmq.Socket, outbox: zmq.Socket, parent: int) -> None:
                                  (load.waiting, load.running, load.pages_used, load.pages_total, st.steps,
                                   st.decode_steps, st.decode_ns, st.decode_beside_pass, st.prefix_hits,
                                   st.prefix_cached_tokens),
-                                 lp))  # fmt: skip
+                                 lp, time.perf_counter()))  # fmt: skip  (sent: the front end's delivery lag)
 
 
 def main(spec: EngineSpec, inbox_addr: str, outbox_addr: str, parent: int, context: zmq.Context | None = None) -> None:

@@ -12,6 +12,7 @@ from prometheus_client.core import HistogramMetricFamily
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
                    20.0, 40.0, 80.0)  # fmt: skip
 ITL_BUCKETS = (0.0005, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+LAG_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05)
 
 
 class ManyHistogram:
@@ -65,6 +66,12 @@ class Metrics:
                                  ITL_BUCKETS, r)  # fmt: skip
         self.e2e = Histogram("resplan_e2e_request_latency_seconds", "Arrival to the last token", registry=r,
                              buckets=LATENCY_BUCKETS)  # fmt: skip
+        self.step_lag = Histogram("resplan_frontend_step_lag_seconds", "From the engine process sending a step's "
+                                  "tokens to the front end handing them to their streams", registry=r,
+                                  buckets=LAG_BUCKETS)  # fmt: skip
+        self.steps_per_wakeup = Histogram("resplan_frontend_steps_per_wakeup", "Engine steps the front end's reader "
+                                          "took in one wake-up (more than one: a stream may send two tokens in one "
+                                          "chunk)", registry=r, buckets=(1, 2, 3, 4, 8))  # fmt: skip
         self.prompt_tokens = Counter("resplan_prompt_tokens", "Prompt tokens of finished requests", registry=r)
         self.generation_tokens = Counter("resplan_generation_tokens", "Tokens generated", registry=r)
         self.finished = Counter("resplan_requests_finished", "Requests finished", ["finish_reason"], registry=r)
@@ -79,6 +86,12 @@ class Metrics:
         self.prompt_tokens.inc(prompt_tokens)
         self.generation_tokens.inc(len(token_times))
         self.finished.labels(reason).inc()
+
+    def delivered(self, lags: list[float]) -> None:
+        """One wake-up of the engine client's reader delivered steps with these lags (s, from the engine's send)."""
+        for lag in lags:
+            self.step_lag.observe(lag)
+        self.steps_per_wakeup.observe(len(lags))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
