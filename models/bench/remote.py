@@ -500,11 +500,11 @@ def server_costs(before: dict[str, float], after: dict[str, float]) -> dict[str,
     return dict(front_cpu_us_token=cpu / tokens * 1e6 if tokens and cpu is not None else nan,
                 engine_decode_step_ms=d["resplan_engine_decode_step_seconds"] / steps * 1e3 if steps else nan,
                 engine_beside_share=d.get("resplan_engine_decode_steps_beside_pass", nan) / steps if steps else nan,
-                front_step_lag_ms=_ratio(d, "resplan_frontend_step_lag_seconds") * 1e3,
-                front_steps_per_wakeup=_ratio(d, "resplan_frontend_steps_per_wakeup"))
+                front_step_lag_ms=_histogram_mean(d, "resplan_frontend_step_lag_seconds") * 1e3,
+                front_steps_per_wakeup=_histogram_mean(d, "resplan_frontend_steps_per_wakeup"))
 
 
-def _ratio(d: dict[str, float], histogram: str) -> float:
+def _histogram_mean(d: dict[str, float], histogram: str) -> float:
     """A histogram's mean over a round from its _sum and _count differences (NaN where the server has none)."""
     n = d.get(f"{histogram}_count", 0)
     return d[f"{histogram}_sum"] / n if n else float("nan")

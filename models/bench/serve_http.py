@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -137,20 +138,20 @@ def traffic(args, workload: str, out: Path, url: str | None) -> dict:
 def _edges(runs: list[dict]) -> str:
     """The ITL's 30th and 70th percentiles (ms, each the median over rounds): around a burst's p50 they show whether
     the p50 sits in the decode-only steps' point mass or past its edge, which a small change of schedule moves."""
-    lo = sorted(r["itl_ms_deciles"][2] for r in runs if r.get("itl_ms_deciles"))
-    hi = sorted(r["itl_ms_deciles"][6] for r in runs if r.get("itl_ms_deciles"))
-    return f"{lo[len(lo) // 2]:.2f} / {hi[len(hi) // 2]:.2f}" if lo else "-"
+    deciles = [r["itl_ms_deciles"] for r in runs if r.get("itl_ms_deciles")]
+    if not deciles:
+        return "-"
+    return f"{statistics.median(d[2] for d in deciles):.2f} / {statistics.median(d[6] for d in deciles):.2f}"
 
 
 def _beside_share(runs: list[dict]) -> float:
     """The in-process engine's share of decode steps launched beside a prefill pass (median over rounds)."""
-    shares = sorted(r["decode_beside_pass"] / r["decode_steps"] for r in runs if r.get("decode_steps"))
-    return shares[len(shares) // 2] if shares else float("nan")
+    shares = [r["decode_beside_pass"] / r["decode_steps"] for r in runs if r.get("decode_steps")]
+    return statistics.median(shares) if shares else float("nan")
 
 
 def _median(runs: list[dict], key: str) -> float:
-    vals = sorted(r[key] for r in runs)
-    return vals[len(vals) // 2] if len(vals) % 2 else (vals[len(vals) // 2 - 1] + vals[len(vals) // 2]) / 2
+    return statistics.median(r[key] for r in runs)
 
 
 def main(argv: list[str] | None = None) -> int:
