@@ -96,7 +96,6 @@ class EngineClient:
         self.failed: str | None = None
         self._proc = None
         self.launched_at = 0.0  # time.time() at launch
-        self.on_step: Callable[[list, list, list], None] | None = None  # metrics: (tokens' rids, tokens, finished)
         # metrics: the lags (s) of the STEP messages one wake-up of the reader delivered, from the engine's send
         self.on_delivery: Callable[[list[float]], None] | None = None
         self._lags: list[float] = []
@@ -250,8 +249,6 @@ class EngineClient:
             for s in touched:
                 s.wake.set()
             self.load = Load(*load)
-            if self.on_step is not None:
-                self.on_step(rids, tokens, finished)
         elif kind == Kind.REJECTED:
             s = streams.pop(msg[1], None)
             if s is not None:
