@@ -188,12 +188,12 @@ def test_a_checkpoint_equals_the_state_recomputed_from_its_tokens():
     fed = x + list(r.tokens[:-1])
     cks = {ck.position: ck for ck in eng.admission.checkpoints.lru.values()}
     assert set(cks) == {64, 70, len(fed)}  # the interval, the prompt's end, the stream's end
-    pools = QWEN.recurrent_pools(eng.model_state)
+    pools = eng.model_state.conv + eng.model_state.ssm  # (one a layer: each checked at its own scale)
     for p, ck in cks.items():
         ref = Engine(QWEN, BASE)
         ref.run([Request(tuple(fed[:p]), SamplingParams(max_tokens=1))])
         # the reference engine's request held slot 1; its state stays there after it ends
-        for got, want in zip(pools, QWEN.recurrent_pools(ref.model_state), strict=True):
+        for got, want in zip(pools, ref.model_state.conv + ref.model_state.ssm, strict=True):
             scale = float(want[1].abs().max()) or 1.0
             torch.testing.assert_close(got[ck.slot], want[1], atol=1e-4 * scale, rtol=1e-4)
 

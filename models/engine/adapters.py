@@ -107,7 +107,8 @@ class Adapter:
         raise NotImplementedError
 
     def recurrent_pools(self, state) -> tuple[torch.Tensor, ...]:
-        """Every tensor indexed by recurrent slot (one a layer and kind: conv, SSM); () when the model keeps none."""
+        """Tensors indexed by recurrent slot (dim 0) that hold every recurrent state between them (Qwen3.5: one a kind,
+        [slots, layers, ...], so a slot's copy is one copy a kind); () when the model keeps none."""
         return ()
 
     def kv_caches(self, state, key: str) -> tuple[torch.Tensor, ...]:
@@ -176,7 +177,7 @@ class QwenAdapter(Adapter):
         return state.kv
 
     def recurrent_pools(self, state) -> tuple[torch.Tensor, ...]:
-        return state.conv + state.ssm
+        return state.slot_major()
 
     def prefill_last(self, state, chunks, kc=DEFAULT):
         """All chunks in one pass (``Qwen35Model.prefill_batch``)."""

@@ -11,8 +11,8 @@ class Qwen35State:
     """Fixed-address state tensors. Page 0 of each KV cache and slot 0 of each recurrent pool are sinks."""
 
     kv: tuple[torch.Tensor, ...]  # per full-attention layer: [num_pages, 2, page_size, n_kv_heads, head_dim]
-    conv: tuple[torch.Tensor, ...]  # per GDN layer: [num_slots, conv_dim, conv_kernel] (last K conv inputs)
-    ssm: tuple[torch.Tensor, ...]  # per GDN layer: [num_slots, num_v_heads, k_head_dim, v_head_dim] float32
+    conv_pool: torch.Tensor  # [gdn layers, num_slots, conv_dim, conv_kernel] (last K conv inputs)
+    ssm_pool: torch.Tensor  # [gdn layers, num_slots, num_v_heads, k_head_dim, v_head_dim] (float32 by default)
     page_size: int
     num_pages: int
     num_slots: int
@@ -20,6 +20,17 @@ class Qwen35State:
     # pass has no save inputs and runs no save work (an engine without the prefix cache)
     prefill_attention: object = None  # models.layers.prefill_attention.FlashInferPrefill on CUDA: the prefill pass's
     # FlashInfer wrappers and workspace, which live as long as the pools they read
+    conv: tuple[torch.Tensor, ...] = attrs.field(init=False)  # per GDN layer j: conv_pool[j], [num_slots, ...]
+    ssm: tuple[torch.Tensor, ...] = attrs.field(init=False)  # per GDN layer j: ssm_pool[j], [num_slots, ...]
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "conv", tuple(self.conv_pool.unbind(0)))
+        object.__setattr__(self, "ssm", tuple(self.ssm_pool.unbind(0)))
+
+    def slot_major(self) -> tuple[torch.Tensor, ...]:
+        """The recurrent pools slot first, [num_slots, gdn layers, ...] (conv, SSM): a slot's state over every layer
+        in one index, so a slot is copied by one copy a kind, not one a layer and kind."""
+        return self.conv_pool.transpose(0, 1), self.ssm_pool.transpose(0, 1)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """Every pool tensor by a flat name (for comparisons and debugging)."""
@@ -33,6 +44,6 @@ class Qwen35State:
         return attrs.evolve(
             self,
             kv=tuple(t.clone() for t in self.kv),
-            conv=tuple(t.clone() for t in self.conv),
-            ssm=tuple(t.clone() for t in self.ssm),
+            conv_pool=self.conv_pool.clone(),
+            ssm_pool=self.ssm_pool.clone(),
         )
