@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
-from models.layers.flat import SINK_PAGE, bucket_shape, exact_shape, flat_layout
+from models.layers.flat import SINK_PAGE, HostStaging, bucket_shape, exact_shape, flat_layout
 
 PS = 4
 
@@ -57,3 +58,23 @@ def test_chunks_that_do_not_fit_are_refused():
         flat_layout(ids, starts, offsets, slots, pages, PS, bucket_shape(16, 2, 64, PS))  # 18 tokens
     with pytest.raises(ValueError, match="do not fit"):
         flat_layout(ids, starts, offsets, slots, pages, PS, bucket_shape(32, 1, 64, PS))  # 2 chunks
+
+
+def test_host_staging_brings_every_array_up_as_it_was():
+    """HostStaging packs a pass's arrays (mixed dtypes and shapes, empty ones, odd byte counts) into one buffer and
+    hands back typed views of one copy: each equals its array; its buffers grow when a pass needs more, and a batch
+    stays intact after later passes (each pass's device copy is its own)."""
+    rng = np.random.default_rng(0)
+    staging = HostStaging("cpu")
+    kept = []
+    for n in (3, 40, 1, 200, 7):
+        arrays = [rng.integers(-5, 10**9, n), rng.integers(0, 1000, (n, 2)).astype(np.int32), rng.random(n) < 0.5,
+                  np.zeros(0, np.int64), rng.integers(0, 9, n + 1).astype(np.int32)]  # fmt: skip
+        got = staging.up(arrays)
+        for a, t in zip(arrays, got, strict=True):
+            assert t.shape == a.shape and t.dtype == torch.from_numpy(a).dtype
+            np.testing.assert_array_equal(t.numpy(), a)
+        kept.append((arrays, got))
+    for arrays, got in kept:  # (five passes later, through buffers reused and grown)
+        for a, t in zip(arrays, got, strict=True):
+            np.testing.assert_array_equal(t.numpy(), a)

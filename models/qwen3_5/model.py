@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import attrs
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -19,7 +18,7 @@ from kernels.gates import silu_mul
 from kernels.gdn_prefill import STATE_PASS_KEY_DIMS
 from kernels.norms import add_rms_norm_
 from models.layers.flashinfer_attention import Workspaces
-from models.layers.flat import PassShape, device_array, exact_shape, flat_layout, host_array
+from models.layers.flat import HostStaging, PassShape, device_array, exact_shape, flat_layout, host_array
 from models.layers.fused import PendingNorm, Residual, decode_linear
 from models.layers.mlp import SwiGLU
 from models.layers.norms import ZeroCenteredRMSNorm
@@ -85,6 +84,12 @@ class PrefillBatch:
     @property
     def tokens(self) -> int:
         return self.shape.tokens
+
+
+# PrefillBatch's index arrays, as ``flat_layout`` names them (the saves' only where the state saves)
+_BATCH_ARRAYS = ("ids", "pos", "write_loc", "seq_of", "cu_seqlens", "slots", "fresh", "last", "chunk_indices",
+                 "chunk_offsets", "kv_indptr", "kv_indices", "kv_lens")  # fmt: skip
+_SAVE_ARRAYS = ("save_slot", "save_at", "final_slot")
 
 
 def _check_chunk(state: Qwen35State, T: int, n_pages: int, start: int, rec_slot: int) -> None:
@@ -191,8 +196,9 @@ class Qwen35Model(nn.Module):
             c = self.cfg
             attn = FlashInferPrefill(c.num_attention_heads, c.num_key_value_heads, c.head_dim, page_size, dtype, device,
                                      c.head_dim**-0.5, workspaces=workspaces)  # fmt: skip
+        staging = HostStaging(device) if torch.device(device).type == "cuda" else None
         return Qwen35State(kv, conv, ssm, page_size=page_size, num_pages=num_pages, num_slots=num_rec_slots,
-                           saving=saving, prefill_attention=attn)  # fmt: skip
+                           saving=saving, prefill_attention=attn, staging=staging)  # fmt: skip
 
     # -- forward -----------------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -254,18 +260,13 @@ class Qwen35Model(nn.Module):
             attn = state.prefill_attention.prepare(shape, lay.cu_seqlens, lay.kv_indptr, lay.kv_indices,
                                                    lay.kv_last_page_len, graphed)  # fmt: skip
 
-        def dev(a: np.ndarray) -> torch.Tensor:
-            return device_array(a, device)
-
-        return PrefillBatch(
-            ids=dev(lay.ids), pos=dev(lay.pos), write_loc=dev(lay.write_loc), seq_of=dev(lay.seq_of),
-            cu_seqlens=dev(lay.cu_seqlens), slots=dev(lay.slots), fresh=dev(lay.fresh), last=dev(lay.last),
-            chunk_indices=dev(lay.chunk_indices), chunk_offsets=dev(lay.chunk_offsets), kv_indptr=dev(lay.kv_indptr),
-            kv_indices=dev(lay.kv_indices), kv_lens=dev(lay.kv_lens),
-            save_slot=dev(lay.save_slot) if state.saving else None, save_at=dev(lay.save_at) if state.saving else None,
-            final_slot=dev(lay.final_slot) if state.saving else None, shape=shape, kernels=kernels,
-            fused=self.uses_prefill_fused(kc), attn=attn, chunks=lay.chunks,
-        )  # fmt: skip
+        names = _BATCH_ARRAYS + (_SAVE_ARRAYS if state.saving else ())
+        arrays = [getattr(lay, n) for n in names]
+        up = (state.staging.up(arrays) if state.staging is not None
+              else [device_array(a, device) for a in arrays])  # fmt: skip
+        fields = dict.fromkeys(_SAVE_ARRAYS) | dict(zip(names, up, strict=True))  # (no saves: None)
+        return PrefillBatch(**fields, shape=shape, kernels=kernels, fused=self.uses_prefill_fused(kc), attn=attn,
+                            chunks=lay.chunks)  # fmt: skip
 
     @torch.inference_mode()
     def prefill_forward(self, state: Qwen35State, batch: PrefillBatch) -> torch.Tensor:

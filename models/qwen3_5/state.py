@@ -20,6 +20,7 @@ class Qwen35State:
     # pass has no save inputs and runs no save work (an engine without the prefix cache)
     prefill_attention: object = None  # models.layers.prefill_attention.FlashInferPrefill on CUDA: the prefill pass's
     # FlashInfer wrappers and workspace, which live as long as the pools they read
+    staging: object = None  # models.layers.flat.HostStaging on CUDA: a pass's index arrays up in one copy
     conv: tuple[torch.Tensor, ...] = attrs.field(init=False)  # per GDN layer j: conv_pool[j], [num_slots, ...]
     ssm: tuple[torch.Tensor, ...] = attrs.field(init=False)  # per GDN layer j: ssm_pool[j], [num_slots, ...]
 
