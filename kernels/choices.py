@@ -35,6 +35,8 @@ class KernelChoices:
     fused_decode: bool | None = None  # decode on the Triton kernels (fused step, GDN conv/delta rule); None: on CUDA
     prefill_kernels: bool | None = None  # prefill mixers on fla-core / FlashInfer; None: CUDA weights in 16 bits
     prefill_fused: bool | None = None  # prefill's row-wise work on our Triton kernels; None: where weights are on CUDA
+    row_kernels: bool | None = None  # the executor's in-graph row ops (scatter, gather, commit: kernels.rows) on
+    # Triton, else their torch references; None: on CUDA (off it, Triton's interpreter is for the kernels' own tests)
 
     def streams(self, rows: int, n: int, k: int) -> bool:
         """Whether the GEMM [rows, k] x [n, k]^T runs as the weight stream."""
@@ -49,6 +51,10 @@ class KernelChoices:
     def folds_norm(self, rows: int, n: int, k: int) -> bool:
         """Whether the pre-norm folds into this GEMM (``kernels.gemv.gemv_add_rms_norm``)."""
         return self.fold_norm and norm_fold_wins(rows, n, k)
+
+    def runs_row_kernels(self, cuda: bool) -> bool:
+        """Whether an engine (on CUDA or not) runs its executor's row ops on Triton (``row_kernels``)."""
+        return self.row_kernels if self.row_kernels is not None else cuda
 
     def launches_pdl(self) -> bool:
         """Whether the step's kernels launch with PDL on this machine (never in the interpreter or off sm_90+)."""

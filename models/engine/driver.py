@@ -50,7 +50,7 @@ from models.engine.scheduler import Batch, Chunk, Pending, Scheduler, Status, de
 from models.engine.stats import EARLY_STEP, NO_EARLY_STEP, EngineStats, Events, StepCounts, Tokens
 from models.engine.table import RequestTable
 from models.layers.flashinfer_attention import Workspaces
-from resplan import Executor
+from resplan import Executor, KernelImpl
 
 
 class Engine:
@@ -75,7 +75,9 @@ class Engine:
                                    partial(adapter.kv_caches, self.model_state), self.device, prefix)  # fmt: skip
         self.streams = self.admission.streams  # (admission writes them; the arms and the passes read them)
         self.table = RequestTable(H, cfg.max_seq_len)
-        self.executor = Executor(self.layout, self.buckets, self.device)
+        self.executor = Executor(self.layout, self.buckets, self.device,
+                                 KernelImpl.TRITON if kernels.runs_row_kernels(self.device.type == "cuda")
+                                 else KernelImpl.REFERENCE)  # fmt: skip
         self.sampler = Sampler(adapter.vocab_size, self.device)
         self.launcher = Launcher(self.buckets, H, self.device, cfg.timing)
         decode_capture, prefill_capture, pass_stream = engine_streams(self.device)
