@@ -168,7 +168,7 @@ class AbortMachine(RuleBasedStateMachine):
 
 CACHE: dict = {}
 TestAbortMachine = AbortMachine.TestCase
-TestAbortMachine.settings = settings(max_examples=40, stateful_step_count=30, deadline=None, derandomize=True,
+TestAbortMachine.settings = settings(max_examples=24, stateful_step_count=30, deadline=None, derandomize=True,
                                      suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
 
 
