@@ -6,8 +6,9 @@ An engine of the tiny Qwen3.5 shape is built on the CPU for each arm and concurr
 replaced by nothing (``resplan.graph.Graph.replay``), so each decode step is only what the host does around a replay:
 compose, admit, plan and flush (resident) or the host fill (host), stage the ids, land, emit, count. Every request
 asks for ``--steps`` tokens (each drawn as token 0, never a stop), all admitted at once; after a warm-up run the timed
-run's decode steps are counted. Reported per decode step: host microseconds (median over ``--rounds`` runs) and the
-Python function calls it makes (one run under cProfile; ``--profile N`` prints its N costliest functions).
+run's decode steps are counted. Reported per decode step: host microseconds (median over ``--rounds`` runs: the run's
+wall time less its prefill passes', which on a CPU compute the prompts in torch) and the Python function calls it
+makes (one run under cProfile; ``--profile N`` prints its N costliest functions).
 
 This is the part of a step that no GPU speeds up; on the H200 the same loop runs beside a replay and a wait
 (``python -m models.bench.serve``'s phase columns). The CPU here and the GPU machine's host differ in speed, not in
@@ -70,10 +71,12 @@ def measure(arm: str, c: int, args) -> dict:
         gc.freeze()
         per_step = []
         for _ in range(args.rounds):
-            before = _decode_steps(engine)
+            before, passes_ns = _decode_steps(engine), engine.stats.prefill_ns
             t0 = time.perf_counter_ns()
             engine.run(_requests(c, args.steps, rng))
-            per_step.append((time.perf_counter_ns() - t0) / 1e3 / (_decode_steps(engine) - before))
+            # (less the passes' wall time: their CPU compute is the GPU's work on a GPU)
+            host_ns = time.perf_counter_ns() - t0 - (engine.stats.prefill_ns - passes_ns)
+            per_step.append(host_ns / 1e3 / (_decode_steps(engine) - before))
         before = _decode_steps(engine)
         prof = cProfile.Profile()
         prof.enable()
