@@ -27,6 +27,7 @@ import torch
 
 from kernels.gdn_prefill import CHUNK, chunk_index, chunk_rows
 from resplan.layout import SINK_PAGE  # padding tokens write their K/V on the sink page, run on the sink slot (0)
+from resplan.pinned import PinnedRing, host_zeros
 
 
 def host_array(x: torch.Tensor | Sequence[int] | np.ndarray) -> np.ndarray:
@@ -44,19 +45,18 @@ def device_array(a: np.ndarray, device: torch.device | str, dtype: torch.dtype |
 
 class HostStaging:
     """A pass's host arrays to the device as one copy: packed (8-byte aligned) into a pinned buffer, copied up whole
-    on the current stream, and returned as typed views of the device copy. Two pinned buffers in turn, each reused
-    once the copy that last read it has completed (an event), grown when a pass needs more. Against one pageable copy
-    an array (~20 us of host each, 16 a Qwen3.5 pass), a pass pays one. Off CUDA the buffers are plain memory and
-    there is nothing to wait for (the same packing, which the CPU tests check)."""
+    on the current stream, and returned as typed views of the device copy. The buffers are a ``PinnedRing`` of two
+    (each reused once the copy that last read it has completed), an entry grown when a pass needs more. Against one
+    pageable copy an array (~20 us of host each, 16 a Qwen3.5 pass), a pass pays one. Off CUDA the buffers are plain
+    memory and there is nothing to wait for (the same packing, which the CPU tests check)."""
 
     ALIGN = 8
 
     def __init__(self, device: torch.device | str) -> None:
         self.device = torch.device(device)
-        self._cuda = self.device.type == "cuda"
-        self._buffers: list[torch.Tensor | None] = [None, None]  # pinned uint8
-        self._events: list[torch.cuda.Event | None] = [None, None]
-        self._next = 0
+        self._pinned = self.device.type == "cuda"
+        # each entry a one-item list: its buffer (pinned on CUDA), replaced by a larger one when a pass needs more
+        self._ring = PinnedRing(2, lambda pinned: [host_zeros(0, torch.uint8, pinned)], self._pinned)
 
     def up(self, arrays: Sequence[np.ndarray]) -> list[torch.Tensor]:
         """The arrays on the device, in order, each of its own dtype and shape (views of one fresh device buffer)."""
@@ -65,22 +65,16 @@ class HostStaging:
         for a in arrays:
             offsets.append(total)
             total += -(-a.nbytes // self.ALIGN) * self.ALIGN
-        i = self._next
-        self._next = 1 - i
-        if self._events[i] is not None:
-            self._events[i].synchronize()  # (the copy of two passes ago: long done)
-        buf = self._buffers[i]
-        if buf is None or buf.numel() < total:
-            buf = self._buffers[i] = torch.empty(max(total, 2 * (buf.numel() if buf is not None else 0)),
-                                                 dtype=torch.uint8, pin_memory=self._cuda)  # fmt: skip
+        _, entry = self._ring.take()  # (its last copy, two passes ago, long done)
+        if entry[0].numel() < total:
+            entry[0] = host_zeros(max(total, 2 * entry[0].numel()), torch.uint8, self._pinned)
+        buf = entry[0]
         host = buf.numpy()
         for a, off in zip(arrays, offsets, strict=True):
             host[off : off + a.nbytes] = a.reshape(-1).view(np.uint8)
         dev = torch.empty(total, dtype=torch.uint8, device=self.device)
         dev.copy_(buf[:total], non_blocking=True)
-        if self._cuda:
-            ev = self._events[i] = self._events[i] or torch.cuda.Event()
-            ev.record()
+        self._ring.done()
         return [dev[off : off + a.nbytes].view(_TORCH_DTYPES[a.dtype]).view(a.shape)
                 for a, off in zip(arrays, offsets, strict=True)]  # fmt: skip
 
