@@ -3,10 +3,11 @@
 Each part is the only writer of its state (models/engine/README.md says what each owns). A step asks them in order:
 (1) land the pass beside the decode steps if it has finished, reload offloaded requests that fit; (2) compose the
 step, offloading while its rows' crossings find no pages, and admit it as one transaction (a refusal rolls it back
-whole and admits only the requests ahead of the refused one); (3) prefill work goes beside the decode steps on its
-own stream or runs in the step (``PrefillPlacement``), and the rows a pass wrote are stale in the store; (4) a decode
-step is prepared by the arm (resident plan and flush, or host fill), replayed, advanced and committed; (5) tokens are
-read back and emitted, and finished requests let go by every part; (6) the next step is prepared early.
+whole and admits only the requests ahead of the refused one); (3) a decode step is prepared by the arm (resident
+plan and flush, or host fill), replayed, advanced and committed; (4) prefill work goes beside the decode steps on its
+own stream, launched after the step's decode graph and waiting only for the work queued before it, or runs in the
+step (``PrefillPlacement``), and the rows a pass wrote are stale in the store; (5) tokens are read back and emitted,
+and finished requests let go by every part; (6) the next step is prepared early.
 
 With overlap step N+1 is launched before N's tokens are read (its input ids are on the device): a request whose
 last token is in flight RETIRES, and a request that stopped at N has N+1's token dropped (rows carry their admission
@@ -182,16 +183,21 @@ class Engine:
             self.stats.add(StepCounts(decode_ns=time.perf_counter_ns() - t0))
             return True
         early = self.early.take_early()
-        if chunks and self.config.prefill.beside:  # on its stream, after the work queued so far (pages given back
-            reqs = self.table.requests(handles_of(chunks))  # may still be written by their last decode step)
-            launched = self.prefill.launch_beside(chunks, reqs, self.admission.saves(chunks, reqs))
-            self.admission.prefilled(launched.chunks, launched.contexts)
+        beside_chunks = chunks if chunks and self.config.prefill.beside else ()
+        if beside_chunks:  # the pass waits for the work queued so far (pages given back may still be written by
+            after = self.prefill.mark()  # their last decode step), not for this step's decode graph
             batch = batch.decode_only()
         decode = batch.rows.size > 0 and not batch.has_prefill
         if batch.has_prefill:
             self._prefill_step(batch, chunks)
         elif decode:
-            beside, overlapped = self._decode_step(batch, early)
+            f = self._decode_launch(batch, early)
+        if beside_chunks:  # launched after the decode graph: its host time (1-2 ms) no longer delays the decode step
+            reqs = self.table.requests(handles_of(beside_chunks))
+            launched = self.prefill.launch_beside(beside_chunks, reqs, self.admission.saves(beside_chunks, reqs), after)
+            self.admission.prefilled(launched.chunks, launched.contexts)
+        if decode:
+            beside, overlapped = self._decode_land(f)
         self._land_pass(wait=False)
         if self.config.prepare_early:
             self.early = self._prepare_next()
@@ -248,9 +254,8 @@ class Engine:
             chunks.append(Chunk(h, start, n, start + n == len(pend.request.prompt)))
         return tuple(chunks)
 
-    def _decode_step(self, batch: Batch, early) -> tuple[int, int]:
-        """Prepare, launch, advance, commit; land it now, or (overlap) land the step before and hold this one. Returns
-        whether a pass was in flight beside it, and whether it overlapped a step."""
+    def _decode_launch(self, batch: Batch, early) -> InFlight:
+        """Prepare, launch, advance, commit: the step is in flight."""
         rows, b = batch.rows, batch.bucket
         seq, prepared = self.arm.prepare(rows, b, early)
         self.stats.add(prepared)
@@ -258,12 +263,17 @@ class Engine:
         f, last = self._launch(self.graphs.decode(b, mode), b, rows, self.arm.device_ids, decode=True, mode=mode)
         self._ran(rows, seq)
         self.stats.add_check(self.arm.ran(rows, b, seq))
+        if self.config.overlap and np.count_nonzero(last):
+            self.scheduler.retire(rows[last])
+        return f
+
+    def _decode_land(self, f: InFlight) -> tuple[int, int]:
+        """Land the launched step now, or (overlap) land the step before and hold this one. Returns whether a pass
+        was in flight beside it, and whether it overlapped a step."""
         beside = int(self.prefill.in_flight is not None)
         if not self.config.overlap:
             self._land(f)
             return beside, 0
-        if np.count_nonzero(last):
-            self.scheduler.retire(rows[last])
         prev = self.launcher.hold(f)
         if prev is not None:
             self._land(prev)

@@ -164,15 +164,29 @@ class Prefill:
         p = self.launch(chunks, requests, rows, row_ids, rows_logprobs=rows_logprobs, saves=saves)
         return p, self.land(p)
 
+    def mark(self) -> torch.cuda.Event | None:
+        """An event recorded on the caller's stream now (None on a CPU): a pass launched later with it as ``after``
+        waits for the work queued so far, and not for what the caller queues in between."""
+        if self.device.type != "cuda":
+            return None
+        event = torch.cuda.Event()
+        event.record()
+        return event
+
     def launch(self, chunks: tuple[Chunk, ...], requests: list[Request], rows: np.ndarray = _NONE,
                row_ids: np.ndarray = _NONE, stream: torch.cuda.Stream | None = None,
-               rows_logprobs: bool = False, saves: Sequence[Saves] = ()) -> PassInFlight:  # fmt: skip
-        """Enqueue ``run``'s pass (on ``stream`` when given, after the caller's stream's work so far) and return it
-        in flight. One pass in flight at a time: its readback buffer and timer are this object's."""
+               rows_logprobs: bool = False, saves: Sequence[Saves] = (),
+               after: torch.cuda.Event | None = None) -> PassInFlight:  # fmt: skip
+        """Enqueue ``run``'s pass (on ``stream`` when given, after ``after`` (``mark``), else after the caller's
+        stream's work so far) and return it in flight. One pass in flight at a time: its readback buffer and timer
+        are this object's."""
         t0 = time.perf_counter_ns()
         if stream is None:
             return self._launch(chunks, requests, rows, row_ids, rows_logprobs, t0, saves)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
+        if after is not None:
+            stream.wait_event(after)
+        else:
+            stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             return self._launch(chunks, requests, rows, row_ids, rows_logprobs, t0, saves)
 
@@ -194,12 +208,12 @@ class Prefill:
         lp = self._drawn_lp_np[: p.n_drawn].copy()
         return Prefilled(p.chunks, p.ended, drawn[:m], drawn[m:], counts, lp[:m], lp[m:])
 
-    def launch_beside(self, chunks: tuple[Chunk, ...], requests: list[Request],
-                      saves: Sequence[Saves] = ()) -> PassInFlight:  # fmt: skip
-        """Launch the chunks' pass on the passes' stream and hold it in flight (its requests stay PREFILLING until
-        it lands); returns it, for admission."""
+    def launch_beside(self, chunks: tuple[Chunk, ...], requests: list[Request], saves: Sequence[Saves] = (),
+                      after: torch.cuda.Event | None = None) -> PassInFlight:  # fmt: skip
+        """Launch the chunks' pass on the passes' stream (after ``after``, ``launch``) and hold it in flight (its
+        requests stay PREFILLING until it lands); returns it, for admission."""
         assert self._in_flight is None, "one pass in flight at a time: land it first"
-        self._in_flight = self.launch(chunks, requests, stream=self.pass_stream, saves=saves)
+        self._in_flight = self.launch(chunks, requests, stream=self.pass_stream, saves=saves, after=after)
         return self._in_flight
 
     def land_beside(self, wait: bool) -> Prefilled | None:
