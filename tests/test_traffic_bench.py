@@ -289,3 +289,14 @@ def test_a_tensor_parallel_run_places_its_passes_in_the_step():
     with pytest.raises(WorkloadError, match="argument --prefill: beside: a tensor-parallel engine runs its passes in "
                                             "the step"):  # fmt: skip
         traffic.arms_for(["resident-torch"], (PrefillPlacement.IN_STEP, PrefillPlacement.BESIDE), auto, "cuda", 2)
+
+
+def test_the_report_names_each_request_whose_tokens_differ_and_where():
+    """``same_tokens`` counts the requests equal to the other arm's, round by round (the lowest round); the rows'
+    ``differ_from_*`` name each one that differs: its index, the first token that differs, both lengths (a shorter
+    stream that is a prefix of the other differs where it ends)."""
+    base = [{"tokens": [(1, 2, 3), (4, 5), (6,)]}, {"tokens": [(7, 8), (9,), (1, 1)]}]
+    runs = [{"tokens": [(1, 2, 3), (4, 6), (6, 0)]}, {"tokens": [(7, 8), (9,), (2, 1)]}]
+    assert traffic.same_tokens(runs, base) == ("2/3", "1/3")
+    assert traffic.token_differences(runs, base) == [[[1, 1, 2, 2], [2, 1, 2, 1]], [[2, 0, 2, 2]]]
+    assert traffic.token_differences(base, base) == [[], []]

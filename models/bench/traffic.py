@@ -44,8 +44,10 @@ of the run's wall time the thread actually held the interpreter, and pairs each 
 its own load.
 
 Writes ``results.md``, ``results.json``, ``ttft_cdf.png``, ``itl_cdf.png`` and ``timeline.png`` (the last round of
-each arm: rows, prompt tokens and wall time of every step) under ``--out``. Runs on a CPU too (tiny model, the
-``host-torch`` and ``resident-torch`` arms), which is how its tests run it.
+each arm: rows, prompt tokens and wall time of every step) under ``--out``. Where an arm's tokens differ from the host
+arm's or (with the prefix cache) from the same arm's without it, ``results.json``'s row names each such request, round
+by round, with the first token that differs (``differ_from_host``, ``differ_from_no_cache``). Runs on a CPU too
+(tiny model, the ``host-torch`` and ``resident-torch`` arms), which is how its tests run it.
 
 Under torchrun (``python -m torch.distributed.run --nproc-per-node 2 -m models.bench.traffic ...``) every arm's
 engine is tensor-parallel over the group (models.engine.tensor_parallel). Rank 0 drives the arrivals and writes the
@@ -582,6 +584,21 @@ def same_tokens(runs: list[dict], base: list[dict]) -> tuple[str, str]:
     return f"{min(firsts)}/{n}", f"{min(whole)}/{n}"
 
 
+def token_differences(runs: list[dict], base: list[dict]) -> list[list[list[int]]]:
+    """Round by round, each request whose tokens differ from ``base``'s: [request index, first token index that
+    differs, its token count, base's token count] (the report's detail behind ``same_tokens``)."""
+    out = []
+    for r, b in zip(runs, base, strict=False):
+        rnd = []
+        for i, (x, y) in enumerate(zip(r["tokens"], b["tokens"], strict=True)):
+            if x != y:
+                first = next((j for j, (p, q) in enumerate(zip(x, y, strict=False)) if p != q),
+                             min(len(x), len(y)))
+                rnd.append([i, first, len(x), len(y)])
+        out.append(rnd)
+    return out
+
+
 def summarize(runs: list[dict], arms: list[Arm], loads: tuple[float, ...] = (0.0,)) -> tuple[str, list[dict]]:
     """The report's table (one row an arm at a host load: its engine arm, placement, budget and load, the loads one
     block after another) and its rows as dicts. An arm is compared with the host arm (host, else host-torch),
@@ -611,6 +628,8 @@ def summarize(runs: list[dict], arms: list[Arm], loads: tuple[float, ...] = (0.0
                        host_load=load, host_load_achieved=float(np.median(achieved)),
                        first_tokens_same=first, tokens_same=whole, vs_no_cache=vs_plain, ttft_cut=ttft_cut,
                        tokens_same_no_cache=plain_same,
+                       differ_from_host=token_differences(rs, base) if rs is not base else [],
+                       differ_from_no_cache=token_differences(rs, plain) if plain else [],
                        vs_host=paired_ratio(rs, base, "tokps") if rs is not base else "-",
                        vs_host_overlap=paired_ratio(rs, host_over, "tokps") if rs is not host_over else "-",
                        vs_host_triton_overlap=paired_ratio(rs, host_triton, "tokps") if rs is not host_triton
