@@ -32,7 +32,7 @@ from kernels import (  # noqa: E402  (after TRITON_INTERPRET is settled)
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 DEVICE = "cpu" if INTERPRET or not torch.cuda.is_available() else "cuda"
-SEEDS = [0, 1, 2]
+SEEDS = [0, 1]
 # float32: the kernels and references differ by reduction order only. bf16 (compiled, GPU): one rounding apart.
 TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
 CASES = [(torch.float32, DEVICE)] + ([(torch.bfloat16, "cuda")] if DEVICE == "cuda" else [])  # bf16: compiled only

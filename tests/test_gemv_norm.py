@@ -8,7 +8,7 @@ sum of squares is reduced in the order of the kernel's layout, which follows its
 than the norm kernel's rstd may move by an ulp and an x element by one rounding, so on a GPU the comparison is to a
 tight tolerance. The updated residual (h + delta, no reduction) is equal bit for bit everywhere.
 
-Fresh random inputs per seed; one row; widths off the tiles (K not a power of two, N not a multiple of block_n).
+Fresh random inputs per case; one row; widths off the tiles (K not a power of two, N not a multiple of block_n).
 Without CUDA the kernels run in Triton's interpreter; on a GPU the same cases run compiled (``pytest -m gpu``).
 """
 
@@ -37,7 +37,6 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 DEVICE = "cpu" if INTERPRET or not torch.cuda.is_available() else "cuda"
 pytestmark = [pytest.mark.gpu] if DEVICE == "cuda" else []  # on a GPU every case here runs compiled
 DTYPES = [torch.float32, torch.bfloat16]
-SEEDS = [0, 1]
 EPS = 1e-6
 SHAPES = [(37, 70), (64, 129), (70, 300), (40, 1100), (24, 1024)]  # (N, K): K over one and many tiles
 # (block_n, block_k, warps, stages): gemv's one-row default, and small tiles (many K steps, N tails)
@@ -70,12 +69,21 @@ def _assert_two_step_value(got: torch.Tensor, want: torch.Tensor) -> None:
         torch.testing.assert_close(got, want, **tol)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
-@pytest.mark.parametrize("zero_centered", [True, False], ids=["1+w", "w"])
-@pytest.mark.parametrize("with_delta", [True, False], ids=["delta", "no-delta"])
-@pytest.mark.parametrize("config", list(CONFIGS), ids=list(CONFIGS))
-@pytest.mark.parametrize("N,K", SHAPES)
-@pytest.mark.parametrize("seed", SEEDS)
+def _fold_cases() -> list:
+    """Every shape x config x dtype; along the shapes of each (config, dtype), with and without delta and the two norm
+    weight forms alternate so that each pair meets all four of their combinations; a seed of its own a case."""
+    cases = []
+    for config in CONFIGS:
+        for dtype in DTYPES:
+            for i, (N, K) in enumerate(SHAPES):
+                delta, zero_centered = i % 2 == 0, (i // 2) % 2 == 0
+                ids = f"{N}-{K}-{config}-{'delta' if delta else 'no-delta'}-{'1+w' if zero_centered else 'w'}-" + str(
+                    dtype).removeprefix("torch.")  # fmt: skip
+                cases.append(pytest.param(len(cases), N, K, config, delta, zero_centered, dtype, id=ids))
+    return cases
+
+
+@pytest.mark.parametrize("seed,N,K,config,with_delta,zero_centered,dtype", _fold_cases())
 def test_gemv_add_rms_norm(seed, N, K, config, with_delta, zero_centered, dtype):
     h, delta, nw, w = _case(seed, N, K, dtype, with_delta)
     h_in, d_in = h.clone(), None if delta is None else delta.clone()

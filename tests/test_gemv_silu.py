@@ -1,7 +1,7 @@
 """SwiGLU's silu_mul folded into the down projection's weight stream (kernels.gemv.gemv_silu_mul) against the two-step
 form it replaces (kernels.gates.silu_mul then kernels.gemv.gemv: equal bit for bit) and a float64 torch reference.
 
-Fresh random inputs per seed; widths that are not multiples of the tiles (masked tails in N and K); gu as a row-strided
+Fresh random inputs per case; widths that are not multiples of the tiles (masked tails in N and K); gu as a row-strided
 column block of a wider tensor. Without CUDA the kernels run in Triton's interpreter (float32 and bf16); on a GPU the
 same cases run compiled (``pytest -m gpu``).
 """
@@ -9,6 +9,7 @@ same cases run compiled (``pytest -m gpu``).
 from __future__ import annotations
 
 import os
+import zlib
 
 import pytest
 import torch
@@ -43,6 +44,11 @@ def _tol(dtype: torch.dtype, M: int) -> dict:
     return dict(atol=1e-4, rtol=1e-4)
 
 
+def _seed(*case) -> int:
+    """A seed of the case's own (its parameters' text, hashed the same in every process): fresh inputs a case."""
+    return zlib.crc32(repr(case).encode())
+
+
 def _case(seed: int, M: int, N: int, K: int, dtype: torch.dtype, pad: int = 0):
     """gu [M, 2K] (a column block of a [M, 2K + 2 pad] tensor when pad > 0) and a strided weight w [N, K]."""
     gen = torch.Generator().manual_seed(seed)
@@ -66,9 +72,8 @@ def _check_ref(got: torch.Tensor, gu: torch.Tensor, w: torch.Tensor) -> None:
 @pytest.mark.parametrize("config", list(CONFIGS), ids=list(CONFIGS))
 @pytest.mark.parametrize("N,K", SHAPES)
 @pytest.mark.parametrize("M", [1, 3, 16])
-@pytest.mark.parametrize("seed", SEEDS)
-def test_gemv_silu_mul(seed, M, N, K, config, dtype):
-    gu, w = _case(seed, M, N, K, dtype)
+def test_gemv_silu_mul(M, N, K, config, dtype):
+    gu, w = _case(_seed(M, N, K, config, dtype), M, N, K, dtype)
     cfg = CONFIGS[config][tile_rows(M)]
     got = gemv_silu_mul(gu, w, config=cfg)
     assert got.shape == (M, N) and got.dtype == dtype
@@ -90,10 +95,9 @@ def test_gemv_silu_mul_split_k(M, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 @pytest.mark.parametrize("M", [1, 3, 16])
-@pytest.mark.parametrize("seed", SEEDS)
-def test_gemv_silu_mul_row_strided_input(seed, M, dtype):
+def test_gemv_silu_mul_row_strided_input(M, dtype):
     N, K = 70, 300
-    gu, w = _case(seed, M, N, K, dtype, pad=3)  # row stride 2K + 6, unit column stride
+    gu, w = _case(_seed("strided", M, dtype), M, N, K, dtype, pad=3)  # row stride 2K + 6, unit column stride
     assert gu.stride() == (2 * K + 6, 1) and (M == 1 or not gu.is_contiguous())
     cfg = CONFIGS["small-tiles"][tile_rows(M)]
     out = torch.full((M, N), float("nan"), dtype=dtype, device=DEVICE)
