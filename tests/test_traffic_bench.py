@@ -292,11 +292,13 @@ def test_a_tensor_parallel_run_places_its_passes_in_the_step():
 
 
 def test_the_report_names_each_request_whose_tokens_differ_and_where():
-    """``same_tokens`` counts the requests equal to the other arm's, round by round (the lowest round); the rows'
-    ``differ_from_*`` name each one that differs: its index, the first token that differs, both lengths (a shorter
-    stream that is a prefix of the other differs where it ends)."""
+    """``token_differences`` names each request whose tokens differ from the other arm's, round by round: its index,
+    the first token that differs, both lengths (a shorter stream that is a prefix of the other differs where it
+    ends); ``same_tokens`` counts from them the requests equal in their first token and in all (the lowest round)."""
     base = [{"tokens": [(1, 2, 3), (4, 5), (6,)]}, {"tokens": [(7, 8), (9,), (1, 1)]}]
     runs = [{"tokens": [(1, 2, 3), (4, 6), (6, 0)]}, {"tokens": [(7, 8), (9,), (2, 1)]}]
-    assert traffic.same_tokens(runs, base) == ("2/3", "1/3")
-    assert traffic.token_differences(runs, base) == [[[1, 1, 2, 2], [2, 1, 2, 1]], [[2, 0, 2, 2]]]
+    diffs = traffic.token_differences(runs, base)
+    assert diffs == [[[1, 1, 2, 2], [2, 1, 2, 1]], [[2, 0, 2, 2]]]
+    assert traffic.same_tokens(diffs, 3) == ("2/3", "1/3")
     assert traffic.token_differences(base, base) == [[], []]
+    assert traffic.same_tokens(traffic.token_differences(runs, []), 3) == ("-", "-")  # nothing to compare with

@@ -572,21 +572,19 @@ def _cell(values: list[float], fmt: str) -> str:
     return f"{med} [{fmt.format(min(values))}-{fmt.format(max(values))}]"
 
 
-def same_tokens(runs: list[dict], base: list[dict]) -> tuple[str, str]:
-    """(first tokens equal, all tokens equal) to ``base``'s runs, round by round, as "k/n" (lowest round)."""
-    if not base:
+def same_tokens(diffs: list[list[list[int]]], n: int) -> tuple[str, str]:
+    """(first tokens equal, all tokens equal) of n requests, from their ``token_differences`` round by round, as
+    "k/n" (lowest round); "-" where there was nothing to compare with (no rounds)."""
+    if not diffs:
         return "-", "-"
-    firsts, whole = [], []
-    for r, b in zip(runs, base, strict=False):
-        firsts.append(sum(x[:1] == y[:1] for x, y in zip(r["tokens"], b["tokens"], strict=True)))
-        whole.append(sum(x == y for x, y in zip(r["tokens"], b["tokens"], strict=True)))
-    n = len(runs[0]["tokens"])
+    firsts = [n - sum(first == 0 for _, first, _, _ in rnd) for rnd in diffs]  # (the first token differs: at 0)
+    whole = [n - len(rnd) for rnd in diffs]
     return f"{min(firsts)}/{n}", f"{min(whole)}/{n}"
 
 
 def token_differences(runs: list[dict], base: list[dict]) -> list[list[list[int]]]:
     """Round by round, each request whose tokens differ from ``base``'s: [request index, first token index that
-    differs, its token count, base's token count] (the report's detail behind ``same_tokens``)."""
+    differs, its token count, base's token count] (what ``same_tokens`` counts)."""
     out = []
     for r, b in zip(runs, base, strict=False):
         rnd = []
@@ -618,18 +616,20 @@ def summarize(runs: list[dict], arms: list[Arm], loads: tuple[float, ...] = (0.0
             base = by_label.get(arm.peer("host").label) or by_label.get(arm.peer("host-torch").label, [])
             host_over = by_label.get(arm.peer("host-overlap").label, [])
             host_triton = by_label.get(arm.peer("host-triton-overlap").label, [])
-            first, whole = same_tokens(rs, base) if rs is not base else ("-", "-")
             plain = by_label.get(arm.peer(arm.name.removesuffix("-cache")).label, []) if arm.prefix_cache else []
+            n = len(rs[0]["tokens"])
+            differ_host = token_differences(rs, base) if rs is not base else []
+            differ_plain = token_differences(rs, plain) if plain else []
+            first, whole = same_tokens(differ_host, n)
             vs_plain = paired_ratio(rs, plain, "tokps") if plain else "-"
             ttft_cut = paired_ratio(rs, plain, "ttft_p50_ms", invert=True) if plain else "-"
-            plain_same = same_tokens(rs, plain)[1] if plain else "-"
+            plain_same = same_tokens(differ_plain, n)[1]
             achieved = [r["host_load_achieved"] for r in rs]
             row = dict(arm=arm.name, label=arm.label, prefill=arm.prefill.value, token_budget=arm.token_budget,
                        host_load=load, host_load_achieved=float(np.median(achieved)),
                        first_tokens_same=first, tokens_same=whole, vs_no_cache=vs_plain, ttft_cut=ttft_cut,
                        tokens_same_no_cache=plain_same,
-                       differ_from_host=token_differences(rs, base) if rs is not base else [],
-                       differ_from_no_cache=token_differences(rs, plain) if plain else [],
+                       differ_from_host=differ_host, differ_from_no_cache=differ_plain,
                        vs_host=paired_ratio(rs, base, "tokps") if rs is not base else "-",
                        vs_host_overlap=paired_ratio(rs, host_over, "tokps") if rs is not host_over else "-",
                        vs_host_triton_overlap=paired_ratio(rs, host_triton, "tokps") if rs is not host_triton
