@@ -77,9 +77,10 @@ def _fold_cases() -> list:
         for dtype in DTYPES:
             for i, (N, K) in enumerate(SHAPES):
                 delta, zero_centered = i % 2 == 0, (i // 2) % 2 == 0
-                ids = f"{N}-{K}-{config}-{'delta' if delta else 'no-delta'}-{'1+w' if zero_centered else 'w'}-" + str(
-                    dtype).removeprefix("torch.")  # fmt: skip
-                cases.append(pytest.param(len(cases), N, K, config, delta, zero_centered, dtype, id=ids))
+                words = ("delta" if delta else "no-delta", "1+w" if zero_centered else "w",
+                         str(dtype).removeprefix("torch."))  # fmt: skip
+                cases.append(pytest.param(len(cases), N, K, config, delta, zero_centered, dtype,
+                                          id="-".join((str(N), str(K), config, *words))))  # fmt: skip
     return cases
 
 
