@@ -91,9 +91,10 @@ def run_arms(
 
 
 def check_pools(engine: Engine) -> None:
-    """Assert the engine's page bookkeeping and the scheduler's kept decode rows (tests; it walks every handle). With
-    the prefix cache, a page may be held by several rows and by checkpoints (its count says how many), a cached page
-    nobody holds is neither held nor free, and no free page is counted or cached."""
+    """Assert the engine's page and recurrent-slot bookkeeping and the scheduler's kept decode rows (tests; it walks
+    every handle). With the prefix cache, a page may be held by several rows and by checkpoints (its count says how
+    many), a cached page nobody holds is neither held nor free, no free page is counted or cached, and a recurrent
+    slot is a request's, free, or a checkpoint's (free, indexed, or a save in flight)."""
     adm = engine.admission
     for key, pool in adm.page_pools.items():
         s, held = engine.streams.kv[key], adm.n_pages[key]
@@ -124,5 +125,13 @@ def check_pools(engine: Engine) -> None:
         assert (refs.count[idle] == 0).all() and all(p in refs.key_of for p in idle.tolist()), "an idle page is held"
         assert not np.isin(free, idle).any() and not np.isin(free, list(refs.key_of)).any(), "a free page is cached"
         assert free.size + np.count_nonzero(refs.count) + idle.size == pool.capacity, f"pool {key!r}: pages lost"
+    if adm.rec is not None:  # every recurrent slot in one place: a request's, the requests' free ones, a checkpoint's
+        slots = [*engine.streams.recurrent_slot[engine.streams.recurrent_slot > 0].tolist(), *adm.rec._free]
+        total = adm.rec.size
+        if adm.checkpoints is not None:
+            cks = adm.checkpoints
+            slots += [*cks.free, *(ck.slot for ck in cks.lru.values()), *(ck.slot for ck, _ in adm.in_flight)]
+            total += cks.size
+        assert sorted(slots) == list(range(1, total + 1)), f"recurrent slots lost or held twice: {sorted(slots)}"
     sch = engine.scheduler  # the kept decode rows are the ones a fresh computation picks
     assert np.array_equal(sch.decode_rows(), sch._compute_decode_rows()), "the scheduler kept stale decode rows"
