@@ -346,18 +346,20 @@ class Admission:
     def keep(self, h: int, tokens: np.ndarray) -> None:
         """Handle h's stream is done: its full pages cached under their chain keys, and its state (the slot's, after
         its ``lengths`` tokens, the first of ``tokens``) checkpointed, unless one is there already; its prompt's end
-        checkpoint, which a next turn passes, becomes the first to evict. The state copy goes on the current stream
-        after the steps that wrote the slot."""
+        checkpoint, which a next turn passes, becomes the first to evict. Nothing is copied: h's recurrent slot becomes
+        the checkpoint's (h's release gives the reserved checkpoint slot to the requests' pool instead) and h's last
+        page, if partly filled, its tail page (held once more, so h's release does not free it). A step still in
+        flight with h in it completes the slot and page before anything enqueued later reads them."""
         if self.refs is None:
             return
-        k, ps = self.prefix.pool, self.page_size
-        n = int(self.streams.kv[k].lengths[h])
+        st, k, ps = self.streams, self.prefix.pool, self.page_size
+        n = int(st.kv[k].lengths[h])
         if n == 0:
             return
         prompt_keys = self.keys.get(h, [])
         keys = prompt_keys[: n // ps]
         keys += chain_keys(tokens[:n], ps, len(keys), keys[-1] if keys else ROOT_KEY)
-        self.refs.insert(self.streams.kv[k].pages[h, : n // ps].astype(np.int32), keys)
+        self.refs.insert(st.kv[k].pages[h, : n // ps].astype(np.int32), keys)
         base = keys[-1] if n >= ps else ROOT_KEY
         tail = tail_bytes(tokens, (n // ps) * ps, n)
         if self.checkpoints.has(base, tail):
@@ -365,14 +367,16 @@ class Admission:
         end = self.prompt_ends.pop(h, None)  # its prompt's end, now behind this one: the first to evict
         if end is not None and end in self.checkpoints.lru:
             self.checkpoints.lru.move_to_end(end, last=False)
-        taken = self._checkpoint(h, n, base, tail)
-        if taken is None:
+        slot = self._reserve()
+        if slot is None:
             return
-        ck, src = taken
-        if src:
-            self.prefix.copy_pages(np.array([src]), np.array([ck.tail_page]))
-        self.prefix.copy_states(np.array([self.streams.recurrent_slot[h]]), np.array([ck.slot]))
-        self.checkpoints.add(ck)
+        tail_page = 0
+        if n % ps:
+            tail_page = int(st.kv[k].pages[h, n // ps])
+            self.refs.hold(np.array([tail_page], np.int32))
+            self.tails += 1
+        self.checkpoints.add(Checkpoint(int(st.recurrent_slot[h]), n, base, tail, tail_page))
+        st.recurrent_slot[h] = slot
         self.cache_counts.append(CacheCounts(checkpoints_taken=1))
 
     def saves(self, chunks: Sequence[Chunk], requests: Sequence[Request]) -> list[list[tuple[int, int]]]:
