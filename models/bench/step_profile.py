@@ -6,11 +6,12 @@ Takes the traffic benchmark's options (``models.bench.traffic``; one arm: one en
 placement, one ``--token-budget``). Builds that arm's engine as the benchmark does, serves its warm-up and the round
 once untimed, then serves the round again under ``torch.profiler`` (CPU and CUDA). The host's phases are
 ``record_function`` ranges put around the engine parts' methods by this tool (the engine carries no profiling code):
-``step.*`` (the engine's step and its kinds), ``prefill.*`` (a pass, in the step or beside the decode steps: its
-launch with its inputs, the graph run, its landing with the first tokens), ``decode.*`` (a decode step's prepare,
-launch and landing). Prints the phases by total host time, the CUDA runtime calls by self host time (a
-``cudaStreamSynchronize`` there is the host waiting), and the CUDA kernels by GPU time, with the wall time and the
-step counts of the profiled round.
+``step.*`` (the engine's step and its kinds), ``prefill.*`` (a pass, in the step or beside the decode steps: its launch
+with its inputs, the graph run, its landing with the first tokens), ``decode.*`` (a decode step's prepare, launch and
+landing), ``admission.*`` (the admit transaction, a request's release, and the prefix cache's bookkeeping: a finished
+stream kept, a pass's saves chosen, a landed pass's pages and checkpoints indexed). Prints the phases by total host
+time, the CUDA runtime calls by self host time (a ``cudaStreamSynchronize`` there is the host waiting), and the CUDA
+kernels by GPU time, with the wall time and the step counts of the profiled round.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 from models.bench.traffic import parser as traffic_parser
 from models.bench.traffic import serve, setup_run
 from models.engine import Engine, build_adapter
+from models.engine.admission import Admission
 from models.engine.launcher import Launcher
 from models.engine.prefill import Prefill
 from models.engine.prefill_graphs import PrefillGraphs
@@ -43,6 +45,11 @@ PHASES = (
     (Sampler, "__call__", "sampler"),
     (Launcher, "launch", "decode.launch"),
     (Launcher, "land", "decode.land"),
+    (Admission, "admit", "admission.admit"),
+    (Admission, "release", "admission.release"),
+    (Admission, "keep", "admission.keep"),
+    (Admission, "saves", "admission.saves"),
+    (Admission, "landed", "admission.landed"),
 )
 
 
