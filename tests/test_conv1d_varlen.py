@@ -76,6 +76,41 @@ def test_the_kernel_equals_each_sequence_alone(seed, lens):
     torch.testing.assert_close(dev[1].cpu()[1:], want_pool[1:])
 
 
+def _saves(cu, lens, n_rows: int = 6):
+    """A prefix cache's saves over ``_case``'s sequences (module flat's form): interior saves at flat rows 20 and 64
+    into sequences long enough (rows at - K .. at - 1 inside them), final saves of sequences 0 and 3, every other
+    entry 0; save slots distinct from each other and from the sequences' (1, 3, 4, 6, 8 of 9)."""
+    save_slot, save_at = torch.zeros(n_rows, dtype=torch.int64), torch.zeros(n_rows, dtype=torch.int64)
+    free = iter([1, 6, 8])
+    for r, (s, at) in enumerate([(0, 20), (0, 32), (3, 10)]):  # (sequence, position in it)
+        if lens[s] > at:
+            save_slot[2 * r], save_at[2 * r] = next(free), int(cu[s]) + at
+    final = torch.tensor([3, 0, 0, 4, 0], dtype=torch.int64)
+    return save_slot, save_at, final
+
+
+@pytest.mark.parametrize("impl", ["reference", "kernel"])
+@pytest.mark.parametrize("lens", [STARTS_IN_EVERY_TILE, WITH_INNER_TILES], ids=["starts-in-every-tile", "inner-tiles"])
+def test_saves_hold_the_inputs_before_their_row_and_the_final_states(impl, lens):
+    """An interior save's slot holds the K conv inputs before its flat row, a final save's the sequence's new state,
+    the sequences' slots and outputs are as without saves, and no other slot but the sink is written."""
+    x, pool, w, seq_of, cu, slots, fresh, lens = _case(3, lens=lens)
+    want, want_pool = _want(x, pool, w, cu, slots, fresh, lens)
+    save_slot, save_at, final = _saves(cu, lens)
+    for slot, at in zip(save_slot.tolist(), save_at.tolist(), strict=True):
+        if slot:
+            want_pool[slot] = x[at - 4 : at].t()
+    for s, f in enumerate(final.tolist()):
+        if f:
+            want_pool[f] = want_pool[int(slots[s])]
+    run = conv1d_varlen_ref_ if impl == "reference" else conv1d_varlen_
+    dev = [t.to(DEVICE) for t in (x, pool, w, seq_of, cu, slots, fresh)]
+    got = run(*dev, saves=tuple(t.to(DEVICE) for t in (save_slot, save_at, final))).cpu()
+    assert int(save_slot.count_nonzero()) >= 2
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(dev[1].cpu()[1:], want_pool[1:], atol=1e-6, rtol=1e-6)
+
+
 def test_the_kernel_splits_q_k_v_and_normalises_q_and_k_per_head():
     """split=(128, 256), normed: three contiguous parts, the first two l2-normalised per 128-channel head, equal to
     the reference's output cut and normalised (in float32: the kernel normalises before rounding to x's dtype)."""

@@ -7,6 +7,12 @@ sequence's first token read its slot's state (zeros when fresh). The first kerne
 per [BLOCK_T, BLOCK_C] tile, accumulated in float32); the second then writes each sequence's last K inputs into its
 slot, after every read of the old state. Padding is a sequence like any other (its slot the sink); an empty sequence
 leaves its slot as it was.
+
+Saves (a prefix cache's checkpoints, ``naive.conv1d_varlen_ref_``'s ``saves``): the second kernel also writes a
+sequence's new state into its final save slot, and a third writes each interior save (the K inputs before its row);
+both only where the slot is nonzero, so a pass's save arrays, sized for the most saves its shape holds, cost nothing
+where they are empty. The torch form wrote every entry (most into the sink): two index_puts a layer, 12 us each on the
+H200 at a 2048-token pass (``models/bench/results/prefix-cache-h200/RUNS.md``, "tokens-and-cost/").
 """
 
 from __future__ import annotations
@@ -70,8 +76,8 @@ _tuned_conv_kernel = triton.autotune(
 
 @triton.jit
 def _state_kernel(
-    x_ptr, pool_ptr, cu_ptr, slot_ptr, fresh_ptr, C, x_n, p_s, p_c,
-    K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr,
+    x_ptr, pool_ptr, cu_ptr, slot_ptr, fresh_ptr, final_ptr, C, x_n, p_s, p_c,
+    K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr, SAVES: tl.constexpr,
 ):  # fmt: skip
     s = tl.program_id(0)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)  # [BC]
@@ -86,8 +92,29 @@ def _state_kernel(
     xv = tl.load(x_ptr + (bos + q)[:, None].to(tl.int64) * x_n + c[None, :], mask=ok & in_x, other=0.0)
     sv = tl.load(pool_ptr + slot * p_s + c[None, :] * p_c + (K + q)[:, None], mask=ok & ~in_x & warm[:, None],
                  other=0.0)  # fmt: skip
-    v = tl.where(in_x, xv.to(tl.float32), sv.to(tl.float32))
-    tl.store(pool_ptr + slot * p_s + c[None, :] * p_c + j[:, None], v.to(pool_ptr.dtype.element_ty), mask=ok)
+    v = tl.where(in_x, xv.to(tl.float32), sv.to(tl.float32)).to(pool_ptr.dtype.element_ty)
+    tl.store(pool_ptr + slot * p_s + c[None, :] * p_c + j[:, None], v, mask=ok)
+    if SAVES:  # a final save: the same state into a checkpoint's slot too (a scalar branch: no store where 0)
+        final = tl.load(final_ptr + s).to(tl.int64)
+        if final != 0:
+            tl.store(pool_ptr + final * p_s + c[None, :] * p_c + j[:, None], v, mask=ok)
+
+
+@triton.jit
+def _save_kernel(
+    x_ptr, pool_ptr, save_ptr, at_ptr, C, x_n, p_s, p_c, K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    """Interior save r: pool[save[r]] = the K inputs before flat row at[r] (a scalar branch: nothing where save[r]
+    is 0, the chunk rows without a save)."""
+    r = tl.program_id(0)
+    slot = tl.load(save_ptr + r).to(tl.int64)
+    if slot != 0:
+        c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)  # [BC]
+        j = tl.arange(0, BLOCK_K)  # [BK]
+        at = tl.load(at_ptr + r).to(tl.int64)
+        ok = (j < K)[:, None] & (c < C)[None, :]
+        xv = tl.load(x_ptr + (at - K + j)[:, None] * x_n + c[None, :], mask=ok, other=0.0)
+        tl.store(pool_ptr + slot * p_s + c[None, :] * p_c + j[:, None], xv.to(pool_ptr.dtype.element_ty), mask=ok)
 
 
 def conv1d_varlen_(
@@ -103,12 +130,14 @@ def conv1d_varlen_(
     eps: float = 1e-6,
     block_t: int | None = None,
     block_c: int = 128,
+    saves: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``naive.conv1d_varlen_ref_`` in two kernels: x [N, C] (rows may be strided), conv_pool [slots, C, K] with
     unit stride along K, weight [C, K]; int32 or int64 indices. Returns out [N, C] in x's dtype; with ``split`` (a,
     b) the three parts [N, a], [N, b - a], [N, C - b] instead, each contiguous (the delta rule's q, k, v), and with
     ``normed`` the first two l2-normalised per ``block_c`` channels (a head: a and b must be multiples of it).
-    ``block_t``: tokens a program; None: tuned on the GPU."""
+    ``block_t``: tokens a program; None: tuned on the GPU. ``saves``: (save_slot [R], save_at [R], final_slot [S]), as
+    the reference takes them, written by the state kernel (final) and one more kernel (interior) only where nonzero."""
     N, C = x.shape
     K = weight.shape[1]
     if x.stride(1) != 1 or conv_pool.stride(2) != 1 or conv_pool.shape[1:] != (C, K):
@@ -130,10 +159,15 @@ def conv1d_varlen_(
     else:  # the tile height and warps tuned once per token class and shape, at its first (eager) pass: the kernel
         # is pure (it writes only ``flat``), so the tuner's repeated runs change nothing
         _tuned_conv_kernel[lambda m: (triton.cdiv(N, m["BLOCK_T"]), triton.cdiv(C, block_c))](*args, **meta)
-    S = slots.shape[0]
-    _state_kernel[(S, triton.cdiv(C, block_c))](x, conv_pool, cu_seqlens, slots, fresh_i, C, x.stride(0),
-                                                conv_pool.stride(0), conv_pool.stride(1), K=K,
-                                                BLOCK_K=triton.next_power_of_2(K), BLOCK_C=block_c)  # fmt: skip
+    S, BK = slots.shape[0], triton.next_power_of_2(K)
+    strides = (C, x.stride(0), conv_pool.stride(0), conv_pool.stride(1))
+    final = saves[2] if saves is not None else slots  # (unread without saves)
+    _state_kernel[(S, triton.cdiv(C, block_c))](x, conv_pool, cu_seqlens, slots, fresh_i, final, *strides, K=K,
+                                                BLOCK_K=BK, BLOCK_C=block_c, SAVES=saves is not None)  # fmt: skip
+    if saves is not None:
+        save_slot, save_at = saves[0], saves[1]
+        _save_kernel[(save_slot.shape[0], triton.cdiv(C, block_c))](x, conv_pool, save_slot, save_at, *strides, K=K,
+                                                                     BLOCK_K=BK, BLOCK_C=block_c)  # fmt: skip
     if split is None:
         return flat.view(N, C)
     return flat[: N * a].view(N, a), flat[N * a : N * b].view(N, b - a), flat[N * b :].view(N, C - b)

@@ -14,10 +14,16 @@ def conv1d_varlen_ref_(
     cu_seqlens: torch.Tensor,  # [S + 1] int: sequence s is tokens cu[s] .. cu[s + 1] - 1
     slots: torch.Tensor,  # [S] int: each sequence's slot
     fresh: torch.Tensor,  # [S] bool: the sequence starts its stream (its slot reads as zeros)
+    saves: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,  # (save_slot, save_at, final_slot)
 ) -> torch.Tensor:
     """out[n] = silu(sum_j weight[:, j] xs_s[p + 1 + j]) for token n at position p of sequence s, xs_s =
     cat(state_s, x_s) along time; then each slot holds its sequence's last K inputs (an empty sequence leaves its
-    state as it was read). In place on conv_pool; out [N, C] in x's dtype."""
+    state as it was read). In place on conv_pool; out [N, C] in x's dtype.
+
+    ``saves`` (a prefix cache's checkpoints, ``models.layers.flat``): (save_slot [R], save_at [R], final_slot [S]);
+    where save_slot[r] is nonzero, that slot takes the K inputs before flat row save_at[r] (rows save_at[r] - K ..
+    save_at[r] - 1, inside its sequence); where final_slot[s] is nonzero, that slot takes sequence s's new state too.
+    Here every entry is written, the unused ones (0) into the sink slot 0, whose contents nothing reads."""
     N, C = x.shape
     K = weight.shape[1]
     seq_of, slots = seq_of.long(), slots.long()
@@ -36,4 +42,9 @@ def conv1d_varlen_ref_(
     new_state = state0.gather(1, (K + last).clamp(max=K - 1)[:, :, None].expand(-1, -1, C))
     new = torch.where((last >= 0)[:, :, None], new_x, new_state)  # [S, K, C]
     conv_pool[slots] = new.transpose(1, 2).to(conv_pool.dtype)
+    if saves is not None:
+        save_slot, save_at, final_slot = (t.long() for t in saves)
+        at = (save_at[:, None] - K + k[None, :]).clamp(0, max(N - 1, 0))  # [R, K]
+        conv_pool[save_slot] = x[at].transpose(1, 2).to(conv_pool.dtype)  # [R, C, K]
+        conv_pool[final_slot] = conv_pool[slots]
     return out.to(x.dtype)

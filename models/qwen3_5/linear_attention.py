@@ -82,12 +82,14 @@ class GatedDeltaNet(nn.Module):
         N, C, kd, vd, hv = x.shape[0], self.conv_dim, self.key_dim, self.value_dim, self.hv
         g, beta = gdn_gates(p[:, C + vd + hv :], p[:, C + vd : C + vd + hv], self.A_log, self.dt_bias)  # [N, hv]
         conv_in = (p[:, :C], conv_pool, self.conv_weight, batch.seq_of, batch.cu_seqlens, batch.slots, batch.fresh)
+        saves = None if batch.save_slot is None else (batch.save_slot, batch.save_at, batch.final_slot)  # (conv states)
         if batch.fused and self.dk >= 16 and self.dk & (self.dk - 1) == 0:
             # one kernel: conv, silu, q and k l2-normalised per head, q | k | v each contiguous (fla's layout)
-            q, k, v = conv1d_varlen_(*conv_in, split=(kd, 2 * kd), normed=True, eps=L2_EPS, block_c=self.dk)
+            q, k, v = conv1d_varlen_(*conv_in, split=(kd, 2 * kd), normed=True, eps=L2_EPS, block_c=self.dk,
+                                     saves=saves)  # fmt: skip
             q, k, v = q.view(N, self.hk, self.dk), k.view(N, self.hk, self.dk), v.view(N, hv, self.dv)
         else:
-            mixed = (conv1d_varlen_ if batch.fused or batch.kernels else conv1d_varlen_ref_)(*conv_in)
+            mixed = (conv1d_varlen_ if batch.fused or batch.kernels else conv1d_varlen_ref_)(*conv_in, saves=saves)
             q, k, v = mixed.split([kd, kd, self.value_dim], dim=-1)
             q, k = l2norm(q.reshape(N, self.hk, self.dk).float()), l2norm(k.reshape(N, self.hk, self.dk).float())
             v = v.reshape(N, hv, self.dv)
@@ -109,23 +111,10 @@ class GatedDeltaNet(nn.Module):
                 ssm_pool[batch.slots] = ht.to(ssm_pool.dtype)
                 ssm_pool[batch.final_slot] = ht.to(ssm_pool.dtype)  # sequences without a final save: to the sink
                 ssm_pool[batch.save_slot[rows]] = saved.to(ssm_pool.dtype)
-        if batch.save_slot is not None:
-            self._save_conv(p[:, :C], conv_pool, batch)
         z = p[:, C : C + vd]  # [N, vd]
         if batch.fused:
             return F.linear(gated_rms_norm(o, z, self.norm.weight, self.norm.eps, pdl=False), self.out_proj.weight)
         return self._out(o.float(), z.view(N, hv, self.dv), x.dtype)
-
-    @staticmethod
-    def _save_conv(x: torch.Tensor, conv_pool: torch.Tensor, batch) -> None:
-        """The conv states of the pass's saves, after its conv has written each sequence's slot (fixed shapes, no
-        host sync): an interior save at position p holds the conv inputs of positions p - K .. p - 1, rows
-        ``save_at - K ..`` of the pass's ``x`` [N, C] (inside the chunk: p - start >= 64 >= K); a final save copies its
-        sequence's slot. Unused entries write the sink slot 0."""
-        N, K = x.shape[0], conv_pool.shape[2]
-        taps = (batch.save_at[:, None] - K + torch.arange(K, device=x.device)).clamp(0, N - 1)  # [rows, K]
-        conv_pool[batch.save_slot] = x[taps].transpose(1, 2).to(conv_pool.dtype)  # [rows, C, K]
-        conv_pool[batch.final_slot] = conv_pool[batch.slots]
 
     def decode(
         self,
