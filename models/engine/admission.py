@@ -62,10 +62,11 @@ class CacheCounts(Counts):
 
 @attrs.frozen
 class PrefixSettings:
-    """The prefix cache's place in the pools: checkpoint slots ``first_slot ..`` of the recurrent pools, a
-    checkpoint every ``interval`` tokens of a prompt (and at its end, and at a finished stream's end), and the device
-    copies (``copy_states(src, dst)``: recurrent slots, every layer; ``copy_pages(src, dst)``: KV pages of the cached
-    pool, every layer)."""
+    """The prefix cache's place in the pools: ``slots`` recurrent slots more than the requests', from ``first_slot``
+    (the checkpoints' at first; a finished stream hands its slot to its checkpoint and takes one of theirs, so the
+    two sets mix), a checkpoint every ``interval`` tokens of a prompt (and at its end, and at a finished stream's
+    end), and the device copies (``copy_states(src, dst)``: recurrent slots, every layer; ``copy_pages(src, dst)``:
+    KV pages of the cached pool, every layer)."""
 
     pool: str  # the APPEND pool whose pages are shared
     first_slot: int
