@@ -164,7 +164,7 @@ def conv1d_varlen_(
     final = saves[2] if saves is not None else slots  # (unread without saves)
     _state_kernel[(S, triton.cdiv(C, block_c))](x, conv_pool, cu_seqlens, slots, fresh_i, final, *strides, K=K,
                                                 BLOCK_K=BK, BLOCK_C=block_c, SAVES=saves is not None)  # fmt: skip
-    if saves is not None:
+    if saves is not None and saves[0].numel():
         save_slot, save_at = saves[0], saves[1]
         _save_kernel[(save_slot.shape[0], triton.cdiv(C, block_c))](x, conv_pool, save_slot, save_at, *strides, K=K,
                                                                      BLOCK_K=BK, BLOCK_C=block_c)  # fmt: skip
