@@ -126,7 +126,7 @@ def check_pools(engine: Engine) -> None:
         assert not np.isin(free, idle).any() and not np.isin(free, list(refs.key_of)).any(), "a free page is cached"
         assert free.size + np.count_nonzero(refs.count) + idle.size == pool.capacity, f"pool {key!r}: pages lost"
     if adm.rec is not None:  # every recurrent slot in one place: a request's, the requests' free ones, a checkpoint's
-        slots = [*engine.streams.recurrent_slot[engine.streams.recurrent_slot > 0].tolist(), *adm.rec._free]
+        slots = [*engine.streams.recurrent_slot[engine.streams.recurrent_slot > 0].tolist(), *adm.rec.free_slots()]
         total = adm.rec.size
         if adm.checkpoints is not None:
             cks = adm.checkpoints

@@ -120,6 +120,10 @@ class SlotPool:
         self._free.append(i)
         self._free.sort(reverse=True)
 
+    def free_slots(self) -> list[int]:
+        """The free slots (or handles), the next one handed out last (tests and debugging)."""
+        return list(self._free)
+
 
 def recurrent_pool(num_slots: int) -> SlotPool:
     """Recurrent-state slots 1 .. num_slots-1; slot 0 is the sink slot padding rows read and write."""
