@@ -12,7 +12,7 @@ from resplan.capture import (
     resident_refusal,
 )
 from resplan.executor import Executor, KernelImpl
-from resplan.graph import Graph, distinct_streams
+from resplan.graph import Graph, distinct_streams, run_on
 from resplan.layout import (
     SAMPLER_CELLS,
     SINK_PAGE,
@@ -39,6 +39,6 @@ __all__ = [
     "Column", "ColumnKind", "Executor", "FlushProgram", "Graph", "HostStreams", "KVPool", "KVStreams", "KernelImpl",
     "Mismatch", "PlanError", "PlannerConfig", "PlannerState", "Refusal", "ResidentStream", "ResourceInfo",
     "ResourceKind", "RowLayout", "SamplerCell", "Segment", "Span", "Step", "StepBuffers", "StreamMode", "bits_float",
-    "build_planner", "capture_streams", "commit", "distinct_streams", "float_bits", "mark_stale", "plan",
+    "build_planner", "capture_streams", "commit", "distinct_streams", "float_bits", "mark_stale", "plan", "run_on",
     "release", "resident_refusal", "row_check",
 ]

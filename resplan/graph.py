@@ -1,5 +1,6 @@
 """General CUDA utilities the executor's users capture steps with: ``Graph`` (a captured callable, or its eager replay
-on a CPU) and ``distinct_streams`` (capture streams that are pairwise distinct)."""
+on a CPU), ``distinct_streams`` (capture streams that are pairwise distinct) and ``run_on`` (eager work on a capture
+stream before its capture)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,25 @@ def distinct_streams(device: torch.device, n: int) -> tuple[torch.cuda.Stream, .
     raise RuntimeError(f"{2 * POOL_STREAMS} draws from torch's stream pool gave {len(out)} of {n} distinct streams")
 
 
+def default_capture_stream(device: torch.device) -> torch.cuda.Stream:
+    """``torch.cuda.graph``'s default capture stream (made as torch makes it, where no capture has made it yet)."""
+    if torch.cuda.graph.default_capture_stream is None:
+        torch.cuda.graph.default_capture_stream = torch.cuda.Stream(device)
+    return torch.cuda.graph.default_capture_stream
+
+
+def run_on(stream: torch.cuda.Stream, fn: Callable[[], object]) -> object:
+    """``fn()`` on ``stream``, ordered after the caller's stream's work and before its later work; returns its value.
+    Eager work before a capture on ``stream`` runs here, so that what it makes lazily per stream is made outside the
+    capture (Graph)."""
+    current = torch.cuda.current_stream(stream.device)
+    stream.wait_stream(current)
+    with torch.cuda.stream(stream):
+        out = fn()
+    current.wait_stream(stream)
+    return out
+
+
 class Graph:
     """``torch.cuda.CUDAGraph`` of ``fn`` on CUDA; on the CPU an eager replay of the same callable."""
 
@@ -38,19 +58,18 @@ class Graph:
         """``stream``: the capture stream (None: torch's default one). A captured GEMM keeps the cuBLAS workspace of
         the stream it was captured on (torch keys workspaces by handle and stream), so graphs that may replay at
         the same time on two streams must be captured on two streams: else their split-K partials and semaphores
-        share memory, and the two replays can hang each other."""
+        share memory, and the two replays can hang each other. The warm-up runs on the capture stream, so that the
+        stream's workspaces (cuBLAS's, the GEMV's split-K one) are made by it and not during the capture: made
+        during a capture, a workspace lives in the graph's private pool, where the intermediates of graphs captured
+        earlier in the same pool alias it, and their replays overwrite it (``run_on``)."""
         self.fn = fn
         self.device = device
-        self.stream = stream
         self.graph = None
+        self.stream = stream
         if device.type == "cuda":
-            if warmup:
-                side = torch.cuda.Stream(device)
-                side.wait_stream(torch.cuda.current_stream(device))
-                with torch.cuda.stream(side):
-                    for _ in range(warmup):
-                        fn()
-                torch.cuda.current_stream(device).wait_stream(side)
+            self.stream = stream = stream or default_capture_stream(device)
+            for _ in range(warmup):
+                run_on(stream, fn)
             self.graph = self._capture(fn, pool, stream=stream)
 
     @staticmethod

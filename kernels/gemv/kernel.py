@@ -356,7 +356,12 @@ def _workspace(device: torch.device, stream: int) -> tuple[torch.Tensor, torch.T
     int32 at zero (each launch's last splits set their counts back to 0). Launches on one stream run one after another
     (under PDL a kernel touches it only after its wait), so they share it; graphs that may replay at the same time must
     be captured on distinct streams, as for cuBLAS's workspace (resplan.Graph). Kept for the process: a graph
-    captured with it holds its address."""
+    captured with it holds its address. Never made during a capture: it would live in the graph's private pool, where
+    the intermediates of graphs captured earlier in that pool alias it (their replays overwrite the counts), and its
+    zeroing would run only in that graph's replays."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("the split-K workspace of a stream is made before a capture on that stream, not during it: "
+                           "run the work once on the capture stream first (resplan.Graph's warm-up, resplan.run_on)")  # fmt: skip
     return (torch.empty(SPLIT_PARTS, dtype=torch.float32, device=device),
             torch.zeros(SPLIT_COUNTS, dtype=torch.int32, device=device))  # fmt: skip
 

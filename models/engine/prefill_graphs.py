@@ -19,12 +19,13 @@ everywhere; only on CUDA does it save launches.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
+from functools import partial
 from typing import Any
 
 import attrs
 import torch
 
-from resplan import Graph, distinct_streams
+from resplan import Graph, distinct_streams, run_on
 
 
 @attrs.define
@@ -73,7 +74,9 @@ class PrefillGraphs:
     def capture(self, batch) -> torch.Tensor:
         """Run ``batch`` eagerly (its logits are returned) and capture its key, unless it has a graph already. The
         pass writes into the pools as any pass does: capture where they hold nothing yet."""
-        logits = self.forward(batch)
+        # on the capture stream, so that its per-stream workspaces are made here and not during the capture (Graph)
+        logits = (self.forward(batch) if self.device.type != "cuda"
+                  else run_on(self.capture_stream, partial(self.forward, batch)))  # fmt: skip
         self.stats.eager += 1
         if batch.key in self.graphs:
             return logits
