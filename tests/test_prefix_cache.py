@@ -105,7 +105,7 @@ def test_tokens_with_the_cache_equal_tokens_without(case):
         assert s.cached_pages_evicted > 0
     adm = eng.admission  # every request ended: the pages held are the checkpoints' tails, no more
     tails = sum(1 for ck in adm.checkpoints.lru.values() if ck.tail_page)
-    assert int(adm.refs.count.sum()) == tails and not adm.in_flight
+    assert sum(adm.refs.count) == tails and not adm.in_flight
 
 
 def test_hits_at_every_prompt_length_from_one_page_up():
@@ -272,7 +272,7 @@ class PagesAndCheckpoints(RuleBasedStateMachine):
     def accounted(self):
         held = set(self.holders)
         idle = set(self.refs.idle)
-        assert (self.refs.count >= 0).all()
+        assert min(self.refs.count) >= 0
         assert all(self.refs.count[p] == self.holders.count(p) for p in range(1, self.N))
         assert not (self.free & held) and not (self.free & idle) and not (held & idle)
         assert self.free | held | idle == set(range(1, self.N))

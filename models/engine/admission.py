@@ -296,7 +296,7 @@ class Admission:
         position it would prefill from, and the pages it would not take from ``free()`` (the shared pages someone
         holds; one nobody holds is counted free, and holding it takes it from there)."""
         ck, pages = self._lookup(pend, touch=False)
-        held = int(np.count_nonzero(self.refs.count[pages])) if pages.size else 0
+        held = self.refs.held(pages)
         return self.prefix.pool, ck.position if ck is not None else 0, held
 
     def _restore(self, h: int, ck: Checkpoint, shared: int) -> None:

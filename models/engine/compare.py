@@ -120,11 +120,12 @@ def check_pools(engine: Engine) -> None:
         assert not any(p in live_set for p in tails), "a checkpoint's tail page is a request's"
         want = np.bincount(np.concatenate([live, np.asarray(tails, np.int64)]).astype(np.int64),
                            minlength=pool.num_pages)  # fmt: skip
-        assert np.array_equal(refs.count, want), f"pool {key!r}: reference counts are not the rows' and tails'"
+        count = np.asarray(refs.count)  # [num_pages]
+        assert np.array_equal(count, want), f"pool {key!r}: reference counts are not the rows' and tails'"
         idle = np.fromiter(refs.idle, np.int64, len(refs.idle))
-        assert (refs.count[idle] == 0).all() and all(p in refs.key_of for p in idle.tolist()), "an idle page is held"
+        assert (count[idle] == 0).all() and all(p in refs.key_of for p in idle.tolist()), "an idle page is held"
         assert not np.isin(free, idle).any() and not np.isin(free, list(refs.key_of)).any(), "a free page is cached"
-        assert free.size + np.count_nonzero(refs.count) + idle.size == pool.capacity, f"pool {key!r}: pages lost"
+        assert free.size + np.count_nonzero(count) + idle.size == pool.capacity, f"pool {key!r}: pages lost"
     if adm.rec is not None:  # every recurrent slot in one place: a request's, the requests' free ones, a checkpoint's
         slots = [*engine.streams.recurrent_slot[engine.streams.recurrent_slot > 0].tolist(), *adm.rec.free_slots()]
         total = adm.rec.size

@@ -47,10 +47,11 @@ def tail_bytes(tokens, start: int, stop: int) -> bytes:
 class PageRefs:
     """Reference counts of one pool's pages, the cached pages by chain key, and the LRU of cached pages nobody holds
     (evictable). A page is in exactly one of: the pool's free ring (count 0, not cached), held (count > 0), or the
-    LRU (count 0, cached)."""
+    LRU (count 0, cached). The counts are Python ints in a list: a request's pages are tens, where a loop over ints
+    costs a fraction of numpy's fancy indexing (~0.1 against ~2 us an operation on this project's hosts)."""
 
     def __init__(self, num_pages: int) -> None:
-        self.count = np.zeros(num_pages, np.int32)  # [num_pages]
+        self.count = [0] * num_pages  # [num_pages] each page's holders
         self.page_of: dict[bytes, int] = {}  # chain key -> cached page
         self.key_of: dict[int, bytes] = {}  # cached page -> chain key
         self.idle: OrderedDict[int, None] = OrderedDict()  # cached pages with count 0, least recently let go first
@@ -69,25 +70,31 @@ class PageRefs:
             out.append(p)
         return out
 
+    def held(self, pages: np.ndarray) -> int:
+        """How many of ``pages`` someone holds."""
+        count = self.count
+        return sum(1 for p in pages.tolist() if count[p])
+
     def hold(self, pages: np.ndarray) -> None:
         """Each page gains a holder (a cached page leaves the LRU)."""
+        count, idle = self.count, self.idle
         for p in pages.tolist():
-            if self.count[p] == 0:
-                self.idle.pop(p, None)
-        np.add.at(self.count, pages, 1)
+            if count[p] == 0 and idle:
+                idle.pop(p, None)
+            count[p] += 1
 
     def let_go(self, pages: np.ndarray) -> np.ndarray:
         """Each page loses a holder, in the order given; returns the pages that are free now (count 0, not cached),
         for the ring. Cached ones at 0 join the LRU as its most recent."""
-        np.subtract.at(self.count, pages, 1)
-        zero = pages[self.count[pages] == 0]
-        if zero.size == 0:
-            return zero
-        cached = self.cached(zero)
-        for p in zero[cached].tolist():
-            self.idle[p] = None
-            self.idle.move_to_end(p)
-        return zero[~cached]
+        count, key_of, idle, free = self.count, self.key_of, self.idle, []
+        for p in pages.tolist():
+            count[p] -= 1
+            if count[p] == 0:
+                if p in key_of:
+                    idle[p] = None
+                else:
+                    free.append(p)
+        return np.array(free, np.int32)
 
     def cached(self, pages: np.ndarray) -> np.ndarray:
         """[n] bool: the page is cached (under a chain key)."""
