@@ -4,8 +4,10 @@ none left; an AdmitTxn records what one step's admit took so that a refusal can 
 
 from __future__ import annotations
 
+import bisect
 import enum
 import math
+import operator
 
 import attrs
 import numpy as np
@@ -78,9 +80,10 @@ class PagePool:
         """[k] int32 pages off the head of the ring; AdmitRefused(NO_PAGES) when fewer than k are free."""
         if k > self.free:
             raise AdmitRefused(AdmitRefusal.NO_PAGES, f"pool {self.key!r}: {k} pages asked, {self.free} free")
-        idx = (self._head + np.arange(k)) % self.capacity
-        out = self._ring[idx]
-        self._head = (self._head + k) % self.capacity
+        head = self._head
+        out = (self._ring[head : head + k].copy() if head + k <= self.capacity
+               else self._ring[(head + np.arange(k)) % self.capacity])  # fmt: skip
+        self._head = (head + k) % self.capacity
         self.free -= k
         return out
 
@@ -89,8 +92,11 @@ class PagePool:
         n = pages.size
         if n == 0:
             return
-        idx = (self._head + self.free + np.arange(n)) % self.capacity
-        self._ring[idx] = pages
+        tail = (self._head + self.free) % self.capacity
+        if tail + n <= self.capacity:
+            self._ring[tail : tail + n] = pages
+        else:
+            self._ring[(tail + np.arange(n)) % self.capacity] = pages
         self.free += n
 
     def free_pages(self) -> np.ndarray:
@@ -117,8 +123,7 @@ class SlotPool:
         return self._free.pop()
 
     def give(self, i: int) -> None:
-        self._free.append(i)
-        self._free.sort(reverse=True)
+        bisect.insort(self._free, i, key=operator.neg)  # (descending: the lowest stays on top)
 
     def free_slots(self) -> list[int]:
         """The free slots (or handles), the next one handed out last (tests and debugging)."""
