@@ -357,10 +357,10 @@ class Admission:
         n = int(st.kv[k].lengths[h])
         if n == 0:
             return
-        prompt_keys = self.keys.get(h, [])
-        keys = prompt_keys[: n // ps]
-        keys += chain_keys(tokens[:n], ps, len(keys), keys[-1] if keys else ROOT_KEY)
-        self.refs.insert(st.kv[k].pages[h, : n // ps].astype(np.int32), keys)
+        prompt_keys = self.keys.get(h, [])[: n // ps]  # (its prompt's full pages: cached when their pass landed)
+        keys = chain_keys(tokens[:n], ps, len(prompt_keys), prompt_keys[-1] if prompt_keys else ROOT_KEY)
+        self.refs.insert(st.kv[k].pages[h, len(prompt_keys) : n // ps].astype(np.int32), keys)
+        keys = prompt_keys + keys
         base = keys[-1] if n >= ps else ROOT_KEY
         tail = tail_bytes(tokens, (n // ps) * ps, n)
         if self.checkpoints.has(base, tail):
