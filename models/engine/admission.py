@@ -86,13 +86,14 @@ class PrefixSettings:
 
 def index_copier(tensors: tuple[torch.Tensor, ...]) -> Callable[[np.ndarray, np.ndarray], None]:
     """``copy(src, dst)``: rows ``dst`` of every tensor take rows ``src`` (slots or pages), on the current stream, as
-    device-to-device copies of views (one multi-tensor copy a pair): no index goes up from the host, so nothing waits
-    for the steps in flight (an H2D from pageable memory would). Its host time grows with the tensors' count (~5 us
-    each on the H200's host where their dtypes differ): pools stacked into few tensors copy in few."""
+    device-to-device copies of views (one multi-tensor copy for all pairs): no index goes up from the host, so nothing
+    waits for the steps in flight (an H2D from pageable memory would). Its host time grows with the views' count (~5
+    us a tensor on the H200's host where their dtypes differ): pools stacked into few tensors copy in few. ``dst``
+    are distinct and none of them is in ``src``."""
 
     def copy(src: np.ndarray, dst: np.ndarray) -> None:
-        for s, d in zip(np.asarray(src).tolist(), np.asarray(dst).tolist(), strict=True):
-            torch._foreach_copy_([t[d] for t in tensors], [t[s] for t in tensors])
+        pairs = list(zip(np.asarray(src).tolist(), np.asarray(dst).tolist(), strict=True))
+        torch._foreach_copy_([t[d] for _, d in pairs for t in tensors], [t[s] for s, _ in pairs for t in tensors])
 
     return copy
 
