@@ -115,6 +115,11 @@ class Adapter:
         """One pool's caches, one a layer: [num_pages, 2, page_size, heads, head_dim]."""
         raise NotImplementedError
 
+    def kv_pages(self, state, key: str) -> tuple[torch.Tensor, ...]:
+        """Tensors indexed by page (dim 0) that hold one pool's whole KV between them (Qwen3.5: one,
+        [num_pages, layers, ...], so a page's copy is one copy); by default its caches, one a layer."""
+        return self.kv_caches(state, key)
+
     def encode(self, state, req: Request, pages: dict[str, torch.Tensor]) -> None:
         """Fill the READ pools for ``req`` (its context), before its first prefill chunk."""
 
@@ -175,6 +180,9 @@ class QwenAdapter(Adapter):
 
     def kv_caches(self, state, key):
         return state.kv
+
+    def kv_pages(self, state, key):
+        return state.page_major()
 
     def recurrent_pools(self, state) -> tuple[torch.Tensor, ...]:
         return state.slot_major()

@@ -81,7 +81,7 @@ class PrefixSettings:
         the pages shared are the first APPEND pool's."""
         pool = layout.append_keys[0]
         return cls(pool, first_slot, cfg.checkpoints, cfg.checkpoint_interval,
-                   index_copier(adapter.recurrent_pools(state)), index_copier(adapter.kv_caches(state, pool)))
+                   index_copier(adapter.recurrent_pools(state)), index_copier(adapter.kv_pages(state, pool)))
 
 
 def index_copier(tensors: tuple[torch.Tensor, ...]) -> Callable[[np.ndarray, np.ndarray], None]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import attrs
 import torch
 
-from models.layers.paged import allocate_kv
 from resplan.layout import KVPool, StreamMode
 
 
@@ -35,9 +34,14 @@ class KVPoolSpec:
         return 2 * self.num_layers * self.n_kv_heads * self.head_dim * dtype.itemsize
 
     def allocate(self, num_pages: int, page_size: int, *, device, dtype) -> tuple[torch.Tensor, ...]:
-        """Zeroed caches, one a layer."""
-        return tuple(allocate_kv(num_pages, page_size, self.n_kv_heads, self.head_dim, dtype=dtype, device=device)
-                     for _ in range(self.num_layers))  # fmt: skip
+        """Zeroed caches, one a layer (views of ``allocate_stacked``'s tensor)."""
+        return tuple(self.allocate_stacked(num_pages, page_size, device=device, dtype=dtype).unbind(0))
+
+    def allocate_stacked(self, num_pages: int, page_size: int, *, device, dtype) -> torch.Tensor:
+        """Zeroed caches of every layer in one tensor, [num_layers, num_pages, 2, page_size, n_kv_heads, head_dim]:
+        each layer's cache is contiguous, and one page over every layer is one index of its transpose."""
+        return torch.zeros(self.num_layers, num_pages, 2, page_size, self.n_kv_heads, self.head_dim, dtype=dtype,
+                           device=device)  # fmt: skip
 
 
 @attrs.frozen

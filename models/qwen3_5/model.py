@@ -176,14 +176,14 @@ class Qwen35Model(nn.Module):
         saving: bool = False,
         ssm_dtype: torch.dtype = torch.float32,
     ) -> Qwen35State:
-        """Zeroed pools: KV [num_pages, 2, page_size, hk, d] per attention layer; conv (in ``dtype``) and SSM (in
+        """Zeroed pools: KV [num_pages, 2, page_size, hk, d] per attention layer, conv (in ``dtype``) and SSM (in
         ``ssm_dtype``; its math is float32 either way) slots per GDN layer, each kind one tensor over the layers.
         On CUDA in 16 bits also the prefill pass's FlashInfer attention, its workspace taken from ``workspaces``
         (the owner's; None: a private one)."""
         if num_pages < 2 or num_rec_slots < 2:
             raise ValueError("need >= 2 pages and >= 2 recurrent slots (page 0 and slot 0 are sinks)")
         (kv_spec,) = self.kv_pool_specs()
-        kv = kv_spec.allocate(num_pages, page_size, device=device, dtype=dtype)
+        kv = kv_spec.allocate_stacked(num_pages, page_size, device=device, dtype=dtype)
         rec = self.recurrent_specs(ssm_dtype)
         specs = {attrs.evolve(s, layer=0) for s in rec}  # every GDN layer's pools alike: one tensor a kind
         if len(specs) != 1:
