@@ -360,8 +360,8 @@ def _workspace(device: torch.device, stream: int) -> tuple[torch.Tensor, torch.T
     the intermediates of graphs captured earlier in that pool alias it (their replays overwrite the counts), and its
     zeroing would run only in that graph's replays."""
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError("the split-K workspace of a stream is made before a capture on that stream, not during it: "
-                           "run the work once on the capture stream first (resplan.Graph's warm-up, resplan.run_on)")  # fmt: skip
+        raise RuntimeError("the split-K workspace of a stream is made before a capture on that stream, not during "
+                           "it: run the work once on the capture stream first (resplan.Graph's warm-up, run_on)")
     return (torch.empty(SPLIT_PARTS, dtype=torch.float32, device=device),
             torch.zeros(SPLIT_COUNTS, dtype=torch.int32, device=device))  # fmt: skip
 
