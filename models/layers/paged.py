@@ -12,11 +12,6 @@ import torch
 from kernels.attention_prep.naive import write_kv as write_kv
 
 
-def allocate_kv(num_pages: int, page_size: int, n_kv_heads: int, head_dim: int, *, dtype, device) -> torch.Tensor:
-    """A zeroed paged KV cache for one layer: [num_pages, 2, page_size, n_kv_heads, head_dim]."""
-    return torch.zeros(num_pages, 2, page_size, n_kv_heads, head_dim, dtype=dtype, device=device)
-
-
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
     """softmax(q k^T * scale + mask) v in float32 with GQA.
 
