@@ -38,10 +38,12 @@ def default_capture_stream(device: torch.device) -> torch.cuda.Stream:
     return torch.cuda.graph.default_capture_stream
 
 
-def run_on(stream: torch.cuda.Stream, fn: Callable[[], object]) -> object:
-    """``fn()`` on ``stream``, ordered after the caller's stream's work and before its later work; returns its value.
-    Eager work before a capture on ``stream`` runs here, so that what it makes lazily per stream is made outside the
-    capture (Graph)."""
+def run_on(stream: torch.cuda.Stream | None, fn: Callable[[], object]) -> object:
+    """``fn()`` on ``stream``, ordered after the caller's stream's work and before its later work; returns its value
+    (``stream`` None, as on a CPU: ``fn()`` where it is called). Eager work before a capture on ``stream`` runs here,
+    so that what it makes lazily per stream is made outside the capture (Graph)."""
+    if stream is None:
+        return fn()
     current = torch.cuda.current_stream(stream.device)
     stream.wait_stream(current)
     with torch.cuda.stream(stream):

@@ -75,8 +75,7 @@ class PrefillGraphs:
         """Run ``batch`` eagerly (its logits are returned) and capture its key, unless it has a graph already. The
         pass writes into the pools as any pass does: capture where they hold nothing yet."""
         # on the capture stream, so that its per-stream workspaces are made here and not during the capture (Graph)
-        logits = (self.forward(batch) if self.device.type != "cuda"
-                  else run_on(self.capture_stream, partial(self.forward, batch)))  # fmt: skip
+        logits = run_on(self.capture_stream, partial(self.forward, batch))
         self.stats.eager += 1
         if batch.key in self.graphs:
             return logits
