@@ -369,6 +369,9 @@ def test_metrics_parse_and_count(server, api):
     lag, wake = "resplan_frontend_step_lag_seconds", "resplan_frontend_steps_per_wakeup"
     assert d[f"{lag}_count"] >= 1 and d[f"{lag}_sum"] >= 0  # every step message's lag from the engine's send
     assert d[f"{wake}_sum"] == d[f"{lag}_count"] >= d[f"{wake}_count"] >= 1  # each delivered in exactly one wake-up
+    intake = "resplan_engine_intake_seconds"
+    assert m[f"{intake}_count"] - before.get(f"{intake}_count", 0) == 1  # the request's arrival to its submission
+    assert 0 <= m[f"{intake}_sum"] - before.get(f"{intake}_sum", 0) < 60
 
 
 def test_max_waiting_answers_503_and_sigterm_drains(ckpt):

@@ -472,7 +472,8 @@ def run_rounds(server: Server, rounds: list, warmup, sampling, vocab: int, seed:
 SERVER_COUNTERS = ("process_cpu_seconds_total", "resplan_generation_tokens_total", "resplan_engine_decode_steps",
                    "resplan_engine_decode_step_seconds", "resplan_engine_decode_steps_beside_pass",
                    "resplan_frontend_step_lag_seconds_sum", "resplan_frontend_step_lag_seconds_count",
-                   "resplan_frontend_steps_per_wakeup_sum", "resplan_frontend_steps_per_wakeup_count")  # fmt: skip
+                   "resplan_frontend_steps_per_wakeup_sum", "resplan_frontend_steps_per_wakeup_count",
+                   "resplan_engine_intake_seconds_sum", "resplan_engine_intake_seconds_count")  # fmt: skip
 
 
 async def server_counters(client) -> dict[str, float]:
@@ -492,7 +493,8 @@ async def server_counters(client) -> dict[str, float]:
 def server_costs(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """What a round cost the server (NaN where it does not say): its front end's CPU a generated token (us), its
     engine's wall time a decode step (ms), the share of its decode steps that ran beside a prefill pass, and the front
-    end's delivery of the engine's steps: the mean lag from the engine's send (ms) and steps a wake-up of its reader."""
+    end's delivery of the engine's steps: the mean lag from the engine's send (ms) and steps a wake-up of its reader;
+    and the mean intake of a request, from its arrival at the server to its submission in the engine (ms)."""
     nan = float("nan")
     d = {k: after[k] - before[k] for k in SERVER_COUNTERS if k in before and k in after}
     tokens, steps = d.get("resplan_generation_tokens_total", 0), d.get("resplan_engine_decode_steps", 0)
@@ -501,7 +503,8 @@ def server_costs(before: dict[str, float], after: dict[str, float]) -> dict[str,
                 engine_decode_step_ms=d["resplan_engine_decode_step_seconds"] / steps * 1e3 if steps else nan,
                 engine_beside_share=d.get("resplan_engine_decode_steps_beside_pass", nan) / steps if steps else nan,
                 front_step_lag_ms=_histogram_mean(d, "resplan_frontend_step_lag_seconds") * 1e3,
-                front_steps_per_wakeup=_histogram_mean(d, "resplan_frontend_steps_per_wakeup"))
+                front_steps_per_wakeup=_histogram_mean(d, "resplan_frontend_steps_per_wakeup"),
+                engine_intake_ms=_histogram_mean(d, "resplan_engine_intake_seconds") * 1e3)
 
 
 def _histogram_mean(d: dict[str, float], histogram: str) -> float:
@@ -616,6 +619,7 @@ RUN_COLUMNS = (  # (header, key, format): median [min-max] over rounds
     ("engine decode steps beside a pass", "engine_beside_share", "{:.0%}"),
     ("front-end step lag ms", "front_step_lag_ms", "{:.3f}"), ("steps a reader wake-up", "front_steps_per_wakeup",
                                                                 "{:.2f}"),
+    ("engine intake ms", "engine_intake_ms", "{:.2f}"),
     ("prompt tokens", "prompt_tokens", "{:.0f}"),
 )  # fmt: skip
 

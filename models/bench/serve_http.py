@@ -188,8 +188,9 @@ def main(argv: list[str] | None = None) -> int:
                  f"{' / '.join(f'{t:.1f}' for t in ttft2)} ms; the stages: {stages(again.log)}")  # fmt: skip
     table = ["| workload | HTTP output tok/s | in-process tok/s | ratio | HTTP TTFT p50 ms | in-process TTFT p50 ms | "
              "HTTP ITL p50 ms | in-process ITL p50 ms | ITL p30 / p70 ms (HTTP; in-process) | failed | front-end CPU "
-             "us/token | engine decode step ms (HTTP / in-process) | decode steps beside a pass (HTTP / in-process) |",
-             "|" + "---|" * 13]  # fmt: skip
+             "us/token | engine decode step ms (HTTP / in-process) | decode steps beside a pass (HTTP / in-process) | "
+             "engine intake ms (HTTP, mean: arrival at the server to submission in the engine) |",
+             "|" + "---|" * 14]  # fmt: skip
     for w in workloads:
         h = http[w]["runs"]
         if w == "connections":
@@ -197,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
                          f"{_median(h, 'ttft_p50_ms'):.1f} | - | {_median(h, 'itl_p50_ms'):.2f} | - | {_edges(h)}; - | "
                          f"{sum(r['failed'] for r in h)} | {_median(h, 'front_cpu_us_token'):.0f} | "
                          f"{_median(h, 'engine_decode_step_ms'):.2f} / - | "
-                         f"{_median(h, 'engine_beside_share'):.0%} / - |")  # fmt: skip
+                         f"{_median(h, 'engine_beside_share'):.0%} / - | "
+                         f"{_median(h, 'engine_intake_ms'):.2f} |")  # fmt: skip
             continue
         e = traffic(args, w, args.out / f"{w}-engine", None)["runs"]
         table.append(f"| {w} | {_median(h, 'tokps'):.0f} | {_median(e, 'tokps'):.0f} | "
@@ -206,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
                      f"{_median(e, 'itl_p50_ms'):.2f} | {_edges(h)}; {_edges(e)} | {sum(r['failed'] for r in h)} | "
                      f"{_median(h, 'front_cpu_us_token'):.0f} | {_median(h, 'engine_decode_step_ms'):.2f} / "
                      f"{_median(e, 'decode_step_ms'):.2f} | {_median(h, 'engine_beside_share'):.0%} / "
-                     f"{_beside_share(e):.0%} |")  # fmt: skip
+                     f"{_beside_share(e):.0%} | {_median(h, 'engine_intake_ms'):.2f} |")  # fmt: skip
     text = (f"# The server against the engine it wraps\n\nCommand: `python -m models.bench.serve_http "
             f"{' '.join(argv if argv is not None else sys.argv[1:])}` (pid {os.getpid()})\n\n" + "\n".join(lines)
             + "\n\n" + "\n".join(table) + "\n")  # fmt: skip

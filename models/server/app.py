@@ -370,7 +370,7 @@ async def _serve(state: ServerState, body: SamplingFields, prompts: list[list[in
     choices = []
     try:
         for i, (p, sp) in enumerate(zip((p for p in prompts for _ in range(n)), settings, strict=True)):
-            stream = client.add(f"{rid}-{i}", p, sp)
+            stream = client.add(f"{rid}-{i}", p, sp, arrived=arrived)
             choices.append(Choice(i, len(p), stream, ChoiceText(state.tokenizer, stops), arrived,
                                   asked=sp["logprobs"]))  # fmt: skip
     except EngineFailed:

@@ -96,9 +96,11 @@ class EngineClient:
         self.failed: str | None = None
         self._proc = None
         self.launched_at = 0.0  # time.time() at launch
-        # metrics: the lags (s) of the STEP messages one wake-up of the reader delivered, from the engine's send
-        self.on_delivery: Callable[[list[float]], None] | None = None
+        # metrics: the lags (s) of the STEP messages one wake-up of the reader delivered, from the engine's send, and
+        # the intakes (s) those messages carried: each request's time from its arrival here to its submission there
+        self.on_delivery: Callable[[list[float], list[float]], None] | None = None
         self._lags: list[float] = []
+        self._intakes: list[float] = []
 
     # -- start and stop ------------------------------------------------------------------------------------------
     def start(self, on_progress: Callable[[str, float], None] = lambda stage, t: None,
@@ -159,13 +161,16 @@ class EngineClient:
         self.ctx.term()
 
     # -- requests ------------------------------------------------------------------------------------------------
-    def add(self, rid: str, prompt: list[int], sampling: dict, features=None) -> RequestStream:
-        """Send a request to the engine (``features``: Whisper's log-mel features, a tensor); its stream."""
+    def add(self, rid: str, prompt: list[int], sampling: dict, features=None,
+            arrived: float | None = None) -> RequestStream:  # fmt: skip
+        """Send a request to the engine (``features``: Whisper's log-mel features, a tensor; ``arrived``: its arrival
+        at the server, perf_counter seconds, default now); its stream."""
         if self.failed is not None:
             raise EngineFailed(self.failed)
         stream = self.streams[rid] = RequestStream(rid)
         self.load.waiting += 1  # (the engine's next STEP message says the truth again)
-        self._send(pack(Kind.ADD, rid, prompt, sampling, pack_features(features)))
+        arrived = time.perf_counter() if arrived is None else arrived
+        self._send(pack(Kind.ADD, rid, prompt, sampling, pack_features(features), arrived))
         return stream
 
     def abort(self, rid: str) -> None:
@@ -214,8 +219,8 @@ class EngineClient:
                     failed.set_result(None)
             if self._lags:
                 if self.on_delivery is not None:
-                    self.on_delivery(self._lags)
-                self._lags = []
+                    self.on_delivery(self._lags, self._intakes)
+                self._lags, self._intakes = [], []
 
         loop.add_reader(fd, readable)
         try:
@@ -229,9 +234,10 @@ class EngineClient:
         streams = self.streams
         kind = msg[0]
         if kind == Kind.STEP:
-            _, rids, tokens, finished, load, lp, sent = msg
+            _, rids, tokens, finished, load, lp, sent, intakes = msg
             now = time.perf_counter()
             self._lags.append(now - sent)  # (one monotonic clock on the host: CLOCK_MONOTONIC in both processes)
+            self._intakes += intakes
             touched = set()
             for rid, tok in zip(rids, tokens, strict=True):
                 s = streams.get(rid)

@@ -161,11 +161,14 @@ def request_of(prompt: list[int], sampling: dict, rid: str, features: tuple[list
 
 
 def serve(engine, inbox: zmq.Socket, outbox: zmq.Socket, parent: int) -> None:
-    """The loop: take what the front end sent, step, send what the step gave; until SHUTDOWN or the parent dies."""
+    """The loop: take what the front end sent, step, send what the step gave; until SHUTDOWN or the parent dies. A
+    STEP message also carries the intakes since the last one: each request's seconds from its arrival at the server to
+    its submission here."""
     import numpy as np
 
     from models.engine.requests import InvalidRequest
 
+    intakes: list[float] = []
     while True:
         busy = engine.has_work()
         while inbox.poll(0 if busy else ALIVE_CHECK_MS):
@@ -173,7 +176,8 @@ def serve(engine, inbox: zmq.Socket, outbox: zmq.Socket, parent: int) -> None:
                 msg = unpack(frame)
                 kind = msg[0]
                 if kind == Kind.ADD:
-                    _, rid, prompt, sampling, features = msg
+                    _, rid, prompt, sampling, features, arrived = msg
+                    intakes.append(time.perf_counter() - arrived)  # (the front end's clock is this one: monotonic)
                     try:
                         engine.submit(request_of(prompt, sampling, rid, features))
                     except (InvalidRequest, TypeError) as e:
@@ -197,7 +201,8 @@ def serve(engine, inbox: zmq.Socket, outbox: zmq.Socket, parent: int) -> None:
                                  (load.waiting, load.running, load.pages_used, load.pages_total, st.steps,
                                   st.decode_steps, st.decode_ns, st.decode_beside_pass, st.prefix_hits,
                                   st.prefix_cached_tokens),
-                                 lp, time.perf_counter()))  # fmt: skip  (sent: the front end's delivery lag)
+                                 lp, time.perf_counter(), intakes))  # fmt: skip  (sent: the front end's delivery lag)
+                intakes = []
 
 
 def main(spec: EngineSpec, inbox_addr: str, outbox_addr: str, parent: int, context: zmq.Context | None = None) -> None:

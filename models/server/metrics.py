@@ -13,6 +13,7 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25
                    20.0, 40.0, 80.0)  # fmt: skip
 ITL_BUCKETS = (0.0005, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 LAG_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05)
+INTAKE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)  # a burst queues here
 
 
 class ManyHistogram:
@@ -69,6 +70,9 @@ class Metrics:
         self.step_lag = Histogram("resplan_frontend_step_lag_seconds", "From the engine process sending a step's "
                                   "tokens to the front end handing them to their streams", registry=r,
                                   buckets=LAG_BUCKETS)  # fmt: skip
+        self.intake = Histogram("resplan_engine_intake_seconds", "From a request's arrival at the server to its "
+                                "submission in the engine process (tokenized, sent, taken)", registry=r,
+                                buckets=INTAKE_BUCKETS)  # fmt: skip
         self.steps_per_wakeup = Histogram("resplan_frontend_steps_per_wakeup", "Engine steps the front end's reader "
                                           "took in one wake-up (more than one: a stream may send two tokens in one "
                                           "chunk)", registry=r, buckets=(1, 2, 3, 4, 8))  # fmt: skip
@@ -87,10 +91,13 @@ class Metrics:
         self.generation_tokens.inc(len(token_times))
         self.finished.labels(reason).inc()
 
-    def delivered(self, lags: list[float]) -> None:
-        """One wake-up of the engine client's reader delivered steps with these lags (s, from the engine's send)."""
+    def delivered(self, lags: list[float], intakes: list[float]) -> None:
+        """One wake-up of the engine client's reader delivered steps with these lags (s, from the engine's send),
+        carrying these requests' intakes (s, from their arrival here to their submission in the engine)."""
         for lag in lags:
             self.step_lag.observe(lag)
+        for t in intakes:
+            self.intake.observe(t)
         self.steps_per_wakeup.observe(len(lags))
 
     def exposition(self) -> bytes:
