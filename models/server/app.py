@@ -150,12 +150,14 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
+        arrived = time.perf_counter()  # (its body parsed; its prompt not yet tokenized)
         _check(state, body)
         prompts = _completion_prompts(state, body.prompt)
-        return await _serve(state, body, prompts, request, chat=False)
+        return await _serve(state, body, prompts, request, chat=False, arrived=arrived)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
+        arrived = time.perf_counter()
         _check(state, body)
         messages = [_message(m, i) for i, m in enumerate(body.messages)]
         try:
@@ -164,7 +166,7 @@ def build_app(state: ServerState) -> FastAPI:
             raise HTTPError(400, str(e), "messages") from None
         except Exception as e:  # the template's own checks (a role it does not take, a raise_exception)
             raise HTTPError(400, f"the chat template refused the messages: {e}", "messages") from None
-        return await _serve(state, body, [ids], request, chat=True)
+        return await _serve(state, body, [ids], request, chat=True, arrived=arrived)
 
     @app.post("/v1/audio/transcriptions")
     async def transcriptions(request: Request):
@@ -356,13 +358,13 @@ def _logprobs(state: ServerState, c: Choice, lo: int, hi: int, chat: bool) -> di
 
 
 async def _serve(state: ServerState, body: SamplingFields, prompts: list[list[int]], request: Request,
-                 chat: bool) -> Response:  # fmt: skip
-    """Send every choice to the engine and answer with its stream of events or its whole response."""
+                 chat: bool, arrived: float) -> Response:  # fmt: skip
+    """Send every choice to the engine and answer with its stream of events or its whole response (``arrived``: the
+    request's arrival, perf_counter seconds, where its latencies start)."""
     client = state.client
     if client.load.waiting >= state.max_waiting:
         raise HTTPError(503, f"{client.load.waiting} requests are waiting for the engine (--max-waiting "
                              f"{state.max_waiting}); retry later", headers={"Retry-After": "1"})  # fmt: skip
-    arrived = time.perf_counter()
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     n = body.n
     settings = [_sampling(state, body, len(p), chat, j) for p in prompts for j in range(n)]  # (all checked first)
