@@ -51,9 +51,11 @@ class PinnedRing(Generic[T]):
             ev.record(stream if stream is not None else torch.cuda.current_stream(self._device))
 
     def wait(self, i: int) -> None:
-        """Block until the copies marked on entry ``i`` have completed (at once if none were, or off CUDA)."""
+        """Block until the copies marked on entry ``i`` have completed (at once if none were, or off CUDA). An event
+        already complete is only queried: ``synchronize`` lets the interpreter go, and on a busy host another thread
+        takes it and keeps it for as long as it runs (``query`` keeps it)."""
         ev = self._events[i]
-        if ev is not None:
+        if ev is not None and not ev.query():
             ev.synchronize()
 
     def __len__(self) -> int:

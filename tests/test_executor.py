@@ -240,3 +240,25 @@ def test_the_pinned_ring_hands_its_entries_out_in_turn():
     assert taken == [0, 1, 2, 0, 1, 2, 0]
     with pytest.raises(ValueError):
         PinnedRing(0, lambda pinned: None, cuda=False)
+
+
+def test_the_pinned_ring_synchronizes_only_on_an_event_still_pending():
+    """A wait queries its entry's event first and synchronizes (which lets the interpreter go) only when the event has
+    not completed: a step already done costs a busy host no hand-off of the interpreter."""
+    from resplan.pinned import PinnedRing
+
+    class Event:
+        def __init__(self, done: bool) -> None:
+            self.done, self.synced = done, 0
+
+        def query(self) -> bool:
+            return self.done
+
+        def synchronize(self) -> None:
+            self.synced += 1
+
+    ring = PinnedRing(2, lambda pinned: None, cuda=False)
+    ring._events = [Event(done=True), Event(done=False)]
+    ring.wait(0)
+    ring.wait(1)
+    assert [e.synced for e in ring._events] == [0, 1]
