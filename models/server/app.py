@@ -190,6 +190,7 @@ async def _transcribe(state: ServerState, request: Request) -> Response:
         form = await request.form()
     except Exception as e:  # the multipart parser's own errors
         raise HTTPError(400, f"the body is not a multipart form: {e}") from None
+    arrived = time.perf_counter()  # (its body parsed; its audio not yet decoded)
     upload, fmt = form.get("file"), form.get("response_format", "json")
     if upload is None or isinstance(upload, str):
         raise HTTPError(400, "file: a WAV file is required (multipart field 'file')", "file")
@@ -220,10 +221,10 @@ async def _transcribe(state: ServerState, request: Request) -> Response:
                     seed=random.randrange(2**31), stop_token_ids=[], ignore_eos=False)  # fmt: skip
     rid = f"trsc-{uuid.uuid4().hex}"
     try:
-        stream = state.client.add(rid, prompt, sampling, features)
+        stream = state.client.add(rid, prompt, sampling, features, arrived=arrived)
     except EngineFailed:
         raise HTTPError(503, "the engine failed; the server cannot serve", headers={"Retry-After": "60"}) from None
-    choice = Choice(0, len(prompt), stream, ChoiceText(state.tokenizer, []), time.perf_counter())
+    choice = Choice(0, len(prompt), stream, ChoiceText(state.tokenizer, []), arrived)
     release = Release(state, [choice])
     try:
         await _until_done(state, [choice], request)
