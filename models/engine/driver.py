@@ -377,11 +377,11 @@ class Engine:
             self.stats.add(Events(reloads=1))
 
     # -- launch, land, emit, finish ----------------------------------------------------------------------------------
-    def _launch(self, graph, b: int, rows: np.ndarray, device_ids: bool, decode: bool,
+    def _launch(self, graphs, b: int, rows: np.ndarray, device_ids: bool, decode: bool,
                 mode: SamplingMode) -> tuple[InFlight, np.ndarray]:  # fmt: skip
-        """Launch ``graph`` (bucket b's, drawing as ``mode`` says) on ``rows``; the step is in flight. Returns it, and
-        [n] bool: the row's last token is in it (``RequestTable.launched``)."""
-        f, launched = self.launcher.launch(graph, b, rows, self.table.serials(rows), self.table.last_token,
+        """Launch one of ``graphs`` (bucket b's pair, drawing as ``mode`` says) on ``rows``; the step is in flight.
+        Returns it, and [n] bool: the row's last token is in it (``RequestTable.launched``)."""
+        f, launched = self.launcher.launch(graphs, b, rows, self.table.serials(rows), self.table.last_token,
                                            device_ids, decode, mode is SamplingMode.LOGPROBS)  # fmt: skip
         last = self.table.launched(rows)
         self.stats.add(launched)

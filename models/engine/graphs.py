@@ -1,6 +1,8 @@
 """A decode step's device side, built once: each bucket's decode attention, its capture plan (``resplan.BucketPlan``,
 from the streams the adapter's decode walk declares), and its captured graphs keyed by ``(capture plan, sampling
-mode)`` (``DecodeGraphs``); and the CUDA streams an engine's graphs and passes run on (``engine_streams``)."""
+mode)`` (``DecodeGraphs``), two a key (``Pair``: graph k reads its sampled tokens back into the launcher's pinned
+entry k, so that a replay's readback is in the graph, and a launch lets the interpreter go once, at the replay); and
+the CUDA streams an engine's graphs and passes run on (``engine_streams``)."""
 
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from resplan import (
 log = logging.getLogger(__name__)
 
 GraphKey = tuple[BucketPlan, SamplingMode]  # (the bucket's capture plan, how its rows draw)
+Pair = tuple[Graph, Graph]  # one step's graphs by readback parity: [k] reads back into the launcher's pinned entry k
 
 
 def make_attention(backend: Backend, adapter: Adapter, layout: RowLayout, buckets: tuple[int, ...], page_size: int,
@@ -76,14 +79,16 @@ def capture_plans(adapter: Adapter, layout: RowLayout, buckets: tuple[int, ...],
 
 
 def step_fn(adapter: Adapter, model_state, executor: Executor, launcher: Launcher, sampler: Sampler, attn,
-            kc: KernelChoices, b: int, mode: SamplingMode, resident: bool,
-            device_ids: bool) -> Callable[[], None]:  # fmt: skip
+            kc: KernelChoices, b: int, mode: SamplingMode, resident: bool, device_ids: bool,
+            parity: int) -> Callable[[], None]:  # fmt: skip
     """One decode step of bucket b: (resident: scatter + gather rows,) forward (its kernels as ``kc`` says), draw as
-    ``mode`` says (LOGPROBS: and every row's logprobs into the launcher's buffers), (resident: commit). A graph with
-    ``device_ids`` (resident, and a host-planned one under overlap) takes its input ids from the device."""
+    ``mode`` says (LOGPROBS: and every row's logprobs into the launcher's buffers), (resident: commit), then read the
+    sampled tokens (and logprobs) back into the launcher's pinned entry ``parity``. A graph with ``device_ids``
+    (resident, and a host-planned one under overlap) takes its input ids from the device."""
     ex, bufs, host_ids, out = executor, executor.buffers[b], launcher.ids[b], launcher.tokens[b]
     src, last = launcher.idsrc[b][1], launcher.tokens_all
     lp_out = launcher.logprobs[b]  # [b], [b, 5], [b, 5]
+    host_tokens, host_lp = launcher.readback(parity, b)  # pinned [b]; [b], [b, 5], [b, 5]
 
     def fn() -> None:
         ids = host_ids
@@ -103,36 +108,47 @@ def step_fn(adapter: Adapter, model_state, executor: Executor, launcher: Launche
                 dst.copy_(v)
         if resident:
             ex.after_forward(b)
+        host_tokens.copy_(out, non_blocking=True)
+        if mode is SamplingMode.LOGPROBS:
+            for dst, src_lp in zip(host_lp, lp_out, strict=True):
+                dst.copy_(src_lp, non_blocking=True)
 
     return fn
 
 
 def capture_graphs(plans: dict[int, BucketPlan], attn: dict[int, object | None], width: int, device: torch.device,
-                   make_fn: Callable[[int, SamplingMode, bool], Callable[[], None]], resident: bool,
+                   make_fn: Callable[[int, SamplingMode, bool, int], Callable[[], None]], resident: bool,
                    stream: torch.cuda.Stream | None = None, mixed_steps: bool = True,
-                   ) -> tuple[dict[GraphKey, Graph], dict[GraphKey, Graph]]:  # fmt: skip
-    """Capture every bucket once per sampling mode, largest first, in one memory pool: the host-planned graphs (mixed
-    steps, and the host arm's decode) and, in the resident arm, the resident decode graphs (else the host-planned
-    ones again). ``make_fn(b, mode, resident)`` is the step to capture. A step whose rows are all greedy replays the
-    argmax graph and skips the sampler's top-k over the vocabulary (hundreds of microseconds of GPU time at 64
-    rows); only a step with a row asking for logprobs replays the LOGPROBS graph (a log_softmax over the vocabulary
-    more). ``width``: the block table's columns (a host-scheduled attention is scheduled for the trash rows first).
-    ``stream``: the capture stream (None: torch's default one). ``mixed_steps`` False: the resident arm runs no step
-    on host-filled buffers (its passes run beside the decode steps, or carry the decode rows), so only the resident
-    graphs are captured (half the captures, and half their memory)."""
+                   ) -> tuple[dict[GraphKey, Pair], dict[GraphKey, Pair]]:  # fmt: skip
+    """Capture every bucket once per sampling mode and readback parity (``Pair``), largest first, in one memory pool:
+    the host-planned graphs (mixed steps, and the host arm's decode) and, in the resident arm, the resident decode
+    graphs (else the host-planned ones again). ``make_fn(b, mode, resident, parity)`` is the step to capture. A step
+    whose rows are all greedy replays the argmax graph and skips the sampler's top-k over the vocabulary (hundreds of
+    microseconds of GPU time at 64 rows); only a step with a row asking for logprobs replays the LOGPROBS graph (a
+    log_softmax over the vocabulary more). ``width``: the block table's columns (a host-scheduled attention is
+    scheduled for the trash rows first). ``stream``: the capture stream (None: torch's default one). ``mixed_steps``
+    False: the resident arm runs no step on host-filled buffers (its passes run beside the decode steps, or carry the
+    decode rows), so only the resident graphs are captured (half the captures, and half their memory)."""
     for b, p in plans.items():  # a captured run of a host-scheduled attention needs a schedule: the trash rows'
         if not p.host_plan_free:
             attn[b].schedule(np.zeros((b, width), np.int32), np.ones(b, np.int32))
     pool, host, res = None, {}, {}
+
+    def pair(b: int, mode: SamplingMode, resident_rows: bool) -> Pair:
+        nonlocal pool
+        graphs = []
+        for parity in (0, 1):
+            graphs.append(Graph(make_fn(b, mode, resident_rows, parity), device, pool, stream=stream))
+            pool = graphs[-1].pool
+        return graphs[0], graphs[1]
+
     for b in sorted(plans, reverse=True):
         key = plans[b]
         for mode in (SamplingMode.LOGPROBS, SamplingMode.SAMPLE, SamplingMode.GREEDY):
             if mixed_steps or not resident:
-                host[key, mode] = Graph(make_fn(b, mode, False), device, pool, stream=stream)
-                pool = host[key, mode].pool
+                host[key, mode] = pair(b, mode, False)
             if resident:
-                res[key, mode] = Graph(make_fn(b, mode, True), device, pool, stream=stream)
-                pool = res[key, mode].pool
+                res[key, mode] = pair(b, mode, True)
     return host, (res if resident else host)
 
 
@@ -145,15 +161,15 @@ class DecodeGraphs:
     plans: dict[int, BucketPlan]
     refusal: CaptureError | None
     resident: bool
-    host_graphs: dict[GraphKey, Graph]  # read host-filled buffers: mixed steps, and the host arm's decode steps
-    decode_graphs: dict[GraphKey, Graph]  # a decode step's (resident: the resident graphs; else host_graphs)
+    host_graphs: dict[GraphKey, Pair]  # read host-filled buffers: mixed steps, and the host arm's decode steps
+    decode_graphs: dict[GraphKey, Pair]  # a decode step's (resident: the resident graphs; else host_graphs)
 
-    def decode(self, b: int, mode: SamplingMode) -> Graph:
-        """Bucket b's decode step graph drawing as ``mode`` says (``RequestTable.mode`` of its rows)."""
+    def decode(self, b: int, mode: SamplingMode) -> Pair:
+        """Bucket b's decode step graphs drawing as ``mode`` says (``RequestTable.mode`` of its rows)."""
         return self.decode_graphs[self.plans[b], mode]
 
-    def host(self, b: int, mode: SamplingMode) -> Graph:
-        """Bucket b's graph over buffers the host filled (a mixed step's decode rows; captured where the engine runs
+    def host(self, b: int, mode: SamplingMode) -> Pair:
+        """Bucket b's graphs over buffers the host filled (a mixed step's decode rows; captured where the engine runs
         mixed steps)."""
         return self.host_graphs[self.plans[b], mode]
 
@@ -170,9 +186,9 @@ def build_graphs(adapter: Adapter, model_state, layout: RowLayout, buckets: tupl
     refusal, plans = capture_plans(adapter, layout, buckets, attn, resident)
     resident = resident and refusal is None
 
-    def make_fn(b: int, mode: SamplingMode, res: bool) -> Callable[[], None]:
+    def make_fn(b: int, mode: SamplingMode, res: bool, parity: int) -> Callable[[], None]:
         return step_fn(adapter, model_state, executor, launcher, sampler, attn[b], kc, b, mode, res,
-                       device_ids=res or device_ids)  # fmt: skip
+                       device_ids=res or device_ids, parity=parity)  # fmt: skip
 
     W = layout.span(layout.append_pools[0].key).width
     host, decode = capture_graphs(plans, attn, W, device, make_fn, resident, stream, mixed_steps)

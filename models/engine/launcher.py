@@ -4,8 +4,11 @@ A step's sampled tokens stay on the device (``tokens_all``); a graph that takes 
 each row's id from there when the row ran in the last replayed step (``src`` = its position), else from a host id (a
 row that prefilled, or last ran earlier). The host copies ``(ids, src)`` only when they change: a steady step copies
 none. Pinned host buffers come in two sets used by alternate launches: a buffer is rewritten only after the launch
-before last has landed, so one step may be in flight while the next is launched (overlap). A LOGPROBS graph also
-writes every row's logprobs (``logprobs``), read back with the tokens on the same event.
+before last has landed, so one step may be in flight while the next is launched (overlap). A step's graphs come in
+a pair (``graphs.Pair``): the one a launch replays reads its sampled tokens back into that launch's set itself, so
+a launch makes one call that lets the interpreter go (the replay; on a busy host each such call hands it to another
+thread, which may keep it for a millisecond). A LOGPROBS graph also writes every row's logprobs (``logprobs``),
+read back with the tokens on the same event.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ class Launched(Counts):
 
     rows_decoded: int
     padded_rows: int
-    launch_ns: int = 0  # decode steps: input ids copy (if any) + graph replay launch + token readback enqueue
+    launch_ns: int = 0  # decode steps: input ids copy (if any) + graph replay launch (its readback in the graph)
     h2d_copies: int = 0
     h2d_bytes: int = 0
     ids_copies: int = 0
@@ -133,12 +136,19 @@ class Launcher:
         self._tok_pos[h] = -1
         self._last_key = None
 
-    def launch(self, graph: Graph, b: int, rows: np.ndarray, serial: np.ndarray, last_token: np.ndarray,
-               device_ids: bool, decode: bool, logprobs: bool = False) -> tuple[InFlight, Launched]:  # fmt: skip
+    def readback(self, k: int, b: int) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Pinned entry k's buffers that bucket b's graph of parity k reads its tokens ([b]) and logprobs ([b], [b, 5],
+        [b, 5]) back into."""
+        io = self._ring.entries[k]
+        return io.tokens[b], io.logprobs[b]
+
+    def launch(self, graphs: tuple[Graph, Graph], b: int, rows: np.ndarray, serial: np.ndarray,
+               last_token: np.ndarray, device_ids: bool, decode: bool,
+               logprobs: bool = False) -> tuple[InFlight, Launched]:  # fmt: skip
         """Copy the step's input ids (the rows' ``last_token``, [H] by handle; a graph that takes them from the device
-        copies them only if they changed), replay, enqueue the sampled tokens' readback (``logprobs``: a LOGPROBS
-        graph, and its logprobs' too). ``serial``: [n] the rows' admission serials. ``decode``: a pure decode step,
-        whose phases (launch, wait, GPU time) the stats count."""
+        copies them only if they changed), replay the graph of the pinned entry taken, which reads the sampled tokens
+        back into it (``logprobs``: a LOGPROBS graph, and its logprobs too). ``serial``: [n] the rows' admission
+        serials. ``decode``: a pure decode step, whose phases (launch, wait, GPU time) the stats count."""
         n = rows.size
         t0 = time.perf_counter_ns()
         k, io = self._ring.take()  # (the launch before last has landed: its readback is done)
@@ -160,13 +170,9 @@ class Launcher:
         stream = torch.cuda.current_stream(self._device) if self._device is not None else None
         if timer is not None:
             timer[0].record(stream)
-        graph.replay()
+        graphs[k].replay()
         if timer is not None:
             timer[1].record(stream)
-        io.tokens[b].copy_(self.tokens[b], non_blocking=True)
-        if logprobs:
-            for dst, src in zip(io.logprobs[b], self.logprobs[b], strict=True):
-                dst.copy_(src, non_blocking=True)
         self._ring.done(stream)
         key = rows.tobytes()
         if key != self._last_key:  # (the same rows keep their positions)
