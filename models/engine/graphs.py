@@ -137,8 +137,9 @@ def capture_graphs(plans: dict[int, BucketPlan], attn: dict[int, object | None],
     def pair(b: int, mode: SamplingMode, resident_rows: bool) -> Pair:
         nonlocal pool
         graphs = []
-        for parity in (0, 1):
-            graphs.append(Graph(make_fn(b, mode, resident_rows, parity), device, pool, stream=stream))
+        for parity in (0, 1):  # (parity 0's eager warm-up made the stream's workspaces: parity 1 needs none)
+            graphs.append(Graph(make_fn(b, mode, resident_rows, parity), device, pool, warmup=1 - parity,
+                                stream=stream))  # fmt: skip
             pool = graphs[-1].pool
         return graphs[0], graphs[1]
 
