@@ -96,7 +96,7 @@ class EngineStats:
     mixed_ns: int = 0  # wall time of the mixed steps (decode rows beside prefill chunks), whole step() each
     plan_ns: int = 0  # decode steps: plan + flush (resident) or fill + copy (host), wherever it ran
     attn_schedule_ns: int = 0  # decode steps: the attention's host schedule (fa2's plan()), with its table build
-    launch_ns: int = 0  # decode steps: input ids copy (if any) + graph replay launch + token readback enqueue
+    launch_ns: int = 0  # decode steps: input ids copy (if any) + graph replay launch (its readback in the graph)
     wait_ns: int = 0  # decode steps: waiting for the sampled tokens (the GPU finishing the step)
     decode_ns: int = 0  # decode steps: wall time of the whole step() (compose, admit, plan, replay, emit, pre-plan)
     decode_rows: int = 0  # decode steps: real rows (tokens) they produced
