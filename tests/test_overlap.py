@@ -5,15 +5,19 @@ ran, and never runs a request past its length. Input ids stay on the device: a s
 
 from __future__ import annotations
 
+from unittest import mock
+
 import attrs
 import numpy as np
 import pytest
 from test_engine import BASE, PROMPTS, QWEN  # the engine tests' model, config and prompts
 from test_engine import CASES as ENGINE_CASES
+from torch.overrides import TorchFunctionMode
 
 from models.engine import Engine, Planning
 from models.engine.compare import check_pools, run_arms
 from models.engine.requests import Request, SamplingParams
+from resplan.graph import Graph
 
 R, H = Planning.RESIDENT, Planning.HOST
 OVERLAP = {R: dict(overlap=True)}
@@ -127,3 +131,36 @@ def test_requests_arriving_between_steps_with_stop_tokens(seed):
         assert over.launcher.inflight is None
         s = over.stats
         assert arm is H or (s.row_checks == s.decode_steps and s.mismatches == 0), s.first_mismatches
+
+
+class _TorchCalls(TorchFunctionMode):
+    """Counts the torch functions and tensor methods called from Python while it is on (each one, on CUDA, may let
+    the interpreter go to another thread: on a busy host, a wait to take it back)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.n = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.n += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("arm", [R, H], ids=["resident", "host"])
+def test_a_steady_decode_steps_only_torch_calls_are_its_counted_h2d_copies(arm):
+    """Around its graph replay an overlapped decode step calls torch only for the H2D copies it counts (the resident
+    arm's crossing cells, the host arm's refill): the graph reads its own tokens back (``graphs.Pair``), and the ids
+    stay on the device."""
+    e = Engine(QWEN, attrs.evolve(BASE, planning=arm, overlap=True, max_running=4, max_seq_len=64, row_check=False))
+    for r in PROMPTS[:4]:
+        e.submit(Request(r.prompt, SamplingParams(max_tokens=40, ignore_eos=True)))
+    with mock.patch.object(Graph, "replay", lambda self: None):  # (the step's own torch calls are the graph's)
+        for _ in range(4):
+            e.step()
+        steps, h2d = e.stats.decode_steps, e.stats.h2d_copies
+        with _TorchCalls() as calls:
+            for _ in range(16):
+                e.step()
+    steps, h2d = e.stats.decode_steps - steps, e.stats.h2d_copies - h2d
+    assert steps == 16 and calls.n == h2d
+    assert h2d < steps if arm is R else h2d == steps  # resident: only steps whose rows opened a page copy
