@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from test_engine import BASE, PROMPTS, QWEN  # the engine tests' model, config and prompts
 from test_engine import CASES as ENGINE_CASES
-from torch.overrides import TorchFunctionMode
 
+from models.bench.host_step import TorchCalls
 from models.engine import Engine, Planning
 from models.engine.compare import check_pools, run_arms
 from models.engine.requests import Request, SamplingParams
@@ -133,19 +133,6 @@ def test_requests_arriving_between_steps_with_stop_tokens(seed):
         assert arm is H or (s.row_checks == s.decode_steps and s.mismatches == 0), s.first_mismatches
 
 
-class _TorchCalls(TorchFunctionMode):
-    """Counts the torch functions and tensor methods called from Python while it is on (each one, on CUDA, may let
-    the interpreter go to another thread: on a busy host, a wait to take it back)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.n = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.n += 1
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("arm", [R, H], ids=["resident", "host"])
 def test_a_steady_decode_steps_only_torch_calls_are_its_counted_h2d_copies(arm):
     """Around its graph replay an overlapped decode step calls torch only for the H2D copies it counts (the resident
@@ -158,7 +145,7 @@ def test_a_steady_decode_steps_only_torch_calls_are_its_counted_h2d_copies(arm):
         for _ in range(4):
             e.step()
         steps, h2d = e.stats.decode_steps, e.stats.h2d_copies
-        with _TorchCalls() as calls:
+        with TorchCalls() as calls:
             for _ in range(16):
                 e.step()
     steps, h2d = e.stats.decode_steps - steps, e.stats.h2d_copies - h2d

@@ -7,8 +7,10 @@ replaced by nothing (``resplan.graph.Graph.replay``), so each decode step is onl
 compose, admit, plan and flush (resident) or the host fill (host), stage the ids, land, emit, count. Every request
 asks for ``--steps`` tokens (each drawn as token 0, never a stop), all admitted at once; after a warm-up run the timed
 run's decode steps are counted. Reported per decode step: host microseconds (median over ``--rounds`` runs: the run's
-wall time less its prefill passes', which on a CPU compute the prompts in torch) and the Python function calls it
-makes (one run under cProfile; ``--profile N`` prints its N costliest functions).
+wall time less its prefill passes', which on a CPU compute the prompts in torch), the Python function calls it
+makes (one run under cProfile; ``--profile N`` prints its N costliest functions), and the torch calls it makes
+around its replay (one run counted by ``TorchCalls``, over the decode steps that launched and landed no pass): on
+CUDA each such call may let the interpreter go, and on a busy host taking it back is a wait.
 
 This is the part of a step that no GPU speeds up; on the H200 the same loop runs beside a replay and a wait
 (``python -m models.bench.serve``'s phase columns). The CPU here and the GPU machine's host differ in speed, not in
@@ -27,6 +29,7 @@ import time
 from unittest import mock
 
 import numpy as np
+from torch.overrides import TorchFunctionMode
 
 from models.cli import OneLineParser
 from models.engine import Engine, EngineConfig
@@ -49,6 +52,19 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+class TorchCalls(TorchFunctionMode):
+    """Counts the torch functions and tensor methods called from Python while it is on (each one, on CUDA, may let
+    the interpreter go to another thread: on a busy host, a wait to take it back)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.n = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.n += 1
+        return func(*args, **(kwargs or {}))
+
+
 def _requests(c: int, steps: int, rng: np.random.Generator) -> list[Request]:
     """c requests of a 16-token prompt asking for ``steps`` tokens each."""
     return [Request(tuple(rng.integers(1, 100, 16).tolist()), SamplingParams(max_tokens=steps, ignore_eos=True))
@@ -60,8 +76,24 @@ def _decode_steps(engine: Engine) -> int:
     return engine.stats.decode_steps
 
 
+def torch_calls_a_step(engine: Engine, requests: list[Request]) -> float:
+    """Serve ``requests`` step by step; the torch calls a decode step made, over the steps that ran no pass."""
+    for r in requests:
+        engine.submit(r)
+    calls = steps = 0
+    with TorchCalls() as counter:
+        while engine.has_work():
+            n, s = counter.n, engine.stats
+            decode, passes = s.decode_steps, s.prefill_passes
+            engine.step()
+            if s.decode_steps == decode + 1 and s.prefill_passes == passes:
+                calls, steps = calls + counter.n - n, steps + 1
+    return calls / max(steps, 1)
+
+
 def measure(arm: str, c: int, args) -> dict:
-    """One arm at concurrency c: host us a decode step (median over rounds), calls a step, the profile's text."""
+    """One arm at concurrency c: host us a decode step (median over rounds), calls a step, torch calls a step, the
+    profile's text."""
     cfg = EngineConfig(planning=ARMS[arm], max_running=c, overlap=args.overlap == "on", max_seq_len=args.steps + 32)
     engine = Engine.build("qwen3_5-tiny", cfg)
     rng = np.random.default_rng(0)
@@ -83,6 +115,7 @@ def measure(arm: str, c: int, args) -> dict:
         engine.run(_requests(c, args.steps, rng))
         prof.disable()
         steps = _decode_steps(engine) - before
+        torch_calls = torch_calls_a_step(engine, _requests(c, args.steps, rng))
     gc.unfreeze()
     stats = pstats.Stats(prof)
     text = ""
@@ -91,7 +124,7 @@ def measure(arm: str, c: int, args) -> dict:
         pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(args.profile)
         text = out.getvalue()
     return dict(us=statistics.median(per_step), spread=(min(per_step), max(per_step)),
-                calls=stats.total_calls / steps, profile=text)  # fmt: skip
+                calls=stats.total_calls / steps, torch_calls=torch_calls, profile=text)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -106,13 +139,14 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"--concurrency takes integers, comma-separated; got {a.concurrency!r}")
     if any(c < 1 for c in cs) or a.steps < 2 or a.rounds < 1:
         ap.error("--concurrency values must be >= 1, --steps >= 2 and --rounds >= 1")
-    print("| arm | c | host us / decode step, median [min-max] | Python calls / decode step |\n|---|---|---|---|")
+    print("| arm | c | host us / decode step, median [min-max] | Python calls / decode step | "
+          "torch calls / decode step |\n|---|---|---|---|---|")
     profiles = []
     for c in cs:
         for arm in arms:
             r = measure(arm, c, a)
-            print(f"| {arm} | {c} | {r['us']:.1f} [{r['spread'][0]:.1f}-{r['spread'][1]:.1f}] | {r['calls']:.0f} |",
-                  flush=True)  # fmt: skip
+            print(f"| {arm} | {c} | {r['us']:.1f} [{r['spread'][0]:.1f}-{r['spread'][1]:.1f}] | {r['calls']:.0f} | "
+                  f"{r['torch_calls']:.2f} |", flush=True)  # fmt: skip
             profiles.append((arm, c, r["profile"]))
     for arm, c, text in profiles:
         if text:
