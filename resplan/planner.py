@@ -4,7 +4,9 @@ Each returns a new state and leaves the one it was given as it was.
 A row mirrors the host exactly when ``row_ok[handle]``. Between two resident steps the device advances every APPEND
 length by one in the graph and the host advances its streams by the same rule, so an ok row needs only the cell of a
 page its next token opens (a **crossing**: ``L % page_size == 0``). A row that is not ok (new, displaced earlier, or
-stale after a host-planned step) is written whole from the streams.
+stale after a host-planned step) is written whole from the streams. A step of ``tokens`` = k sub-steps (each
+gathering the rows and committing +1 in the graph) needs the cell of the page any of its k tokens opens: with
+k <= page_size at most one a row, at the first multiple of the page size in [L, L + k).
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ def plan(state: PlannerState, step: Step, streams: HostStreams) -> tuple[Planner
             f"step {step.seq} planned while steps {state.prev_seq} and {state.last_seq} are both uncommitted; "
             "a plan is built only behind the commit of the step before the last"
         )
+    if step.tokens > 1 and any(step.tokens > p.page_size for p in cfg.append_pools):
+        ps = min(p.page_size for p in cfg.append_pools)
+        raise PlanError(f"step {step.seq} runs {step.tokens} tokens a row, more than a page ({ps}): a row could open "
+                        "two pages in it")  # fmt: skip
     h = step.handles
     try:
         ok = state.ledger.row_ok[h]
@@ -48,7 +54,7 @@ def _plan_steady(state: PlannerState, step: Step, streams: HostStreams, bi: int)
     """Every row mirrors the host: stage crossings, upload the slot row if it changed, advance the LRU clock."""
     cfg, h = state.cfg, step.handles
     slots = state.ledger.slot_of[h]
-    staged_idx, staged_val, crossings = _crossings(cfg, streams, h, slots)
+    staged_idx, staged_val, crossings = _crossings(cfg, streams, h, slots, step.tokens)
     slot_row, rows = _slot_row_if_changed(state, bi, slots, step)
     read = state.slot_read.copy()
     read[slots] = step.seq
@@ -88,22 +94,28 @@ def _check_distinct(values: np.ndarray, step: Step) -> None:
 
 
 def _crossings(
-    cfg: PlannerConfig, streams: HostStreams, h: np.ndarray, slots: np.ndarray
+    cfg: PlannerConfig, streams: HostStreams, h: np.ndarray, slots: np.ndarray, tokens: int = 1
 ) -> tuple[np.ndarray, np.ndarray, int]:
-    """Staged cells for rows whose next token opens a page: store[slot, start + L // ps] = pages[h, L // ps]."""
+    """Staged cells for rows one of whose next ``tokens`` tokens opens a page: store[slot, start + c] = pages[h, c],
+    c = the page of the first multiple of the page size in [L, L + tokens) (tokens 1: L // ps where L % ps == 0)."""
     idx_parts, val_parts = [], []
     for p in cfg.append_pools:
         s = streams.kv[p.key]
         L = s.lengths[h]
-        try:
-            opens = p.opens_page[L]
-        except IndexError:
-            _check_span(p, h, L // p.page_size + 1)
-            raise
+        if tokens == 1:
+            try:
+                opens = p.opens_page[L]
+            except IndexError:
+                _check_span(p, h, L // p.page_size + 1)
+                raise
+        else:
+            first = -(-L // p.page_size) * p.page_size  # [n] the first position at or after L that opens a page
+            opens = first < L + tokens
+            _check_span(p, h, np.where(opens, first // p.page_size + 1, 0))
         if opens.tobytes().find(1) < 0:
             continue
         at = opens.nonzero()[0]
-        col = p.page_col[L[at]]
+        col = p.page_col[L[at]] if tokens == 1 else first[at] // p.page_size
         idx_parts.append(p.cell_base[slots[at]] + col)
         val_parts.append(s.pages[h[at], col])
     if not idx_parts:
@@ -163,8 +175,8 @@ def _plan_general(
     steady_at = ok.nonzero()[0]
     is_new = np.zeros(n, bool)
     is_new[new_at] = True
-    runs = _whole_rows(cfg, streams, h[whole_at], slots[whole_at], is_new[whole_at], epochs)
-    staged_idx, staged_val, crossings = _crossings(cfg, streams, h[steady_at], slots[steady_at])
+    runs = _whole_rows(cfg, streams, h[whole_at], slots[whole_at], is_new[whole_at], epochs, step.tokens)
+    staged_idx, staged_val, crossings = _crossings(cfg, streams, h[steady_at], slots[steady_at], step.tokens)
     slot_row, rows = _slot_row_if_changed(state, bi, slots, step)
     row_ok[h] = True
     read[slots] = seq
@@ -209,9 +221,11 @@ def _whole_rows(
     slots: np.ndarray,  # [k] their slots
     is_new: np.ndarray,  # [k] bool: took its slot this step (READ spans are written too)
     epochs: list[np.ndarray],  # per READ pool [S], updated in place (already a copy)
+    tokens: int = 1,  # the tokens each row runs in the step: an APPEND span's pages cover them
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Runs (slot, first col, cells) for rows written whole: the narrow cells joined with the first span's used
-    pages, then one run per further written span; a run that starts where the last one ended joins it."""
+    pages (an APPEND span's: through the step's last token), then one run per further written span; a run that starts
+    where the last one ended joins it."""
     k = h.size
     if k == 0:
         return _NO_CELLS[0], _NO_CELLS[0], _NO_CELLS[0], _NO_CELLS[0]
@@ -223,7 +237,7 @@ def _whole_rows(
         s = streams.kv[p.key]
         L = s.lengths[h]
         narrow[:, p.len_col] = L
-        used = -(-(L + (p.mode is StreamMode.APPEND)) // p.page_size)
+        used = -(-(L + tokens * (p.mode is StreamMode.APPEND)) // p.page_size)
         _check_span(p, h, used)
         if p.mode is StreamMode.READ:
             ep = s.epoch[h]

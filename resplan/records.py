@@ -50,13 +50,20 @@ def _handles(_inst, _attribute, value: np.ndarray) -> None:
     # slots implies distinct handles, so a steady step pays nothing for it
 
 
+def _tokens(_inst, _attribute, value: int) -> None:
+    if value < 1:
+        raise ValueError(f"a step runs at least one token a row, got {value}")
+
+
 @attrs.frozen(eq=False, slots=True)
 class Step:
-    """The rows a resident decode step runs (handles in row order), its bucket size, and its plan sequence number."""
+    """The rows a resident decode step runs (handles in row order), its bucket size, its plan sequence number, and the
+    tokens each row runs in it (a graph of ``tokens`` sub-steps, each gathering the rows and committing +1)."""
 
     handles: np.ndarray = attrs.field(validator=_handles)  # [n] int, n <= bucket
     bucket: int = attrs.field()
     seq: int = attrs.field()
+    tokens: int = attrs.field(default=1, validator=_tokens)
 
     @bucket.validator
     def _check_bucket(self, _attribute, value: int) -> None:

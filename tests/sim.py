@@ -208,31 +208,38 @@ class SimEngine:
         h = np.asarray(handles, np.int64)
         return plan(self.state, Step(h, self.bucket_for(h.size), self.seq), self.streams)
 
-    def resident_step(self, handles: list[int], check: bool = True):
-        """Plan, flush, replay (eagerly), compare buffers with the host, advance the host; commit the step before."""
+    def resident_step(self, handles: list[int], check: bool = True, tokens: int = 1):
+        """Plan, flush, replay (eagerly), compare buffers with the host, advance the host; commit the step before.
+        ``tokens`` > 1: the rows' pages for that many tokens first, then that many sub-steps (gather, compare,
+        commit: eager only), the host advancing by one after each."""
         self.seq += 1
         h = np.asarray(handles, np.int64)
         b = self.bucket_for(h.size)
         before = self.state
-        self.state, program = plan(self.state, Step(h, b, self.seq), self.streams)
+        for hh in handles:  # (a page for each token the step runs: the engine takes them with the step's crossings)
+            for p in self.layout.append_pools:
+                self._ensure_pages(p.key, hh, int(self.streams.kv[p.key].lengths[hh]) + tokens)
+        self.state, program = plan(self.state, Step(h, b, self.seq, tokens), self.streams)
         self.commit_pending()  # the previous step commits while this one is planned
         self.ex.flush(program)
-        want = expected_buffers(self.layout, self.streams, h, b) if check else {}
-        if self.graphs is not None:
-            self.graphs[b].replay()  # gather and commit in one replay; the buffers still hold the gathered rows
-        else:
-            self.ex.before_forward(b)
-        got = {k: v.cpu().numpy() for k, v in self.ex.buffers[b].tensors().items()}
-        for k, v in want.items():
-            if not np.array_equal(got[k], v):
-                raise AssertionError(f"step {self.seq}: {k} differs\n got  {got[k]}\n want {v}")
-        if self.graphs is None:
-            self.ex.after_forward(b)
-        for hh in handles:  # the host advances by the same rule as the graph
-            for p in self.layout.append_pools:
-                s = self.streams.kv[p.key]
-                s.lengths[hh] += 1
-                self._ensure_pages(p.key, hh, int(s.lengths[hh]) + 1)
+        for j in range(tokens):
+            want = expected_buffers(self.layout, self.streams, h, b) if check else {}
+            if self.graphs is not None:
+                assert tokens == 1, "the sim's captured graphs run one token"
+                self.graphs[b].replay()  # gather and commit in one replay; the buffers still hold the gathered rows
+            else:
+                self.ex.before_forward(b)  # (the staged cells' count is 0 after the first: nothing scattered again)
+            got = {k: v.cpu().numpy() for k, v in self.ex.buffers[b].tensors().items()}
+            for k, v in want.items():
+                if not np.array_equal(got[k], v):
+                    raise AssertionError(f"step {self.seq}.{j}: {k} differs\n got  {got[k]}\n want {v}")
+            if self.graphs is None:
+                self.ex.after_forward(b)
+            for hh in handles:  # the host advances by the same rule as the graph
+                for p in self.layout.append_pools:
+                    s = self.streams.kv[p.key]
+                    s.lengths[hh] += 1
+                    self._ensure_pages(p.key, hh, int(s.lengths[hh]) + (1 if j == tokens - 1 else 0))
         if check:
             bad = row_check(self.ex.store_numpy(), self.state, h, self.streams, self.ex.buffers[b])
             self.mismatches += len(bad)

@@ -80,6 +80,32 @@ def test_the_triton_kernels_drive_a_decode_loop_with_displacement(factory):
     assert e.displaced > 0 and e.crossings > 0 and e.mismatches == 0
 
 
+@pytest.mark.parametrize("impl", [KernelImpl.REFERENCE, KernelImpl.TRITON], ids=["reference", "triton"])
+@pytest.mark.parametrize("factory", [qwen_like, whisper_like], ids=["qwen-like", "whisper-like"])
+def test_steps_of_several_tokens_stage_each_page_once_and_mirror_the_host(factory, impl):
+    """Steps of 1-4 tokens a row (``Step.tokens``; page size 4), mixed with one-token steps, host-planned steps and
+    displacement: after each sub-step's gather the buffers equal the host's, and after the step every row it read
+    equals the host; each page a row opens is staged once, by the step whose tokens reach it."""
+    if impl is KernelImpl.TRITON and not TRITON_RUNS:
+        pytest.skip("Triton needs CUDA or TRITON_INTERPRET=1")
+    e = SimEngine(factory(page_size=4, pages=256, max_seq_len=48), (1, 2, 4), capacity=16, impl=impl)
+    rng = np.random.default_rng(5)
+    hs = [e.admit(int(rng.integers(1, 12))) for _ in range(12)]  # more than the store's 9 slots: displacement
+    key, opened = e.layout.append_pools[0].key, 0
+    for i in range(60):
+        k = int(rng.integers(1, 5))
+        rows = rng.permutation([h for h in hs if e.room(h, extra=k)])[: 1 + i % 4].tolist()
+        if not rows:
+            break
+        L = e.streams.kv[key].lengths[np.asarray(rows)]
+        opened += int((-(-(L + k) // 4) - -(-L // 4)).sum())  # pages the step's tokens open
+        e.resident_step(rows, tokens=k)
+        if i % 11 == 6:
+            e.host_step(rows[:1], tokens=1)
+    assert e.mismatches == 0 and e.displaced > 0
+    assert 0 < e.crossings <= opened  # (a row written whole carries its new page in its run, not as a crossing)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("factory", [qwen_like, whisper_like], ids=["qwen-like", "whisper-like"])
 def test_captured_buckets_replay_hundreds_of_steps_of_changing_host_state(factory):

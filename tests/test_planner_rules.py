@@ -323,6 +323,15 @@ def test_a_stream_with_more_pages_than_its_span_is_an_error_at_its_row():
         e.plan_only([a])
 
 
+def test_a_step_of_more_tokens_than_a_page_is_refused_and_a_step_of_none_is_no_step():
+    e = engine(buckets=(1, 2))
+    a = e.admit(3)
+    with pytest.raises(PlanError, match="runs 5 tokens a row, more than a page"):
+        plan(e.state, Step(np.array([a]), 1, 1, tokens=5), e.streams)  # (page size 4: two pages could open)
+    with pytest.raises(ValueError, match="at least one token a row, got 0"):
+        Step(np.array([a]), 1, 1, tokens=0)
+
+
 def test_an_uncaptured_bucket_is_refused():
     e = engine(buckets=(1, 2))
     a = e.admit(3)
