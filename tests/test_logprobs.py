@@ -131,9 +131,9 @@ def _serve(way: str) -> Served:
     mode_of = {id(v): k[1] for d in (g.host_graphs, g.decode_graphs) for k, v in d.items()}
     asking = {r.request_id for r in REQS if r.sampling.logprobs is not None}
 
-    def launch(graphs, b, rows, serial, last_token, device_ids, decode, logprobs=False):
+    def launch(graphs, b, rows, serial, last_token, device_ids, decode, logprobs=False, tokens=1):
         launches.append((mode_of[id(graphs)], logprobs, e.table.asks_logprobs(rows)))
-        return real(graphs, b, rows, serial, last_token, device_ids, decode, logprobs)
+        return real(graphs, b, rows, serial, last_token, device_ids, decode, logprobs, tokens)
 
     def on_step(out):
         rids = out.request_ids.tolist()

@@ -192,16 +192,21 @@ class Admission:
             self.page_pools[k].give(self.refs.let_go(pages))
 
     # -- a step's admit transaction ------------------------------------------------------------------------------
-    def crossings(self, rows: np.ndarray) -> tuple[tuple[str, np.ndarray, np.ndarray], ...]:
-        """The rows whose next token opens a page, by APPEND pool: (pool, [m] handles, [m] page columns), only the
-        pools with some (vectorised per pool)."""
+    def crossings(self, rows: np.ndarray, tokens: int = 1) -> tuple[tuple[str, np.ndarray, np.ndarray], ...]:
+        """The rows one of whose next ``tokens`` tokens (at most a page's) opens a page, by APPEND pool: (pool, [m]
+        handles, [m] page columns), only the pools with some (vectorised per pool)."""
         found = []
         for k in self.append_keys:
-            col = self.streams.kv[k].lengths[rows] // self.page_size
+            col = (self.streams.kv[k].lengths[rows] + (tokens - 1)) // self.page_size
             need = col >= self.n_pages[k][rows]
             if np.count_nonzero(need):
                 found.append((k, rows[need], col[need]))
         return tuple(found)
+
+    def within_spans(self, rows: np.ndarray, tokens: int) -> bool:
+        """Whether each of ``rows`` can write ``tokens`` more tokens within its APPEND spans (its context)."""
+        return all(int(self.streams.kv[k].lengths[rows].max()) + tokens <= self.layout.span(k).width * self.page_size
+                   for k in self.append_keys)  # fmt: skip
 
     def crossings_fit(self, found: tuple[tuple[str, np.ndarray, np.ndarray], ...]) -> bool:
         """Whether every APPEND pool has a free page for each crossing ``found`` (``crossings``)."""
@@ -218,13 +223,14 @@ class Admission:
             self.n_pages[k][h] += 1
             txn.crossings.append(Crossing(k, h, c, pages))
 
-    def admit(self, rows: np.ndarray, admits: Sequence[tuple[Pending, int]], txn: AdmitTxn) -> Admitted:
-        """The step's admit as one transaction: the decode rows' crossing pages, then for each admitted request a
-        handle, its prompt's (and context's) pages and a recurrent slot. When a pool refuses, everything the
-        transaction took (``txn``'s crossings taken early included) is given back."""
+    def admit(self, rows: np.ndarray, admits: Sequence[tuple[Pending, int]], txn: AdmitTxn,
+              tokens: int = 1) -> Admitted:  # fmt: skip
+        """The step's admit as one transaction: the decode rows' crossing pages (for ``tokens`` tokens a row), then for
+        each admitted request a handle, its prompt's (and context's) pages and a recurrent slot. When a pool refuses,
+        everything the transaction took (``txn``'s crossings taken early included) is given back."""
         ahead, starts = 0, []
         try:
-            self.take_crossings(self.crossings(rows), txn)
+            self.take_crossings(self.crossings(rows, tokens), txn)
             for pend, _ in admits:
                 h = self.handles.take()
                 txn.admitted.append(h)
@@ -476,10 +482,11 @@ class Admission:
         s.epoch[h] += 1
 
     # -- lengths -------------------------------------------------------------------------------------------------
-    def advance(self, rows: np.ndarray) -> None:
-        """The rows ran a decode token: their APPEND lengths +1, the rule the resident graph's commit follows."""
+    def advance(self, rows: np.ndarray, tokens: int = 1) -> None:
+        """The rows ran ``tokens`` decode tokens: their APPEND lengths + that, the rule the resident graph's commit
+        follows (+1 a sub-step)."""
         for k in self.append_keys:
-            self.streams.kv[k].lengths[rows] += 1
+            self.streams.kv[k].lengths[rows] += tokens
 
     def prefilled(self, chunks: Sequence[Chunk], contexts: Sequence[dict[str, int]]) -> None:
         """A pass was launched over ``chunks``: each chunk's APPEND lengths cover what it ran, and a request's first

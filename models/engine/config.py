@@ -127,6 +127,10 @@ class EngineConfig:
     # the recurrent (GDN) state's dtype in the pools; bfloat16 halves its traffic (1 MiB a row and layer read and
     # written each step at float32) at a cost in accuracy: an option, not the default. The math stays float32
     state_dtype: torch.dtype = attrs.field(default=torch.float32, validator=_state_dtype)
+    # decode tokens a row runs per graph launch: k > 1 captures graphs of k sub-steps (each gathering the rows from the
+    # store, drawing a token, committing +1), so the host plans, launches and reads back once per k tokens; a step
+    # whose rows ask for logprobs, or one of which has fewer than k tokens left, runs one. Resident planning only
+    tokens_per_launch: int = attrs.field(default=1, validator=_positive)
 
     def __attrs_post_init__(self) -> None:
         cuda = torch.device(self.device).type == "cuda"
@@ -146,6 +150,19 @@ class EngineConfig:
         if self.prefix_cache and (interval % CHECKPOINT_GRID or interval % self.page_size):
             raise ValueError(f"checkpoint_interval {self.checkpoint_interval} must be a multiple of the delta rule's "
                              f"chunk ({CHECKPOINT_GRID}) and of page_size ({self.page_size})")  # fmt: skip
+        k = self.tokens_per_launch
+        if k > 1 and self.planning is not Planning.RESIDENT:
+            raise ValueError(f"tokens_per_launch {k} needs resident planning: a host-planned step's buffers are the "
+                             "host's, refilled for every token")  # fmt: skip
+        if k > 1 and self.attention is Backend.FA2:
+            raise ValueError(f"tokens_per_launch {k} needs an attention without a host plan (torch, triton or xqa): "
+                             "fa2 plans each token's step on the host")  # fmt: skip
+        if k > self.page_size:
+            raise ValueError(f"tokens_per_launch {k} is more than page_size {self.page_size}: a row could open two "
+                             "pages in one launch")  # fmt: skip
+        if k > 1 and self.prefix_cache:
+            raise ValueError(f"tokens_per_launch {k} with prefix_cache: a request that stops inside a launch has "
+                             "state past its last token, which the cache would keep")  # fmt: skip
         if self.attention in (Backend.FA2, Backend.XQA) and not cuda:
             raise ValueError(f"attention {self.attention.value} runs on CUDA only; on {self.device} use torch or "
                              f"triton (Backend.TORCH / Backend.TRITON)")  # fmt: skip

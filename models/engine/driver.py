@@ -80,13 +80,15 @@ class Engine:
                                  KernelImpl.TRITON if kernels.runs_row_kernels(self.device.type == "cuda")
                                  else KernelImpl.REFERENCE)  # fmt: skip
         self.sampler = Sampler(adapter.vocab_size, self.device)
-        self.launcher = Launcher(self.buckets, H, self.device, cfg.timing)
+        self.launcher = Launcher(self.buckets, H, self.device, cfg.timing, cfg.tokens_per_launch)
         decode_capture, prefill_capture, pass_stream = engine_streams(self.device)
         self.graphs = build_graphs(adapter, self.model_state, self.layout, self.buckets, cfg.attention,
                                    cfg.planning is Planning.RESIDENT, self.executor, self.launcher, self.sampler,
                                    kernels, cfg.overlap, dtype, ps, workspaces, decode_capture,
-                                   mixed_steps=cfg.prefill is PrefillPlacement.IN_STEP)  # fmt: skip
+                                   mixed_steps=cfg.prefill is PrefillPlacement.IN_STEP,
+                                   tokens=cfg.tokens_per_launch)  # fmt: skip
         self.resident = self.graphs.resident
+        self.most_tokens = cfg.tokens_per_launch if self.resident else 1  # a decode launch's tokens a row, at most
         self.fills = HostFills(self.layout, self.executor, self.graphs.plans, self.graphs.attn)
         self.seqs = itertools.count(1)  # step serials (resplan's seq), one a step and one a plan made early
         self.arm = decode_arm(self.resident, self.graphs.plans, self.executor, self.fills, self.admission, self.seqs,
@@ -178,7 +180,7 @@ class Engine:
         t0 = time.perf_counter_ns()
         self._land_pass(wait=False)
         self._reload()
-        batch, chunks, landed_ns = self._admit_step()
+        batch, chunks, landed_ns, tokens = self._admit_step()
         if batch is None:  # landing the step (or pass) in flight finished the last requests
             self.stats.add(StepCounts(decode_ns=time.perf_counter_ns() - t0))
             return True
@@ -191,7 +193,7 @@ class Engine:
         if batch.has_prefill:
             self._prefill_step(batch, chunks)
         elif decode:
-            f = self._decode_launch(batch, early)
+            f = self._decode_launch(batch, early, tokens)
         if beside_chunks:  # launched after the decode graph: its host time (1-2 ms) no longer delays the decode step
             reqs = self.table.requests(handles_of(beside_chunks))
             launched = self.prefill.launch_beside(beside_chunks, reqs, self.admission.saves(beside_chunks, reqs), after)
@@ -205,17 +207,19 @@ class Engine:
             self.stats.add(counts)
         took = time.perf_counter_ns() - t0
         if decode:  # the whole iteration: what it prepared early saves a later one
-            self.stats.add(StepCounts(1, 1, batch.rows.size, beside, overlapped, decode_ns=took))
+            self.stats.add(StepCounts(1, 1, batch.rows.size * tokens, beside, overlapped, decode_ns=took,
+                                      multi_token_steps=int(tokens > 1)))  # fmt: skip
         else:  # a mixed or prefill step; the wait for the decode step it landed belongs to that decode step
             mixed = int(batch.rows.size > 0)
             self.stats.add(StepCounts(1, mixed_steps=mixed, prefill_steps=1 - mixed, decode_ns=landed_ns,
                                       mixed_ns=(took - landed_ns) * mixed))  # fmt: skip
         return True
 
-    def _admit_step(self) -> tuple[Batch | None, tuple[Chunk, ...], int]:
+    def _admit_step(self) -> tuple[Batch | None, tuple[Chunk, ...], int, int]:
         """Compose and admit the step (module doc, 2), first landing a step or pass it may not run beside or waits
-        for. Returns the batch (None: landing left no work), its chunks with the admitted requests' first ones, and
-        the nanoseconds spent landing."""
+        for. Returns the batch (None: landing left no work), its chunks with the admitted requests' first ones, the
+        nanoseconds spent landing, and the tokens a row its decode step runs (``_tokens``)."""
+        early_tokens = self.early.tokens
         landed_ns, early = 0, self.early.take_batch(self.scheduler.version)  # crossings taken: nothing to check
         while True:
             batch = early if early is not None else self._compose()
@@ -225,18 +229,19 @@ class Engine:
                 self._drain() if drain else self._land_pass(wait=True)
                 landed_ns += time.perf_counter_ns() - t
                 if not self._runs():
-                    return None, (), landed_ns
+                    return None, (), landed_ns, 1
             elif batch.empty:
                 raise RuntimeError(f"engine stalled: {self.scheduler.describe()}, free pages {self.admission.free()}")
             elif early is None and not self.admission.crossings_fit(self.admission.crossings(batch.rows)):
                 self._offload(self.scheduler.victim(batch))
             elif early is not None:  # (no admits: early keeps only such a batch)
                 self.early.take_txn()
-                return batch, batch.chunks, landed_ns
+                return batch, batch.chunks, landed_ns, early_tokens
             else:
-                admitted = self.admission.admit(batch.rows, batch.admits, self.early.take_txn())
+                tokens = self._tokens(batch)
+                admitted = self.admission.admit(batch.rows, batch.admits, self.early.take_txn(), tokens)
                 if admitted.refused is None:
-                    return batch, batch.chunks + self._admitted(admitted, batch.admits), landed_ns
+                    return batch, batch.chunks + self._admitted(admitted, batch.admits), landed_ns, tokens
                 self.stats.add(self.early.given_back(admitted.given))  # rolled back whole: the retry admits those ahead
                 self.scheduler.refused(admitted.ahead)  # (of the refused one)
                 self.stats.add(Events(refused_admits=1))
@@ -254,14 +259,27 @@ class Engine:
             chunks.append(Chunk(h, start, n, start + n == len(pend.request.prompt)))
         return tuple(chunks)
 
-    def _decode_launch(self, batch: Batch, early) -> InFlight:
-        """Prepare, launch, advance, commit: the step is in flight."""
+    def _tokens(self, batch: Batch) -> int:
+        """The tokens a row ``batch``'s decode step runs: ``tokens_per_launch`` where its rows run as a decode step
+        (no prefill in the step), none asks for logprobs, each can write that many within its context and their
+        crossings fit; else one. A row with fewer tokens left ends inside the launch (the tokens after it dropped,
+        as after a stop token)."""
+        k, rows = self.most_tokens, batch.rows
+        if k == 1 or rows.size == 0 or (batch.has_prefill and not self.config.prefill.beside):
+            return 1
+        if self.table.asks_logprobs(rows) or not self.admission.within_spans(rows, k):
+            return 1
+        return k if self.admission.crossings_fit(self.admission.crossings(rows, k)) else 1
+
+    def _decode_launch(self, batch: Batch, early, tokens: int = 1) -> InFlight:
+        """Prepare, launch, advance, commit: the step (``tokens`` tokens a row) is in flight."""
         rows, b = batch.rows, batch.bucket
-        seq, prepared = self.arm.prepare(rows, b, early)
+        seq, prepared = self.arm.prepare(rows, b, early, tokens)
         self.stats.add(prepared)
         mode = self.table.mode(rows)
-        f, last = self._launch(self.graphs.decode(b, mode), b, rows, self.arm.device_ids, decode=True, mode=mode)
-        self._ran(rows, seq)
+        f, last = self._launch(self.graphs.decode(b, mode, tokens), b, rows, self.arm.device_ids, decode=True,
+                               mode=mode, tokens=tokens)  # fmt: skip
+        self._ran(rows, seq, tokens)
         self.stats.add_check(self.arm.ran(rows, b, seq))
         if self.config.overlap and np.count_nonzero(last):
             self.scheduler.retire(rows[last])
@@ -308,9 +326,10 @@ class Engine:
         if prefilled.ended.size:
             self._emit(prefilled.ended, prefilled.first_tokens, prefilled.first_lp)
 
-    def _ran(self, rows: np.ndarray, seq: int) -> None:
-        """The rows ran a decode token at step ``seq``: their lengths +1 (the rule the resident commit follows)."""
-        self.admission.advance(rows)
+    def _ran(self, rows: np.ndarray, seq: int, tokens: int = 1) -> None:
+        """The rows ran ``tokens`` decode tokens at step ``seq``: their lengths + that (the rule the resident commit
+        follows, +1 a sub-step)."""
+        self.admission.advance(rows, tokens)
         self.scheduler.ran(rows, seq)
 
     def _prepare_next(self) -> EarlyStep:
@@ -322,7 +341,7 @@ class Engine:
         if not self._runs():
             return EarlyStep()
         early = EarlyStep.prepare(batch, self.scheduler.version, self.admission, self.arm,
-                                  not batch.has_prefill or self.config.prefill.beside)  # fmt: skip
+                                  not batch.has_prefill or self.config.prefill.beside, self._tokens(batch))  # fmt: skip
         self.stats.add(EARLY_STEP if early.early is not None else NO_EARLY_STEP)
         return early
 
@@ -377,22 +396,32 @@ class Engine:
             self.stats.add(Events(reloads=1))
 
     # -- launch, land, emit, finish ----------------------------------------------------------------------------------
-    def _launch(self, graphs, b: int, rows: np.ndarray, device_ids: bool, decode: bool,
-                mode: SamplingMode) -> tuple[InFlight, np.ndarray]:  # fmt: skip
-        """Launch one of ``graphs`` (bucket b's pair, drawing as ``mode`` says) on ``rows``; the step is in flight.
-        Returns it, and [n] bool: the row's last token is in it (``RequestTable.launched``)."""
+    def _launch(self, graphs, b: int, rows: np.ndarray, device_ids: bool, decode: bool, mode: SamplingMode,
+                tokens: int = 1) -> tuple[InFlight, np.ndarray]:  # fmt: skip
+        """Launch one of ``graphs`` (bucket b's pair, drawing as ``mode`` says, ``tokens`` tokens a row) on ``rows``;
+        the step is in flight. Returns it, and [n] bool: the row's last token is in it (``RequestTable.launched``)."""
         f, launched = self.launcher.launch(graphs, b, rows, self.table.serials(rows), self.table.last_token,
-                                           device_ids, decode, mode is SamplingMode.LOGPROBS)  # fmt: skip
-        last = self.table.launched(rows)
+                                           device_ids, decode, mode is SamplingMode.LOGPROBS, tokens)  # fmt: skip
+        last = self.table.launched(rows, tokens)
         self.stats.add(launched)
         return f, last
 
     def _land(self, f: InFlight) -> None:
-        """Wait for a launched step's tokens and emit them (the launcher drops rows whose request ended meanwhile)."""
+        """Wait for a launched step's tokens and emit them, a row's in order (the launcher drops rows whose request
+        ended meanwhile; a row that ends on one of its tokens drops the ones after it)."""
         rows, tokens, lp, landed = self.launcher.land(f, self.table.serial)
         self.stats.add(landed)
-        if rows.size:
-            self._emit(rows, tokens, lp)
+        if not rows.size:
+            return
+        serial = self.table.serial[rows] if tokens.shape[0] > 1 else None  # (a row that ends changes its serial)
+        self._emit(rows, tokens[0], lp)
+        for j in range(1, tokens.shape[0]):
+            alive = self.table.serial[rows] == serial
+            if not alive.all():
+                rows, tokens, serial = rows[alive], tokens[:, alive], serial[alive]
+                if not rows.size:
+                    return
+            self._emit(rows, tokens[j])
 
     def _drain(self) -> None:
         """Land the step in flight, if any."""

@@ -79,36 +79,42 @@ def capture_plans(adapter: Adapter, layout: RowLayout, buckets: tuple[int, ...],
 
 
 def step_fn(adapter: Adapter, model_state, executor: Executor, launcher: Launcher, sampler: Sampler, attn,
-            kc: KernelChoices, b: int, mode: SamplingMode, resident: bool, device_ids: bool,
-            parity: int) -> Callable[[], None]:  # fmt: skip
+            kc: KernelChoices, b: int, mode: SamplingMode, resident: bool, device_ids: bool, parity: int,
+            tokens: int = 1) -> Callable[[], None]:  # fmt: skip
     """One decode step of bucket b: (resident: scatter + gather rows,) forward (its kernels as ``kc`` says), draw as
     ``mode`` says (LOGPROBS: and every row's logprobs into the launcher's buffers), (resident: commit), then read the
     sampled tokens (and logprobs) back into the launcher's pinned entry ``parity``. A graph with ``device_ids``
-    (resident, and a host-planned one under overlap) takes its input ids from the device."""
+    (resident, and a host-planned one under overlap) takes its input ids from the device. ``tokens`` = k > 1
+    (resident, no logprobs): k such sub-steps, each after the first taking the tokens the one before drew, each read
+    back into its own row of the entry (the staged cells are scattered by the first: the scatter empties them)."""
     ex, bufs, host_ids, out = executor, executor.buffers[b], launcher.ids[b], launcher.tokens[b]
     src, last = launcher.idsrc[b][1], launcher.tokens_all
     lp_out = launcher.logprobs[b]  # [b], [b, 5], [b, 5]
-    host_tokens, host_lp = launcher.readback(parity, b)  # pinned [b]; [b], [b, 5], [b, 5]
+    host_tokens, host_lp = launcher.readback(parity, b)  # pinned [K, b]; [b], [b, 5], [b, 5]
+    assert tokens == 1 or (resident and mode is not SamplingMode.LOGPROBS), "k tokens a launch: resident, no logprobs"
 
     def fn() -> None:
-        ids = host_ids
-        if resident:
-            ex.before_forward(b)
-        if device_ids:
-            ids = torch.where(src >= 0, last[src.clamp(min=0)], host_ids)  # [b] last step's token, or the host's
-        logits = adapter.decode(model_state, ids, bufs, attn, kc)  # [b, V]
-        if mode is SamplingMode.GREEDY:
-            out.copy_(logits.argmax(-1))
-        elif mode is SamplingMode.SAMPLE:
-            out.copy_(sampler(logits, bufs.sampler, bufs.positions))
-        else:  # (temperature 0 rows: the argmax)
-            tokens, candidates = sampler.draw(logits, bufs.sampler, bufs.positions)  # [b], [b, K]
-            out.copy_(tokens)
-            for dst, v in zip(lp_out, logprobs(logits, tokens, candidates), strict=True):
-                dst.copy_(v)
-        if resident:
-            ex.after_forward(b)
-        host_tokens.copy_(out, non_blocking=True)
+        for j in range(tokens):
+            ids = host_ids
+            if resident:
+                ex.before_forward(b)
+            if j:
+                ids = out  # [b] the sub-step before's tokens (read by the forward before the draw rewrites out)
+            elif device_ids:
+                ids = torch.where(src >= 0, last[src.clamp(min=0)], host_ids)  # [b] last step's token, or the host's
+            logits = adapter.decode(model_state, ids, bufs, attn, kc)  # [b, V]
+            if mode is SamplingMode.GREEDY:
+                out.copy_(logits.argmax(-1))
+            elif mode is SamplingMode.SAMPLE:
+                out.copy_(sampler(logits, bufs.sampler, bufs.positions))
+            else:  # (temperature 0 rows: the argmax)
+                drawn, candidates = sampler.draw(logits, bufs.sampler, bufs.positions)  # [b], [b, K]
+                out.copy_(drawn)
+                for dst, v in zip(lp_out, logprobs(logits, drawn, candidates), strict=True):
+                    dst.copy_(v)
+            if resident:
+                ex.after_forward(b)
+            host_tokens[j].copy_(out, non_blocking=True)
         if mode is SamplingMode.LOGPROBS:
             for dst, src_lp in zip(host_lp, lp_out, strict=True):
                 dst.copy_(src_lp, non_blocking=True)
@@ -117,12 +123,13 @@ def step_fn(adapter: Adapter, model_state, executor: Executor, launcher: Launche
 
 
 def capture_graphs(plans: dict[int, BucketPlan], attn: dict[int, object | None], width: int, device: torch.device,
-                   make_fn: Callable[[int, SamplingMode, bool, int], Callable[[], None]], resident: bool,
-                   stream: torch.cuda.Stream | None = None, mixed_steps: bool = True,
-                   ) -> tuple[dict[GraphKey, Pair], dict[GraphKey, Pair]]:  # fmt: skip
+                   make_fn: Callable[[int, SamplingMode, bool, int, int], Callable[[], None]], resident: bool,
+                   stream: torch.cuda.Stream | None = None, mixed_steps: bool = True, tokens: int = 1,
+                   ) -> tuple[dict[GraphKey, Pair], dict[GraphKey, Pair], dict[GraphKey, Pair]]:  # fmt: skip
     """Capture every bucket once per sampling mode and readback parity (``Pair``), largest first, in one memory pool:
     the host-planned graphs (mixed steps, and the host arm's decode) and, in the resident arm, the resident decode
-    graphs (else the host-planned ones again). ``make_fn(b, mode, resident, parity)`` is the step to capture. A step
+    graphs (else the host-planned ones again), and with ``tokens`` = k > 1 the resident graphs of k tokens a launch
+    (GREEDY and SAMPLE). ``make_fn(b, mode, resident, parity, k)`` is the step to capture. A step
     whose rows are all greedy replays the argmax graph and skips the sampler's top-k over the vocabulary (hundreds of
     microseconds of GPU time at 64 rows); only a step with a row asking for logprobs replays the LOGPROBS graph (a
     log_softmax over the vocabulary more). ``width``: the block table's columns (a host-scheduled attention is
@@ -132,13 +139,13 @@ def capture_graphs(plans: dict[int, BucketPlan], attn: dict[int, object | None],
     for b, p in plans.items():  # a captured run of a host-scheduled attention needs a schedule: the trash rows'
         if not p.host_plan_free:
             attn[b].schedule(np.zeros((b, width), np.int32), np.ones(b, np.int32))
-    pool, host, res = None, {}, {}
+    pool, host, res, multi = None, {}, {}, {}
 
-    def pair(b: int, mode: SamplingMode, resident_rows: bool) -> Pair:
+    def pair(b: int, mode: SamplingMode, resident_rows: bool, k: int = 1) -> Pair:
         nonlocal pool
         graphs = []
         for parity in (0, 1):  # (parity 0's eager warm-up made the stream's workspaces: parity 1 needs none)
-            graphs.append(Graph(make_fn(b, mode, resident_rows, parity), device, pool, warmup=1 - parity,
+            graphs.append(Graph(make_fn(b, mode, resident_rows, parity, k), device, pool, warmup=1 - parity,
                                 stream=stream))  # fmt: skip
             pool = graphs[-1].pool
         return graphs[0], graphs[1]
@@ -150,7 +157,9 @@ def capture_graphs(plans: dict[int, BucketPlan], attn: dict[int, object | None],
                 host[key, mode] = pair(b, mode, False)
             if resident:
                 res[key, mode] = pair(b, mode, True)
-    return host, (res if resident else host)
+            if resident and tokens > 1 and mode is not SamplingMode.LOGPROBS:
+                multi[key, mode] = pair(b, mode, True, tokens)
+    return host, (res if resident else host), multi
 
 
 @attrs.frozen(eq=False)
@@ -164,10 +173,12 @@ class DecodeGraphs:
     resident: bool
     host_graphs: dict[GraphKey, Pair]  # read host-filled buffers: mixed steps, and the host arm's decode steps
     decode_graphs: dict[GraphKey, Pair]  # a decode step's (resident: the resident graphs; else host_graphs)
+    multi_graphs: dict[GraphKey, Pair]  # resident steps of ``EngineConfig.tokens_per_launch`` tokens (GREEDY, SAMPLE)
 
-    def decode(self, b: int, mode: SamplingMode) -> Pair:
-        """Bucket b's decode step graphs drawing as ``mode`` says (``RequestTable.mode`` of its rows)."""
-        return self.decode_graphs[self.plans[b], mode]
+    def decode(self, b: int, mode: SamplingMode, tokens: int = 1) -> Pair:
+        """Bucket b's decode step graphs drawing as ``mode`` says (``RequestTable.mode`` of its rows), of ``tokens``
+        tokens a row (1, or the engine's tokens_per_launch)."""
+        return (self.decode_graphs if tokens == 1 else self.multi_graphs)[self.plans[b], mode]
 
     def host(self, b: int, mode: SamplingMode) -> Pair:
         """Bucket b's graphs over buffers the host filled (a mixed step's decode rows; captured where the engine runs
@@ -178,22 +189,24 @@ class DecodeGraphs:
 def build_graphs(adapter: Adapter, model_state, layout: RowLayout, buckets: tuple[int, ...], backend: Backend,
                  resident: bool, executor: Executor, launcher: Launcher, sampler: Sampler, kc: KernelChoices,
                  device_ids: bool, dtype: torch.dtype, page_size: int, workspaces: Workspaces,
-                 stream: torch.cuda.Stream | None, mixed_steps: bool = True) -> DecodeGraphs:  # fmt: skip
+                 stream: torch.cuda.Stream | None, mixed_steps: bool = True,
+                 tokens: int = 1) -> DecodeGraphs:  # fmt: skip
     """The attention, capture plans and graphs of every bucket (``resident``: resident planning asked for;
     ``device_ids``: the host-planned graphs take their input ids from the device, as under overlap; ``mixed_steps``:
-    the engine runs decode rows from a host fill beside a pass in the step)."""
+    the engine runs decode rows from a host fill beside a pass in the step; ``tokens``: a resident launch's tokens a
+    row, k > 1 capturing those graphs too)."""
     device = executor.device
     attn = make_attention(backend, adapter, layout, buckets, page_size, device, dtype, kc, workspaces)
     refusal, plans = capture_plans(adapter, layout, buckets, attn, resident)
     resident = resident and refusal is None
 
-    def make_fn(b: int, mode: SamplingMode, res: bool, parity: int) -> Callable[[], None]:
+    def make_fn(b: int, mode: SamplingMode, res: bool, parity: int, k: int) -> Callable[[], None]:
         return step_fn(adapter, model_state, executor, launcher, sampler, attn[b], kc, b, mode, res,
-                       device_ids=res or device_ids, parity=parity)  # fmt: skip
+                       device_ids=res or device_ids, parity=parity, tokens=k)  # fmt: skip
 
     W = layout.span(layout.append_pools[0].key).width
-    host, decode = capture_graphs(plans, attn, W, device, make_fn, resident, stream, mixed_steps)
-    return DecodeGraphs(attn, plans, refusal, resident, host, decode)
+    host, decode, multi = capture_graphs(plans, attn, W, device, make_fn, resident, stream, mixed_steps, tokens)
+    return DecodeGraphs(attn, plans, refusal, resident, host, decode, multi)
 
 
 def engine_streams(device: torch.device) -> tuple[torch.cuda.Stream | None, ...]:

@@ -35,6 +35,7 @@ class InFlight:
     parity: int  # which pinned readback buffer and events it uses
     decode: bool  # a pure decode step (its phases count in the stats)
     logprobs: bool = False  # its graph wrote the rows' logprobs, read back with the tokens
+    tokens: int = 1  # tokens each row ran (a graph of that many sub-steps)
 
 
 @attrs.frozen(slots=True)
@@ -61,34 +62,36 @@ class Landed(Counts):
 
 @attrs.frozen(eq=False)
 class _HostIO:
-    """One launch's pinned host buffers, by bucket: (host ids, src) [2, b], the sampled tokens read back [b] and
-    their logprobs ([b], [b, 5], [b, 5]), with their numpy views (made once: a torch slice costs microseconds of host
-    time)."""
+    """One launch's pinned host buffers, by bucket: (host ids, src) [2, b], the sampled tokens read back ([T, b]: a
+    row a token of the launch, T the most a launch runs) and their logprobs ([b], [b, 5], [b, 5]), with their numpy
+    views (made once: a torch slice costs microseconds of host time)."""
 
     idsrc: dict[int, torch.Tensor]  # b -> [2, b]
     idsrc_np: dict[int, np.ndarray]
     ids: dict[int, torch.Tensor]  # b -> [b], idsrc[b][0]: a host-planned step's input ids
     ids_np: dict[int, np.ndarray]
-    tokens: dict[int, torch.Tensor]  # b -> [b]
-    tokens_np: np.ndarray  # [B]
+    tokens: dict[int, torch.Tensor]  # b -> [T, b] (each row contiguous)
+    tokens_np: np.ndarray  # [T, B]
     logprobs: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]  # b -> [b] f32, [b, 5] i64, [b, 5] f32
     logprobs_np: TokenLogprobs  # [B], [B, 5], [B, 5]
 
     @classmethod
-    def make(cls, buckets: tuple[int, ...], pinned: bool) -> _HostIO:
-        B, K = buckets[-1], MAX_LOGPROBS
-        flat, toks = host_zeros(2 * B, torch.int64, pinned), host_zeros(B, torch.int64, pinned)
+    def make(cls, buckets: tuple[int, ...], tokens: int, pinned: bool) -> _HostIO:
+        B, K, T = buckets[-1], MAX_LOGPROBS, tokens
+        flat, toks = host_zeros(2 * B, torch.int64, pinned), host_zeros(T * B, torch.int64, pinned).view(T, B)
         lp = (host_zeros(B, torch.float32, pinned), host_zeros(B * K, torch.int64, pinned).view(B, K),
               host_zeros(B * K, torch.float32, pinned).view(B, K))  # fmt: skip
         idsrc = {b: flat[: 2 * b].view(2, b) for b in buckets}
         idsrc_np = {b: v.numpy() for b, v in idsrc.items()}
         return cls(idsrc, idsrc_np, {b: v[0] for b, v in idsrc.items()}, {b: v[0] for b, v in idsrc_np.items()},
-                   {b: toks[:b] for b in buckets}, toks.numpy(), {b: tuple(t[:b] for t in lp) for b in buckets},
+                   {b: toks[:, :b] for b in buckets}, toks.numpy(), {b: tuple(t[:b] for t in lp) for b in buckets},
                    TokenLogprobs(*(t.numpy() for t in lp)))  # fmt: skip
 
 
 class Launcher:
-    def __init__(self, buckets: tuple[int, ...], capacity: int, device: torch.device, timing: bool) -> None:
+    def __init__(self, buckets: tuple[int, ...], capacity: int, device: torch.device, timing: bool,
+                 tokens: int = 1) -> None:  # fmt: skip
+        """``tokens``: the most tokens a row runs in one launch (the readback holds a row of tokens each)."""
         B, cuda = buckets[-1], device.type == "cuda"
         self.timing = timing
         i64 = dict(dtype=torch.int64, device=device)
@@ -106,7 +109,7 @@ class Launcher:
         self._idsrc_steady = {b: bool(np.array_equal(self._idsrc_now[b][1], self._arange[:b])) for b in buckets}
         self._last_key: bytes | None = None  # the last launch's rows (tobytes) while each still has its position
         # two entries, used by alternate launches: an entry's completion is its sampled tokens' readback
-        self._ring = PinnedRing(2, lambda pinned: _HostIO.make(buckets, pinned), cuda)
+        self._ring = PinnedRing(2, lambda pinned: _HostIO.make(buckets, tokens, pinned), cuda)
         # its index (torch.cuda.current_stream(None) looks the device up through is_available: ~5 us a call)
         self._device = (device.index if device.index is not None else torch.cuda.current_device()) if cuda else None
         self._timers = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda
@@ -137,18 +140,19 @@ class Launcher:
         self._last_key = None
 
     def readback(self, k: int, b: int) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """Pinned entry k's buffers that bucket b's graph of parity k reads its tokens ([b]) and logprobs ([b], [b, 5],
-        [b, 5]) back into."""
+        """Pinned entry k's buffers that bucket b's graph of parity k reads its tokens ([T, b]: row j the launch's
+        j-th token) and logprobs ([b], [b, 5], [b, 5]) back into."""
         io = self._ring.entries[k]
         return io.tokens[b], io.logprobs[b]
 
     def launch(self, graphs: tuple[Graph, Graph], b: int, rows: np.ndarray, serial: np.ndarray,
-               last_token: np.ndarray, device_ids: bool, decode: bool,
-               logprobs: bool = False) -> tuple[InFlight, Launched]:  # fmt: skip
+               last_token: np.ndarray, device_ids: bool, decode: bool, logprobs: bool = False,
+               tokens: int = 1) -> tuple[InFlight, Launched]:  # fmt: skip
         """Copy the step's input ids (the rows' ``last_token``, [H] by handle; a graph that takes them from the device
         copies them only if they changed), replay the graph of the pinned entry taken, which reads the sampled tokens
         back into it (``logprobs``: a LOGPROBS graph, and its logprobs too). ``serial``: [n] the rows' admission
-        serials. ``decode``: a pure decode step, whose phases (launch, wait, GPU time) the stats count."""
+        serials. ``decode``: a pure decode step, whose phases (launch, wait, GPU time) the stats count. ``tokens``:
+        the tokens each row runs in the graph."""
         n = rows.size
         t0 = time.perf_counter_ns()
         k, io = self._ring.take()  # (the launch before last has landed: its readback is done)
@@ -180,8 +184,8 @@ class Launcher:
             self._tok_pos[rows] = self._arange[:n]
             self._last_rows, self._last_key = rows, key
         launch_ns = time.perf_counter_ns() - t0 if decode else 0
-        f = InFlight(rows, serial, b, k, decode, logprobs)
-        return f, Launched(n, b - n, launch_ns, copies, nbytes, ids_copies)
+        f = InFlight(rows, serial, b, k, decode, logprobs, tokens)
+        return f, Launched(n * tokens, (b - n) * tokens, launch_ns, copies, nbytes, ids_copies)
 
     def _stage_idsrc(self, b: int, rows: np.ndarray, last_token: np.ndarray, io: _HostIO) -> int:
         """A device-ids step's (host ids, src): src = each row's position in the last replayed step's tokens, -1 for
@@ -205,13 +209,14 @@ class Launcher:
         return 1
 
     def land(self, f: InFlight, serial: np.ndarray) -> tuple[np.ndarray, np.ndarray, TokenLogprobs | None, Landed]:
-        """Wait for a launched step's tokens: its rows and their tokens ([k] int64 each, the launch's row order) with
-        their logprobs (a LOGPROBS graph's; else None), without the rows whose admission serial (``serial``, [H] by
-        handle) changed since the launch (their request finished meanwhile), and what landing did."""
+        """Wait for a launched step's tokens: its rows ([m], the launch's row order) and their tokens ([t, m] int64,
+        row j the launch's j-th token) with their logprobs (a LOGPROBS graph's; else None), without the rows whose
+        admission serial (``serial``, [H] by handle) changed since the launch (their request finished meanwhile), and
+        what landing did."""
         t0 = time.perf_counter_ns()
         self._ring.wait(f.parity)
         io, n = self._ring.entries[f.parity], f.rows.size
-        tokens = io.tokens_np[:n].copy()
+        tokens = io.tokens_np[: f.tokens, :n].copy()
         lp = io.logprobs_np[:n].copy() if f.logprobs else None
         wait_ns = time.perf_counter_ns() - t0
         rows, now = f.rows, serial[f.rows]
@@ -219,7 +224,7 @@ class Launcher:
         if now.tobytes() != f.serial.tobytes():  # (a request ended meanwhile)
             keep = now == f.serial
             dropped = int(np.count_nonzero(~keep))
-            rows, tokens, lp = rows[keep], tokens[keep], (lp[keep] if lp is not None else None)
+            rows, tokens, lp = rows[keep], tokens[:, keep], (lp[keep] if lp is not None else None)
         if not f.decode:
             return rows, tokens, lp, Landed(dropped)
         timer = self._timers[f.parity] if self.timing else None

@@ -81,6 +81,7 @@ class EarlyPlan:
     program: FlushProgram
     seq: int
     plan_ns: int
+    tokens: int = 1  # tokens a row it was planned for
 
     def names(self, pages: np.ndarray) -> bool:
         """Whether the program names one of ``pages`` (its cells are crossing pages and whole-row runs; a narrow cell
@@ -120,22 +121,24 @@ class EarlyStep:
     batch: Batch | None = None
     version: int = -1  # the scheduler's version the batch was composed at
 
+    tokens: int = 1  # tokens a row the step runs (its crossings taken for them)
+
     @classmethod
     def prepare(cls, batch: Batch, version: int, admission: Admission, arm: ResidentArm | HostArm,
-                plan: bool) -> EarlyStep:  # fmt: skip
-        """Prepare ``batch`` (the next step as composed now, at the scheduler's ``version``): take its decode rows'
-        crossing pages and (``plan``) let the arm prepare it early. Nothing when it has no decode rows or their
-        crossings do not fit (the step itself then offloads)."""
+                plan: bool, tokens: int = 1) -> EarlyStep:  # fmt: skip
+        """Prepare ``batch`` (the next step as composed now, at the scheduler's ``version``, running ``tokens`` tokens
+        a row): take its decode rows' crossing pages and (``plan``) let the arm prepare it early. Nothing when it has
+        no decode rows or their crossings do not fit (the step itself then offloads)."""
         rows = batch.rows
         if rows.size == 0:
             return cls()
-        found = admission.crossings(rows)
+        found = admission.crossings(rows, tokens)
         if not admission.crossings_fit(found):
             return cls()
         txn = AdmitTxn()
         admission.take_crossings(found, txn)
-        return cls(txn, arm.prepare_early(rows, batch.bucket) if plan else None, None if batch.admits else batch,
-                   version)  # fmt: skip
+        return cls(txn, arm.prepare_early(rows, batch.bucket, tokens) if plan else None,
+                   None if batch.admits else batch, version, tokens)  # fmt: skip
 
     def take_batch(self, version: int) -> Batch | None:
         """The batch composed early, if the scheduler is still at its version (no transition since: an arrival, an
@@ -211,18 +214,18 @@ class ResidentArm:
         self.seqs = seqs
         self.check_rows = check_rows
 
-    def prepare(self, rows: np.ndarray, b: int, early: Early | None) -> tuple[int, Prepared]:
-        """Plan the step (or take the plan made early for these rows from this state) and flush its program.
-        Returns the step's seq and what it did."""
+    def prepare(self, rows: np.ndarray, b: int, early: Early | None, tokens: int = 1) -> tuple[int, Prepared]:
+        """Plan the step of ``tokens`` tokens a row (or take the plan made early for these rows and tokens from this
+        state) and flush its program. Returns the step's seq and what it did."""
         t0 = time.perf_counter_ns()
         hit = (isinstance(early, EarlyPlan) and early.bucket == b and early.base is self.state
-               and early.key == rows.tobytes())  # fmt: skip
+               and early.tokens == tokens and early.key == rows.tobytes())  # fmt: skip
         if hit:
             state, program, seq = early.state, early.program, early.seq
             t0 -= early.plan_ns  # planned early; it counts all the same
         else:
             seq = next(self.seqs)
-            state, program = plan(self.state, Step(rows, b, seq), self.streams)
+            state, program = plan(self.state, Step(rows, b, seq, tokens), self.streams)
         self.state = state
         self.executor.flush(program)
         plan_ns = time.perf_counter_ns() - t0
@@ -231,11 +234,11 @@ class ResidentArm:
                              program.displaced.size, program.h2d_copies, program.h2d_bytes,
                              int(program.empty))  # fmt: skip
 
-    def prepare_early(self, rows: np.ndarray, b: int) -> EarlyPlan:
+    def prepare_early(self, rows: np.ndarray, b: int, tokens: int = 1) -> EarlyPlan:
         seq = next(self.seqs)
         t0 = time.perf_counter_ns()
-        state, program = plan(self.state, Step(rows, b, seq), self.streams)
-        return EarlyPlan(rows.tobytes(), b, self.state, state, program, seq, time.perf_counter_ns() - t0)
+        state, program = plan(self.state, Step(rows, b, seq, tokens), self.streams)
+        return EarlyPlan(rows.tobytes(), b, self.state, state, program, seq, time.perf_counter_ns() - t0, tokens)
 
     def ran(self, rows: np.ndarray, b: int, seq: int) -> tuple[Checked, list[Mismatch]] | None:
         """The step was launched: commit its seq, and check the rows it read when asked to (the check and its
@@ -278,14 +281,15 @@ class HostArm:
             parts += [s.lengths[rows], held, s.pages[rows, np.maximum(held - 1, 0)]]
         return np.concatenate(parts)
 
-    def prepare(self, rows: np.ndarray, b: int, early: Early | None) -> tuple[int, Prepared]:
-        """Fill the step's buffers, or take the early fill made for these rows while they still read the same."""
+    def prepare(self, rows: np.ndarray, b: int, early: Early | None, tokens: int = 1) -> tuple[int, Prepared]:
+        """Fill the step's buffers, or take the early fill made for these rows while they still read the same (one
+        token a row: ``tokens`` is 1)."""
         if (isinstance(early, EarlyFill) and early.bucket == b and early.key == rows.tobytes()
                 and np.array_equal(early.seen, self.seen(rows))):  # fmt: skip
             return early.seq, attrs.evolve(early.filled, early_hits=1)  # filled while the step before ran
         return next(self.seqs), self.fills.fill(self.streams, rows, b)
 
-    def prepare_early(self, rows: np.ndarray, b: int) -> EarlyFill | None:
+    def prepare_early(self, rows: np.ndarray, b: int, tokens: int = 1) -> EarlyFill | None:
         if not self.device_ids:  # the buffers a launch reads its ids from are the host's: nothing runs meanwhile
             return None
         seq = next(self.seqs)

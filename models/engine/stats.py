@@ -19,8 +19,9 @@ class Counts:
 
 @attrs.frozen(slots=True)
 class StepCounts(Counts):
-    """A step ran: a decode step (its rows, whether a pass was in flight beside it, whether it overlapped the step
-    before), a mixed step or a prefill step; its wall time, counted as a decode step's or a mixed step's."""
+    """A step ran: a decode step (its rows' tokens, whether a pass was in flight beside it, whether it overlapped the
+    step before, whether it ran more than a token a row), a mixed step or a prefill step; its wall time, counted as a
+    decode step's or a mixed step's."""
 
     steps: int = 0
     decode_steps: int = 0
@@ -31,6 +32,7 @@ class StepCounts(Counts):
     prefill_steps: int = 0
     decode_ns: int = 0
     mixed_ns: int = 0
+    multi_token_steps: int = 0
 
 
 @attrs.frozen(slots=True)
@@ -99,7 +101,8 @@ class EngineStats:
     launch_ns: int = 0  # decode steps: input ids copy (if any) + graph replay launch (its readback in the graph)
     wait_ns: int = 0  # decode steps: waiting for the sampled tokens (the GPU finishing the step)
     decode_ns: int = 0  # decode steps: wall time of the whole step() (compose, admit, plan, replay, emit, pre-plan)
-    decode_rows: int = 0  # decode steps: real rows (tokens) they produced
+    decode_rows: int = 0  # decode steps: real rows' tokens they produced (rows x tokens a row)
+    multi_token_steps: int = 0  # decode steps of more than one token a row (EngineConfig.tokens_per_launch)
     gpu_ms: float = 0.0  # decode steps: graph time on the GPU (CUDA events; with timing on)
     itl: list = attrs.Factory(list)  # with timing on: per step, [n] gaps since each row's last token (s)
     early_steps: int = 0  # next decode steps prepared early (a resident plan, or the host arm's fill)

@@ -122,10 +122,10 @@ class RequestTable:
         self.stop[h] = -1
         self.stop[h, : len(stops)] = stops
 
-    def launched(self, rows: np.ndarray) -> np.ndarray:
-        """A step was launched with ``rows``: each has one more token issued. Returns [n] bool: the row's last token
-        is among those issued (no later step may run it)."""
-        issued = self.issued[rows] + self._one
+    def launched(self, rows: np.ndarray, tokens: int = 1) -> np.ndarray:
+        """A step was launched with ``rows``: each has ``tokens`` more tokens issued. Returns [n] bool: the row's last
+        token is among those issued (no later step may run it)."""
+        issued = self.issued[rows] + (self._one if tokens == 1 else tokens)
         self.issued[rows] = issued
         return issued >= self.room[rows]
 

@@ -1,0 +1,103 @@
+"""Decode launches of k tokens a row (``EngineConfig.tokens_per_launch``): each graph runs k sub-steps that gather
+the rows, draw and commit, and the host plans, launches and reads back once per k tokens. Against the same engine at
+one token a launch: the same tokens and finish reasons (greedy, seeded sampling, stop tokens inside a launch, lengths
+no multiple of k, KV pressure with offloads, chunked prompts, passes beside the steps, overlap on and off), every
+resident step's rows equal to the host streams (row check), the pools whole after every step; launches of k tokens
+did run, and a step falls back to one token where a row asks for logprobs or would write past its context."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+from test_engine import BASE, QWEN
+
+from models.engine import Engine, FinishReason, Planning, PrefillPlacement
+from models.engine.compare import check_pools, random_requests
+from models.engine.requests import Request, SamplingParams
+from models.layers.decode_attention import Backend
+
+K = 4  # tokens a launch (page size 4: a row opens at most one page in a launch)
+REQS = random_requests(QWEN, 24, prompt_len=(3, 12), gen_len=(2, 13), seed=7)
+CASES = {
+    "c1": dict(max_running=1),
+    "c4-overlap": dict(max_running=4, overlap=True),
+    "c8-beside": dict(max_running=8, prefill=PrefillPlacement.BESIDE),  # (k-token steps beside passes)
+    "kv-pressure-c8-overlap": dict(max_running=8, num_pages=14, overlap=True),
+    "chunked-c4": dict(max_running=4, token_budget=5),
+}
+
+
+def _serve(cfg, reqs):
+    """``reqs`` served by one engine of ``cfg``, its pools checked after every step; (engine, results)."""
+    e = Engine(QWEN, cfg)
+    return e, e.run(reqs, on_step=lambda out: check_pools(e))
+
+
+def _outcome(results):
+    return [(r.tokens, r.finish_reason) for r in results]
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_k_tokens_a_launch_give_one_token_launches_results(case):
+    cfg = attrs.evolve(BASE, **CASES[case])
+    one, want = _serve(cfg, REQS)
+    e, got = _serve(attrs.evolve(cfg, tokens_per_launch=K), REQS)
+    assert _outcome(got) == _outcome(want)
+    s = e.stats
+    assert s.multi_token_steps > 0 and s.decode_steps < one.stats.decode_steps
+    assert s.tokens == one.stats.tokens and s.decode_rows >= one.stats.decode_rows  # (drawn past an end: dropped)
+    assert s.row_checks == s.decode_steps and s.mismatches == 0, s.first_mismatches
+    if case.startswith("kv-pressure"):
+        assert s.offloads > 0 and s.reloads == s.offloads
+
+
+def test_stop_tokens_inside_a_launch_end_the_request_there():
+    """Each request's stop token is its own greedy continuation's 3rd, 6th, ... token: it stops on it, inside a
+    launch, with the tokens after it dropped."""
+    cfg = attrs.evolve(BASE, max_running=4, overlap=True)
+    free = [attrs.evolve(r, sampling=attrs.evolve(r.sampling, max_tokens=14, ignore_eos=True)) for r in REQS[:8]]
+    _, runs = _serve(cfg, free)
+    stopped = [attrs.evolve(r, sampling=attrs.evolve(r.sampling, stop_token_ids=(res.tokens[2 + 3 * (i % 4)],)))
+               for i, (r, res) in enumerate(zip(free, runs, strict=True))]  # fmt: skip
+    _, want = _serve(cfg, stopped)
+    e, got = _serve(attrs.evolve(cfg, tokens_per_launch=K), stopped)
+    assert _outcome(got) == _outcome(want)
+    assert all(r.finish_reason is FinishReason.STOP for r in got)
+    assert e.stats.multi_token_steps > 0
+
+
+def test_seeded_sampling_draws_the_same_tokens():
+    reqs = random_requests(QWEN, 12, (3, 12), (4, 12), seed=2, temperature=0.9, top_p=0.9, top_k=32)
+    cfg = attrs.evolve(BASE, max_running=4, overlap=True)
+    _, want = _serve(cfg, reqs)
+    _, got = _serve(attrs.evolve(cfg, tokens_per_launch=K), reqs)
+    assert _outcome(got) == _outcome(want)
+
+
+def test_a_step_runs_one_token_where_a_row_asks_for_logprobs_or_its_context_ends_within_k():
+    cfg = attrs.evolve(BASE, max_running=2, tokens_per_launch=K)  # (context 32)
+    e = Engine(QWEN, cfg)
+    e.run([Request((1, 2, 3), SamplingParams(max_tokens=10, logprobs=2, ignore_eos=True))])
+    assert e.stats.decode_rows == e.stats.decode_steps == 9  # (the first token is the pass's)
+    e = Engine(QWEN, cfg)
+    r = e.run([Request((1, 2, 3), SamplingParams(max_tokens=8, ignore_eos=True))])[0]
+    assert len(r.tokens) == 8 and (e.stats.decode_steps, e.stats.decode_rows) == (2, 8)  # 4 + 4, the last dropped
+    e = Engine(QWEN, cfg)
+    r = e.run([Request(tuple(range(1, 26)), SamplingParams(max_tokens=8, ignore_eos=True))])[0]
+    assert len(r.tokens) == 7 and r.finish_reason is FinishReason.LENGTH  # (the context's 32 tokens end it)
+    assert e.stats.multi_token_steps == 1 and e.stats.decode_steps == 3  # KV 25 + 4 + 1 + 1: 33 would pass the end
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(planning=Planning.HOST), "needs resident planning"),
+    (dict(page_size=2), "more than page_size 2"),
+    (dict(prefix_cache=True, checkpoints=4, checkpoint_interval=64), "with prefix_cache"),
+], ids=["host", "over-a-page", "prefix-cache"])  # fmt: skip
+def test_k_tokens_a_launch_refuse_what_they_cannot_serve(change, match):
+    with pytest.raises(ValueError, match=match):
+        attrs.evolve(BASE, tokens_per_launch=K, **change)
+
+
+def test_fa2_attention_is_refused_for_k_tokens_a_launch():
+    with pytest.raises(ValueError, match="needs an attention without a host plan"):
+        attrs.evolve(BASE, device="cuda", attention=Backend.FA2, tokens_per_launch=K)
