@@ -17,6 +17,8 @@ Engine arms (``ARMS``: planning, decode attention, overlap):
   resident-xqa-sync, resident-triton-sync  the same without overlap (isolates what planning alone gains)
   resident-triton-cache, resident-torch-cache  resident-triton, resident-torch with the prefix cache on
                   (``EngineConfig.prefix_cache``: shared KV pages, recurrent-state checkpoints)
+  resident-triton-k4, resident-torch-k4  resident-triton, resident-torch running 4 decode tokens a row in each graph
+                  launch (``EngineConfig.tokens_per_launch``: the host plans, launches and reads back once per 4)
   host-torch, resident-torch  plain-torch attention (resident with overlap): the arms a CPU runs
 
 What the reports' ratios (paired by round, at one placement, budget and host load) isolate: resident-triton over
@@ -50,13 +52,14 @@ from models.layers.decode_attention import Backend
 
 @attrs.frozen
 class Decoding:
-    """How an engine arm runs its decode steps: its planning, decode attention and overlap; and whether its prefix
-    cache is on."""
+    """How an engine arm runs its decode steps: its planning, decode attention and overlap; whether its prefix cache
+    is on, and the decode tokens a row each graph launch runs."""
 
     planning: Planning
     attention: Backend
     overlap: bool
     prefix_cache: bool = False
+    tokens_per_launch: int = 1
 
 
 ARMS = {
@@ -72,6 +75,8 @@ ARMS = {
     "resident-torch": Decoding(Planning.RESIDENT, Backend.TORCH, True),
     "resident-triton-cache": Decoding(Planning.RESIDENT, Backend.TRITON, True, prefix_cache=True),
     "resident-torch-cache": Decoding(Planning.RESIDENT, Backend.TORCH, True, prefix_cache=True),
+    "resident-triton-k4": Decoding(Planning.RESIDENT, Backend.TRITON, True, tokens_per_launch=4),
+    "resident-torch-k4": Decoding(Planning.RESIDENT, Backend.TORCH, True, tokens_per_launch=4),
 }
 CUDA_ONLY = frozenset({Backend.FA2, Backend.XQA})
 
@@ -95,6 +100,7 @@ class Arm:
     prefill: PrefillPlacement
     token_budget: int | None
     prefix_cache: bool = False
+    tokens_per_launch: int = 1
 
     @classmethod
     def of(cls, name: str, prefill: PrefillPlacement, budget: int | Budget, device: str) -> Arm:
@@ -103,7 +109,7 @@ class Arm:
         auto = EngineConfig(device=device, prefill=prefill).token_budget  # (the config checks the placement)
         tokens = auto if budget is Budget.AUTO else None if budget is Budget.WHOLE else budget
         d = ARMS[name]
-        return cls(name, d.planning, d.attention, d.overlap, prefill, tokens, d.prefix_cache)
+        return cls(name, d.planning, d.attention, d.overlap, prefill, tokens, d.prefix_cache, d.tokens_per_launch)
 
     @property
     def label(self) -> str:
@@ -114,13 +120,13 @@ class Arm:
         """The arm's engine config with the benchmark's engine knobs (device, dtype, max_running, ...)."""
         return EngineConfig(planning=self.planning, attention=self.attention, overlap=self.overlap,
                             prefill=self.prefill, token_budget=self.token_budget, prefix_cache=self.prefix_cache,
-                            **knobs)  # fmt: skip
+                            tokens_per_launch=self.tokens_per_launch, **knobs)  # fmt: skip
 
     def peer(self, name: str) -> Arm:
         """The engine arm ``name`` at this arm's placement and budget (what a ratio against ``name`` pairs with)."""
         d = ARMS[name]
         return attrs.evolve(self, name=name, planning=d.planning, attention=d.attention, overlap=d.overlap,
-                            prefix_cache=d.prefix_cache)  # fmt: skip
+                            prefix_cache=d.prefix_cache, tokens_per_launch=d.tokens_per_launch)  # fmt: skip
 
 
 def budget_text(tokens: int | None) -> str:
