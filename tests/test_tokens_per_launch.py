@@ -28,9 +28,18 @@ CASES = {
 
 
 def _serve(cfg, reqs):
-    """``reqs`` served by one engine of ``cfg``, its pools checked after every step; (engine, results)."""
-    e = Engine(QWEN, cfg)
-    return e, e.run(reqs, on_step=lambda out: check_pools(e))
+    """``reqs`` served by one engine of ``cfg``, its pools checked after every step, and each request's tokens as
+    the step outputs streamed them equal to its result's; (engine, results)."""
+    e, streamed = Engine(QWEN, cfg), {}
+
+    def on_step(out):
+        check_pools(e)
+        for rid, t in zip(out.request_ids.tolist(), out.tokens.tolist(), strict=True):
+            streamed.setdefault(rid, []).append(t)
+
+    results = e.run(reqs, on_step=on_step)
+    assert all(streamed.get(r.request_id, []) == list(r.tokens) for r in results)
+    return e, results
 
 
 def _outcome(results):

@@ -411,17 +411,8 @@ class Engine:
         ended meanwhile; a row that ends on one of its tokens drops the ones after it)."""
         rows, tokens, lp, landed = self.launcher.land(f, self.table.serial)
         self.stats.add(landed)
-        if not rows.size:
-            return
-        serial = self.table.serial[rows] if tokens.shape[0] > 1 else None  # (a row that ends changes its serial)
-        self._emit(rows, tokens[0], lp)
-        for j in range(1, tokens.shape[0]):
-            alive = self.table.serial[rows] == serial
-            if not alive.all():
-                rows, tokens, serial = rows[alive], tokens[:, alive], serial[alive]
-                if not rows.size:
-                    return
-            self._emit(rows, tokens[j])
+        if rows.size:
+            self._emit(rows, tokens[0] if tokens.shape[0] == 1 else tokens, lp)
 
     def _drain(self) -> None:
         """Land the step in flight, if any."""
@@ -430,9 +421,11 @@ class Engine:
             self._land(f)
 
     def _emit(self, rows: np.ndarray, tokens: np.ndarray, lp: TokenLogprobs | None = None) -> None:
-        """Record each row's token (and its logprobs, drawn where a row asked for them); finish rows that sampled a
-        stop token or ran out of tokens or context."""
-        emitted = self.table.emit(rows, tokens, self.config.timing, lp)
+        """Record each row's token ([n]; and its logprobs, drawn where a row asked for them), or a launch's tokens a
+        row ([k, n], ``RequestTable.emit_block``); finish rows that drew a stop token or ran out of tokens or
+        context."""
+        emitted = (self.table.emit(rows, tokens, self.config.timing, lp) if tokens.ndim == 1
+                   else self.table.emit_block(rows, tokens, self.config.timing))  # fmt: skip
         self.stats.add(Tokens(emitted.n))
         if emitted.itl is not None:
             self.stats.sample_itl(emitted.itl)

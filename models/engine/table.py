@@ -50,6 +50,7 @@ class RequestTable:
         self.t_first = np.zeros(H)  # wall clock of each handle's first token
         self.t_last = np.zeros(H)  # and of its latest
         self._zero, self._one = np.zeros(1, np.int64), np.ones(1, np.int64)  # (a compare with an array is cheaper)
+        self._block_at = np.arange(max_seq_len)[:, None]  # [T, 1] a token's index in a launch (emit_block)
         self.room = np.zeros(H, np.int64)  # tokens a request may generate: min(max_tokens, context - prompt)
         self.min_tokens = np.zeros(H, np.int64)  # no stop token before this many (0 when it has no stop tokens)
         self.sampling = np.zeros(H, bool)  # temperature > 0: the step replays the sampling graph
@@ -175,6 +176,52 @@ class RequestTable:
         stopped = stopped[:, 0] if stopped.shape[1] == 1 else stopped.any(1)
         done = stopped | (g >= self.room[rows])
         return Emitted(rows.size, itl, done, stopped, np.count_nonzero(done))
+
+    def emit_block(self, rows: np.ndarray, tokens: np.ndarray, timing: bool) -> Emitted:
+        """Record the tokens a launch of k tokens a row drew ([n] handles, [k, n] tokens, row j the j-th), each row's
+        up to the first that ends it (a stop token, or its last by max_tokens or the context; the rest dropped), in
+        order in the outbox, and say which rows are done. Its gaps: each row's since its last token, then 0 for the
+        tokens that came with it."""
+        k, n = tokens.shape
+        g = self.gen[rows]  # [n]
+        tokens = tokens.astype(np.int64, copy=False)
+        stop = (self.stop[rows][None, :, :] == tokens[:, :, None]).any(2)  # [k, n]
+        at = self._block_at[:k]  # [k, 1]
+        ends = stop | (at >= (self.room[rows] - g - 1)[None, :])  # [k, n]: the row ends on its j-th token
+        done = ends.any(0)
+        n_done = int(np.count_nonzero(done))
+        count = np.where(done, ends.argmax(0) + 1, k) if n_done else np.full(n, k)  # [n] tokens recorded a row
+        total = int(count.sum())
+        now = time.perf_counter()
+        first = g == self._zero
+        if first.any():
+            self.t_first[rows[first]] = now
+        itl = None
+        if timing and not first.all():
+            itl = np.concatenate([now - self.t_last[rows[~first]], np.zeros(total - n)])
+        self.t_last[rows] = now
+        cols = g[None, :] + at  # [k, n] each token's index in its request's output
+        if n_done:
+            valid = at < count[None, :]  # [k, n]
+            self.out[np.broadcast_to(rows, (k, n))[valid], cols[valid]] = tokens[valid]
+            self.digest = (self.digest + int(np.dot(tokens[valid], cols[valid] + 1))) % (1 << 61)
+        else:  # (no row ends in the launch: every token recorded)
+            self.out[rows[None, :], cols] = tokens
+            self.digest = (self.digest + int(np.vdot(tokens, cols + 1))) % (1 << 61)
+        self.emitted += total
+        self.gen[rows] = g + count
+        self.last_token[rows] = tokens[count - 1, np.arange(n)]
+        ids = self.rid_of[rows]
+        for j in range(k):  # (the outbox in token order: a row's j-th token after every row's (j-1)-th)
+            v = count > j
+            if n_done == 0 or v.all():
+                self._out_ids.append(ids)
+                self._out_tokens.append(tokens[j])
+            elif v.any():
+                self._out_ids.append(ids[v])
+                self._out_tokens.append(tokens[j][v])
+        stopped = stop[count - 1, np.arange(n)] & done
+        return Emitted(total, itl, done, stopped, n_done)
 
     def _emit_logprobs(self, rows: np.ndarray, g: np.ndarray, lp: TokenLogprobs) -> None:
         """Record the rows' logprobs at token index g ([n] each) and put them in the outbox, NaN / -1 past what each
