@@ -1,6 +1,6 @@
 """The host's share of a decode step: the engine's loop with the device work taken out (runs on a CPU).
 
-    python -m models.bench.host_step --concurrency 1,64 --steps 2000 [--arms resident,host] [--profile 25]
+    python -m models.bench.host_step --concurrency 1,64 --steps 2000 [--arms resident,host,resident-k4] [--profile 25]
 
 An engine of the tiny Qwen3.5 shape is built on the CPU for each arm and concurrency; its step graphs' replays are
 replaced by nothing (``resplan.graph.Graph.replay``), so each decode step is only what the host does around a replay:
@@ -8,7 +8,8 @@ compose, admit, plan and flush (resident) or the host fill (host), stage the ids
 asks for ``--steps`` tokens (each drawn as token 0, never a stop), all admitted at once; after a warm-up run the timed
 run's decode steps are counted. Reported per decode step: host microseconds (median over ``--rounds`` runs: the run's
 wall time less its prefill passes', which on a CPU compute the prompts in torch), the Python function calls it
-makes (one run under cProfile; ``--profile N`` prints its N costliest functions), and the torch calls it makes
+makes (one run under cProfile; ``--profile N`` prints its N costliest functions), the host microseconds a row's
+decode token costs (a step's time over the tokens it drew a row: ``resident-k4`` draws 4), and the torch calls it makes
 around its replay (one run counted by ``TorchCalls``, over the decode steps that launched and landed no pass): on
 CUDA each such call may let the interpreter go, and on a busy host taking it back is a wait.
 
@@ -37,7 +38,8 @@ from models.engine.config import Planning
 from models.engine.requests import Request, SamplingParams
 from resplan.graph import Graph
 
-ARMS = {"resident": Planning.RESIDENT, "host": Planning.HOST}
+ARMS = {"resident": (Planning.RESIDENT, 1), "host": (Planning.HOST, 1),  # (planning, tokens a row a launch)
+        "resident-k4": (Planning.RESIDENT, 4)}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -45,7 +47,9 @@ def parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("--concurrency", default="1,64", help="requests running at once, comma-separated (default 1,64)")
     ap.add_argument("--steps", type=int, default=2000, help="tokens each request asks for (default 2000)")
-    ap.add_argument("--arms", default="resident,host", help="planning arms: resident, host (default both)")
+    ap.add_argument("--arms", default="resident,host",
+                    help="arms: resident, host, resident-k4 (resident, 4 decode tokens a row a launch; "
+                         "EngineConfig.tokens_per_launch); default resident,host")  # fmt: skip
     ap.add_argument("--rounds", type=int, default=3, help="timed runs per arm and concurrency (default 3)")
     ap.add_argument("--overlap", default="on", choices=["on", "off"], help="overlapped steps (default on)")
     ap.add_argument("--profile", type=int, default=0, metavar="N", help="print the N costliest functions of a run")
@@ -94,21 +98,24 @@ def torch_calls_a_step(engine: Engine, requests: list[Request]) -> float:
 def measure(arm: str, c: int, args) -> dict:
     """One arm at concurrency c: host us a decode step (median over rounds), calls a step, torch calls a step, the
     profile's text."""
-    cfg = EngineConfig(planning=ARMS[arm], max_running=c, overlap=args.overlap == "on", max_seq_len=args.steps + 32)
+    planning, tokens = ARMS[arm]
+    cfg = EngineConfig(planning=planning, max_running=c, overlap=args.overlap == "on", max_seq_len=args.steps + 32,
+                       tokens_per_launch=tokens)  # fmt: skip
     engine = Engine.build("qwen3_5-tiny", cfg)
     rng = np.random.default_rng(0)
     with mock.patch.object(Graph, "replay", lambda self: None):
         engine.run(_requests(c, min(args.steps, 64), rng))  # warm-up
         gc.collect()
         gc.freeze()
-        per_step = []
+        per_step, per_token = [], []
         for _ in range(args.rounds):
-            before, passes_ns = _decode_steps(engine), engine.stats.prefill_ns
+            before, passes_ns, rows = _decode_steps(engine), engine.stats.prefill_ns, engine.stats.decode_rows
             t0 = time.perf_counter_ns()
             engine.run(_requests(c, args.steps, rng))
             # (less the passes' wall time: their CPU compute is the GPU's work on a GPU)
             host_ns = time.perf_counter_ns() - t0 - (engine.stats.prefill_ns - passes_ns)
             per_step.append(host_ns / 1e3 / (_decode_steps(engine) - before))
+            per_token.append(host_ns / 1e3 / ((engine.stats.decode_rows - rows) / c))  # a row's decode tokens
         before = _decode_steps(engine)
         prof = cProfile.Profile()
         prof.enable()
@@ -124,7 +131,8 @@ def measure(arm: str, c: int, args) -> dict:
         pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(args.profile)
         text = out.getvalue()
     return dict(us=statistics.median(per_step), spread=(min(per_step), max(per_step)),
-                calls=stats.total_calls / steps, torch_calls=torch_calls, profile=text)  # fmt: skip
+                token_us=statistics.median(per_token), calls=stats.total_calls / steps, torch_calls=torch_calls,
+                profile=text)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -139,14 +147,14 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"--concurrency takes integers, comma-separated; got {a.concurrency!r}")
     if any(c < 1 for c in cs) or a.steps < 2 or a.rounds < 1:
         ap.error("--concurrency values must be >= 1, --steps >= 2 and --rounds >= 1")
-    print("| arm | c | host us / decode step, median [min-max] | Python calls / decode step | "
-          "torch calls / decode step |\n|---|---|---|---|---|")
+    print("| arm | c | host us / decode step, median [min-max] | host us / a row's decode token | "
+          "Python calls / decode step | torch calls / decode step |\n|---|---|---|---|---|---|")
     profiles = []
     for c in cs:
         for arm in arms:
             r = measure(arm, c, a)
-            print(f"| {arm} | {c} | {r['us']:.1f} [{r['spread'][0]:.1f}-{r['spread'][1]:.1f}] | {r['calls']:.0f} | "
-                  f"{r['torch_calls']:.2f} |", flush=True)  # fmt: skip
+            print(f"| {arm} | {c} | {r['us']:.1f} [{r['spread'][0]:.1f}-{r['spread'][1]:.1f}] | {r['token_us']:.1f} | "
+                  f"{r['calls']:.0f} | {r['torch_calls']:.2f} |", flush=True)  # fmt: skip
             profiles.append((arm, c, r["profile"]))
     for arm, c, text in profiles:
         if text:
