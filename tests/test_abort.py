@@ -1,7 +1,7 @@
 """Abort and bounded bookkeeping: ``Engine.abort`` ends a request wherever it is (waiting, mid-prefill, decoding,
-its token in flight under overlap, offloaded) with FinishReason.ABORT and the tokens it had; everything it held comes
-back; no other request's tokens change; a finished request's result is handed over once, in one step's output, and
-its id forgotten."""
+its token in flight under overlap, offloaded; in either arm, and with 4 tokens a row a launch) with FinishReason.ABORT
+and the tokens it had; everything it held comes back; no other request's tokens change; a finished request's result
+is handed over once, in one step's output, and its id forgotten."""
 
 from __future__ import annotations
 
@@ -57,11 +57,15 @@ def _status(e: Engine, rid: str) -> int | None:
     return None if h is None else int(e.scheduler.status[h])
 
 
-@pytest.mark.parametrize("arm", [R, H], ids=["resident", "host"])
+ARMS = {"resident": dict(planning=R), "host": dict(planning=H),
+        "resident-k4": dict(planning=R, tokens_per_launch=4)}  # (4 decode tokens a row a launch)
+
+
+@pytest.mark.parametrize("arm", list(ARMS), ids=list(ARMS))
 @pytest.mark.parametrize("stage", list(STAGES), ids=list(STAGES))
 def test_an_abort_at_each_stage_frees_everything_and_changes_no_other_request(stage, arm):
     changes, there = STAGES[stage]
-    cfg = attrs.evolve(BASE, planning=arm, **changes)
+    cfg = attrs.evolve(BASE, **ARMS[arm], **changes)
     want = _reference(cfg)
     e = Engine(QWEN, cfg)
     for r in REQS:
