@@ -70,6 +70,26 @@ def test_overlapped_resident_matches_host_with_stop_tokens():
     assert st.overlapped > 0.5 * st.decode_steps and st.discarded > 0
 
 
+@pytest.mark.parametrize("backend", [Backend.TORCH, Backend.TRITON], ids=["torch", "triton"])
+def test_k_tokens_a_launch_give_one_token_launches_tokens_on_gpu_graphs(backend):
+    """Captured graphs of 4 sub-steps (``tokens_per_launch``), overlapped, a third of the requests stopping on a
+    token inside a launch: every request's tokens and finish reason equal the one-token engine's (the tiny model,
+    float32: near-ties do not move with the batches, which admissions every 4 tokens change)."""
+    adapter = build_adapter("qwen3_5-tiny", seed=0, device="cuda", dtype=torch.float32)
+    reqs = random_requests(adapter, 32, prompt_len=(4, 40), gen_len=(8, 40), seed=7)
+    cfg = EngineConfig(device="cuda", max_running=8, page_size=4, max_seq_len=96, prefill=IN_STEP, overlap=True,
+                       attention=backend)  # fmt: skip
+    free = run_arms(adapter, cfg, reqs, arms=(R,))[R].tokens
+    reqs = [attrs.evolve(r, sampling=attrs.evolve(r.sampling, stop_token_ids=(t[2 + i % 5],)))
+            if i % 3 == 0 and len(t) > 7 else r for i, (r, t) in enumerate(zip(reqs, free, strict=True))]  # fmt: skip
+    one = run_arms(adapter, cfg, reqs, arms=(R,))[R]
+    k4 = run_arms(adapter, attrs.evolve(cfg, tokens_per_launch=4), reqs, arms=(R,))[R]
+    assert [(r.tokens, r.finish_reason) for r in k4.results] == [(r.tokens, r.finish_reason) for r in one.results]
+    st = k4.engine.stats
+    print(f"\n{st.decode_steps} launches ({st.multi_token_steps} of 4 tokens) against {one.engine.stats.decode_steps}")
+    assert st.multi_token_steps > 0 and st.decode_steps < one.engine.stats.decode_steps
+
+
 @pytest.mark.parametrize("backend", [Backend.XQA, Backend.TRITON], ids=["xqa", "triton"])
 def test_overlapped_resident_matches_host_at_0_8b_shape(backend):
     """The plan-free GPU attentions with overlap: greedy tokens and decode steps identical to the same engine
