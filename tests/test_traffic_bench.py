@@ -302,3 +302,15 @@ def test_the_report_names_each_request_whose_tokens_differ_and_where():
     assert traffic.same_tokens(diffs, 3) == ("2/3", "1/3")
     assert traffic.token_differences(base, base) == [[], []]
     assert traffic.same_tokens(traffic.token_differences(runs, []), 3) == ("-", "-")  # nothing to compare with
+
+
+def test_an_arm_of_k_tokens_a_launch_is_compared_with_its_one_token_twin(tmp_path):
+    """``resident-torch-k4`` beside ``resident-torch``: its row says how many requests got its twin's tokens (all of
+    them: sampled rows and stop tokens included) and its throughput against the twin's."""
+    out = tmp_path / "out"
+    traffic.main([*CPU, "--arms", "resident-torch,resident-torch-k4", "--num-requests", "12", "--rate", "inf",
+                  "--prompt-len", "uniform:3,20", "--gen-len", "uniform:4,20", "--sampled-frac", "0.3", "--stop-frac",
+                  "0.3", "--rounds", "1", "--warmup", "0", "--no-prerun", "--out", str(out)])  # fmt: skip
+    rows = {r["arm"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
+    assert rows["resident-torch-k4"]["tokens_same_twin"] == "12/12" and rows["resident-torch-k4"]["vs_twin"] != "-"
+    assert rows["resident-torch"]["tokens_same_twin"] == "-"  # (no twin: it is the one-token arm)

@@ -45,8 +45,9 @@ its own load.
 
 Writes ``results.md``, ``results.json``, ``ttft_cdf.png``, ``itl_cdf.png`` and ``timeline.png`` (the last round of
 each arm: rows, prompt tokens and wall time of every step) under ``--out``. Where an arm's tokens differ from the host
-arm's or (with the prefix cache) from the same arm's without it, ``results.json``'s row names each such request, round
-by round, with the first token that differs (``differ_from_host``, ``differ_from_no_cache``). Runs on a CPU too
+arm's or from its twin's (the same arm without its prefix cache, or at one token a launch: ``resident-triton`` for
+``resident-triton-cache`` and ``resident-triton-k4``), ``results.json``'s row names each such request, round by round,
+with the first token that differs (``differ_from_host``, ``differ_from_twin``). Runs on a CPU too
 (tiny model, the ``host-torch`` and ``resident-torch`` arms), which is how its tests run it.
 
 Under torchrun (``python -m torch.distributed.run --nproc-per-node 2 -m models.bench.traffic ...``) every arm's
@@ -83,6 +84,7 @@ import numpy as np
 import torch
 
 from models.bench.arms import (
+    ARMS,
     Arm,
     add_arm_options,
     add_host_load_option,
@@ -601,10 +603,10 @@ def summarize(runs: list[dict], arms: list[Arm], loads: tuple[float, ...] = (0.0
     """The report's table (one row an arm at a host load: its engine arm, placement, budget and load, the loads one
     block after another) and its rows as dicts. An arm is compared with the host arm (host, else host-torch),
     host-overlap and host-triton-overlap at its own placement, budget and load; an arm with the prefix cache with the
-    same arm without it."""
+    same arm without it, and an arm of k tokens a launch with the same arm at one (its twin)."""
     head = ["arm", "prefill", "token budget", "host load (achieved)", "output tok/s", "vs host", "vs host-overlap",
-            "vs host-triton-overlap", *(h for h, _, _ in COLUMNS[1:]), "vs no cache", "TTFT p50 no cache / cache",
-            "all tokens = no cache", "first tokens = host", "all tokens = host"]  # fmt: skip
+            "vs host-triton-overlap", *(h for h, _, _ in COLUMNS[1:]), "vs twin", "TTFT p50 twin / this",
+            "all tokens = twin", "first tokens = host", "all tokens = host"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     rows = []
     for load in loads:
@@ -616,7 +618,8 @@ def summarize(runs: list[dict], arms: list[Arm], loads: tuple[float, ...] = (0.0
             base = by_label.get(arm.peer("host").label) or by_label.get(arm.peer("host-torch").label, [])
             host_over = by_label.get(arm.peer("host-overlap").label, [])
             host_triton = by_label.get(arm.peer("host-triton-overlap").label, [])
-            plain = by_label.get(arm.peer(arm.name.removesuffix("-cache")).label, []) if arm.prefix_cache else []
+            twin = arm.name.removesuffix("-cache").removesuffix("-k4")  # (the same arm, no cache, one token a launch)
+            plain = by_label.get(arm.peer(twin).label, []) if twin != arm.name and twin in ARMS else []
             n = len(rs[0]["tokens"])
             differ_host = token_differences(rs, base) if rs is not base else []
             differ_plain = token_differences(rs, plain) if plain else []
@@ -627,9 +630,9 @@ def summarize(runs: list[dict], arms: list[Arm], loads: tuple[float, ...] = (0.0
             achieved = [r["host_load_achieved"] for r in rs]
             row = dict(arm=arm.name, label=arm.label, prefill=arm.prefill.value, token_budget=arm.token_budget,
                        host_load=load, host_load_achieved=float(np.median(achieved)),
-                       first_tokens_same=first, tokens_same=whole, vs_no_cache=vs_plain, ttft_cut=ttft_cut,
-                       tokens_same_no_cache=plain_same,
-                       differ_from_host=differ_host, differ_from_no_cache=differ_plain,
+                       first_tokens_same=first, tokens_same=whole, vs_twin=vs_plain, ttft_cut=ttft_cut,
+                       tokens_same_twin=plain_same,
+                       differ_from_host=differ_host, differ_from_twin=differ_plain,
                        vs_host=paired_ratio(rs, base, "tokps") if rs is not base else "-",
                        vs_host_overlap=paired_ratio(rs, host_over, "tokps") if rs is not host_over else "-",
                        vs_host_triton_overlap=paired_ratio(rs, host_triton, "tokps") if rs is not host_triton
