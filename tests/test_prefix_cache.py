@@ -88,6 +88,7 @@ CASES = {
     "exact-pool": dict(num_pages=3 * 40 + 1),  # every request at the context (serving's size): tails evicted for rows
     "in-pass-chunked": dict(prefill=PrefillPlacement.IN_PASS, token_budget=40),
     "overlap-chunked": dict(overlap=True, token_budget=24),
+    "overlap-k4": dict(overlap=True, tokens_per_launch=4),  # (a reply's stream runs past its end: no checkpoint)
 }
 
 
@@ -103,6 +104,8 @@ def test_tokens_with_the_cache_equal_tokens_without(case):
     assert s.checkpoints_evicted > 0  # the pool of 5 is smaller than what the chats checkpoint
     if case == "in-step-kv-pressure":
         assert s.cached_pages_evicted > 0
+    if case == "overlap-k4":
+        assert s.multi_token_steps > 0
     adm = eng.admission  # every request ended: the pages held are the checkpoints' tails, no more
     tails = sum(1 for ck in adm.checkpoints.lru.values() if ck.tail_page)
     assert sum(adm.refs.count) == tails and not adm.in_flight

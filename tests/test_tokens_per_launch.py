@@ -100,8 +100,7 @@ def test_a_step_runs_one_token_where_a_row_asks_for_logprobs_or_its_context_ends
 @pytest.mark.parametrize("change, match", [
     (dict(planning=Planning.HOST), "needs resident planning"),
     (dict(page_size=2), "more than page_size 2"),
-    (dict(prefix_cache=True, checkpoints=4, checkpoint_interval=64), "with prefix_cache"),
-], ids=["host", "over-a-page", "prefix-cache"])  # fmt: skip
+], ids=["host", "over-a-page"])  # fmt: skip
 def test_k_tokens_a_launch_refuse_what_they_cannot_serve(change, match):
     with pytest.raises(ValueError, match=match):
         attrs.evolve(BASE, tokens_per_launch=K, **change)
@@ -110,3 +109,22 @@ def test_k_tokens_a_launch_refuse_what_they_cannot_serve(change, match):
 def test_fa2_attention_is_refused_for_k_tokens_a_launch():
     with pytest.raises(ValueError, match="needs an attention without a host plan"):
         attrs.evolve(BASE, device="cuda", attention=Backend.FA2, tokens_per_launch=K)
+
+
+def test_a_stream_that_ran_past_its_last_token_is_cached_without_a_checkpoint():
+    """With the prefix cache, a reply whose last launch ran past its last token (7 tokens: the pass's, 4, then 4 with
+    2 dropped) leaves its full pages cached and no checkpoint of its state, which is 2 tokens past; its next turn
+    restores the prompt's end instead and gets the tokens it gets without the cache. At one token a launch the reply's
+    end is checkpointed."""
+    cache = dict(prefix_cache=True, checkpoints=4, checkpoint_interval=64, max_running=1, max_seq_len=64)
+    first = Request(tuple(range(1, 11)), SamplingParams(max_tokens=7, ignore_eos=True))
+    taken = {}
+    for k in (1, K):
+        e = Engine(QWEN, attrs.evolve(BASE, tokens_per_launch=k, **cache))
+        reply = e.run([first])[0].tokens
+        taken[k] = e.stats.checkpoints_taken
+        nxt = Request(first.prompt + reply + (5, 6), SamplingParams(max_tokens=6, ignore_eos=True))
+        got = e.run([nxt])[0].tokens
+        assert got == Engine(QWEN, attrs.evolve(BASE, tokens_per_launch=k, max_seq_len=64)).run([nxt])[0].tokens
+        assert e.stats.prefix_hits == 1
+    assert taken == {1: 2, K: 1}  # (the prompt's end; and at one token a launch the reply's end)

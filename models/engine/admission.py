@@ -357,16 +357,22 @@ class Admission:
         checkpoint, which a next turn passes, becomes the first to evict. Nothing is copied: h's recurrent slot becomes
         the checkpoint's (h's release gives the reserved checkpoint slot to the requests' pool instead) and h's last
         page, if partly filled, its tail page (held once more, so h's release does not free it). A step still in
-        flight with h in it completes the slot and page before anything enqueued later reads them."""
+        flight with h in it completes the slot and page before anything enqueued later reads them. A stream that ran
+        past its last token (a launch of k tokens a row, ``EngineConfig.tokens_per_launch``) has its full pages up to
+        that token cached and no checkpoint: its state is past it."""
         if self.refs is None:
             return
         st, k, ps = self.streams, self.prefix.pool, self.page_size
         n = int(st.kv[k].lengths[h])
+        past = n > len(tokens)
+        n = min(n, len(tokens))
         if n == 0:
             return
         prompt_keys = self.keys.get(h, [])[: n // ps]  # (its prompt's full pages: cached when their pass landed)
         keys = chain_keys(tokens[:n], ps, len(prompt_keys), prompt_keys[-1] if prompt_keys else ROOT_KEY)
         self.refs.insert(st.kv[k].pages[h, len(prompt_keys) : n // ps].astype(np.int32), keys)
+        if past:
+            return
         keys = prompt_keys + keys
         base = keys[-1] if n >= ps else ROOT_KEY
         tail = tail_bytes(tokens, (n // ps) * ps, n)

@@ -160,9 +160,6 @@ class EngineConfig:
         if k > self.page_size:
             raise ValueError(f"tokens_per_launch {k} is more than page_size {self.page_size}: a row could open two "
                              "pages in one launch")  # fmt: skip
-        if k > 1 and self.prefix_cache:
-            raise ValueError(f"tokens_per_launch {k} with prefix_cache: a request that stops inside a launch has "
-                             "state past its last token, which the cache would keep")  # fmt: skip
         if self.attention in (Backend.FA2, Backend.XQA) and not cuda:
             raise ValueError(f"attention {self.attention.value} runs on CUDA only; on {self.device} use torch or "
                              f"triton (Backend.TORCH / Backend.TRITON)")  # fmt: skip
