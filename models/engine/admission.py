@@ -203,10 +203,11 @@ class Admission:
                 found.append((k, rows[need], col[need]))
         return tuple(found)
 
-    def within_spans(self, rows: np.ndarray, tokens: int) -> bool:
-        """Whether each of ``rows`` can write ``tokens`` more tokens within its APPEND spans (its context)."""
-        return all(int(self.streams.kv[k].lengths[rows].max()) + tokens <= self.layout.span(k).width * self.page_size
-                   for k in self.append_keys)  # fmt: skip
+    def within_context(self, rows: np.ndarray, tokens: int) -> bool:
+        """Whether each of ``rows`` can write ``tokens`` more tokens within its APPEND pools' context (positions below
+        each pool's max_seq_len: no position past what the model and its pages are sized for)."""
+        ctx = {p.key: p.max_seq_len for p in self.layout.append_pools}
+        return all(int(self.streams.kv[k].lengths[rows].max()) + tokens <= ctx[k] for k in self.append_keys)
 
     def crossings_fit(self, found: tuple[tuple[str, np.ndarray, np.ndarray], ...]) -> bool:
         """Whether every APPEND pool has a free page for each crossing ``found`` (``crossings``)."""

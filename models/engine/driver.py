@@ -267,7 +267,7 @@ class Engine:
         k, rows = self.most_tokens, batch.rows
         if k == 1 or rows.size == 0 or (batch.has_prefill and not self.config.prefill.beside):
             return 1
-        if self.table.asks_logprobs(rows) or not self.admission.within_spans(rows, k):
+        if self.table.asks_logprobs(rows) or not self.admission.within_context(rows, k):
             return 1
         return k if self.admission.crossings_fit(self.admission.crossings(rows, k)) else 1
 
