@@ -1,9 +1,10 @@
-"""Decode launches of k tokens a row (``EngineConfig.tokens_per_launch``): each graph runs k sub-steps that gather
-the rows, draw and commit, and the host plans, launches and reads back once per k tokens. Against the same engine at
-one token a launch: the same tokens and finish reasons (greedy, seeded sampling, stop tokens inside a launch, lengths
-no multiple of k, KV pressure with offloads, chunked prompts, passes beside the steps, overlap on and off), every
-resident step's rows equal to the host streams (row check), the pools whole after every step; launches of k tokens
-did run, and a step falls back to one token where a row asks for logprobs or would write past its context."""
+"""Decode launches of k tokens a row (``EngineConfig.tokens_per_launch``): each graph runs k sub-steps that gather the
+rows, draw and commit, and the host plans, launches and reads back once per k tokens. Against the same engine at one
+token a launch: the same tokens and finish reasons (greedy, seeded sampling, stop tokens inside a launch, lengths no
+multiple of k, KV pressure with offloads, rows displaced from the store, chunked prompts, passes beside the steps,
+overlap on and off), every resident step's rows equal to the host streams (row check), the pools whole after every
+step; launches of k tokens did run, and a step falls back to one token where a row asks for logprobs or would write
+past its context."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import attrs
 import pytest
 from test_engine import BASE, QWEN
 
-from models.engine import Engine, FinishReason, Planning, PrefillPlacement
+from models.engine import Engine, FinishReason, Order, Planning, PrefillPlacement
 from models.engine.compare import check_pools, random_requests
 from models.engine.requests import Request, SamplingParams
 from models.layers.decode_attention import Backend
@@ -24,6 +25,7 @@ CASES = {
     "c8-beside": dict(max_running=8, prefill=PrefillPlacement.BESIDE),  # (k-token steps beside passes)
     "kv-pressure-c8-overlap": dict(max_running=8, num_pages=14, overlap=True),
     "chunked-c4": dict(max_running=4, token_budget=5),
+    "turns-c8-bucket2": dict(max_running=8, max_bucket=2, order=Order.TURNS),  # (rows displaced nearly every step)
 }
 
 
@@ -58,6 +60,8 @@ def test_k_tokens_a_launch_give_one_token_launches_results(case):
     assert s.row_checks == s.decode_steps and s.mismatches == 0, s.first_mismatches
     if case.startswith("kv-pressure"):
         assert s.offloads > 0 and s.reloads == s.offloads
+    if case.startswith("turns"):
+        assert s.displacements > 0
 
 
 def test_stop_tokens_inside_a_launch_end_the_request_there():
