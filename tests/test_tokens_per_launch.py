@@ -12,7 +12,7 @@ import attrs
 import pytest
 from test_engine import BASE, QWEN
 
-from models.engine import Engine, FinishReason, Order, Planning, PrefillPlacement
+from models.engine import Engine, EngineConfig, FinishReason, Order, Planning, PrefillPlacement, build_adapter
 from models.engine.compare import check_pools, random_requests
 from models.engine.requests import Request, SamplingParams
 from models.layers.decode_attention import Backend
@@ -132,3 +132,15 @@ def test_a_stream_that_ran_past_its_last_token_is_cached_without_a_checkpoint():
         assert got == Engine(QWEN, attrs.evolve(BASE, tokens_per_launch=k, max_seq_len=64)).run([nxt])[0].tokens
         assert e.stats.prefix_hits == 1
     assert taken == {1: 2, K: 1}  # (the prompt's end; and at one token a launch the reply's end)
+
+
+def test_whisper_reads_its_context_pool_beside_k_token_launches():
+    """Whisper's decoder (an APPEND self-attention pool and a READ cross-attention pool): the same tokens at 4 tokens
+    a launch, the row check at 0."""
+    whisper = build_adapter("whisper-test", seed=0)
+    reqs = random_requests(whisper, 8, prompt_len=(2, 6), gen_len=(3, 12), seed=3)
+    cfg = EngineConfig(page_size=4, max_seq_len=64, max_running=3, row_check=True)
+    want = Engine(whisper, cfg).run(reqs)
+    e = Engine(whisper, attrs.evolve(cfg, tokens_per_launch=K))
+    assert _outcome(e.run(reqs)) == _outcome(want)
+    assert e.stats.multi_token_steps > 0 and e.stats.mismatches == 0
