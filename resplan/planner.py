@@ -36,7 +36,9 @@ def plan(state: PlannerState, step: Step, streams: HostStreams) -> tuple[Planner
             f"step {step.seq} planned while steps {state.prev_seq} and {state.last_seq} are both uncommitted; "
             "a plan is built only behind the commit of the step before the last"
         )
-    if step.tokens > 1 and any(step.tokens > p.page_size for p in cfg.append_pools):
+    if step.tokens != 1 and (step.tokens < 1 or any(step.tokens > p.page_size for p in cfg.append_pools)):
+        if step.tokens < 1:
+            raise PlanError(f"step {step.seq} runs {step.tokens} tokens a row: a step runs at least one")
         ps = min(p.page_size for p in cfg.append_pools)
         raise PlanError(f"step {step.seq} runs {step.tokens} tokens a row, more than a page ({ps}): a row could open "
                         "two pages in it")  # fmt: skip

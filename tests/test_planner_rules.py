@@ -328,8 +328,8 @@ def test_a_step_of_more_tokens_than_a_page_is_refused_and_a_step_of_none_is_no_s
     a = e.admit(3)
     with pytest.raises(PlanError, match="runs 5 tokens a row, more than a page"):
         plan(e.state, Step(np.array([a]), 1, 1, tokens=5), e.streams)  # (page size 4: two pages could open)
-    with pytest.raises(ValueError, match="at least one token a row, got 0"):
-        Step(np.array([a]), 1, 1, tokens=0)
+    with pytest.raises(PlanError, match="runs 0 tokens a row: a step runs at least one"):
+        plan(e.state, Step(np.array([a]), 1, 1, tokens=0), e.streams)
 
 
 def test_an_uncaptured_bucket_is_refused():

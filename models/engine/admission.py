@@ -197,7 +197,8 @@ class Admission:
         handles, [m] page columns), only the pools with some (vectorised per pool)."""
         found = []
         for k in self.append_keys:
-            col = (self.streams.kv[k].lengths[rows] + (tokens - 1)) // self.page_size
+            L = self.streams.kv[k].lengths[rows]
+            col = (L if tokens == 1 else L + (tokens - 1)) // self.page_size
             need = col >= self.n_pages[k][rows]
             if np.count_nonzero(need):
                 found.append((k, rows[need], col[need]))

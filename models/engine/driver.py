@@ -238,7 +238,7 @@ class Engine:
                 self.early.take_txn()
                 return batch, batch.chunks, landed_ns, early_tokens
             else:
-                tokens = self._tokens(batch)
+                tokens = self._tokens(batch) if self.most_tokens > 1 else 1
                 admitted = self.admission.admit(batch.rows, batch.admits, self.early.take_txn(), tokens)
                 if admitted.refused is None:
                     return batch, batch.chunks + self._admitted(admitted, batch.admits), landed_ns, tokens
@@ -265,7 +265,7 @@ class Engine:
         crossings fit; else one. A row with fewer tokens left ends inside the launch (the tokens after it dropped,
         as after a stop token)."""
         k, rows = self.most_tokens, batch.rows
-        if k == 1 or rows.size == 0 or (batch.has_prefill and not self.config.prefill.beside):
+        if rows.size == 0 or (batch.has_prefill and not self.config.prefill.beside):
             return 1
         if self.table.asks_logprobs(rows) or not self.admission.within_context(rows, k):
             return 1
@@ -341,7 +341,8 @@ class Engine:
         if not self._runs():
             return EarlyStep()
         early = EarlyStep.prepare(batch, self.scheduler.version, self.admission, self.arm,
-                                  not batch.has_prefill or self.config.prefill.beside, self._tokens(batch))  # fmt: skip
+                                  not batch.has_prefill or self.config.prefill.beside,
+                                  self._tokens(batch) if self.most_tokens > 1 else 1)  # fmt: skip
         self.stats.add(EARLY_STEP if early.early is not None else NO_EARLY_STEP)
         return early
 
