@@ -129,7 +129,7 @@ class EngineConfig:
     state_dtype: torch.dtype = attrs.field(default=torch.float32, validator=_state_dtype)
     # decode tokens a row runs per graph launch: k > 1 captures graphs of k sub-steps (each gathering the rows from the
     # store, drawing a token, committing +1), so the host plans, launches and reads back once per k tokens; a step
-    # whose rows ask for logprobs, or one of which has fewer than k tokens left, runs one. Resident planning only
+    # whose rows ask for logprobs, or one of which would write past its context, runs one. Resident planning only
     tokens_per_launch: int = attrs.field(default=1, validator=_positive)
 
     def __attrs_post_init__(self) -> None:
