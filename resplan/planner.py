@@ -36,12 +36,8 @@ def plan(state: PlannerState, step: Step, streams: HostStreams) -> tuple[Planner
             f"step {step.seq} planned while steps {state.prev_seq} and {state.last_seq} are both uncommitted; "
             "a plan is built only behind the commit of the step before the last"
         )
-    if step.tokens != 1 and (step.tokens < 1 or any(step.tokens > p.page_size for p in cfg.append_pools)):
-        if step.tokens < 1:
-            raise PlanError(f"step {step.seq} runs {step.tokens} tokens a row: a step runs at least one")
-        ps = min(p.page_size for p in cfg.append_pools)
-        raise PlanError(f"step {step.seq} runs {step.tokens} tokens a row, more than a page ({ps}): a row could open "
-                        "two pages in it")  # fmt: skip
+    if step.tokens != 1:
+        _check_tokens(cfg, step)
     h = step.handles
     try:
         ok = state.ledger.row_ok[h]
@@ -50,6 +46,16 @@ def plan(state: PlannerState, step: Step, streams: HostStreams) -> tuple[Planner
     if ok.tobytes() == cfg.all_ok[h.size]:
         return _plan_steady(state, step, streams, bi)
     return _plan_general(state, step, streams, bi, ok)
+
+
+def _check_tokens(cfg: PlannerConfig, step: Step) -> None:
+    """A step runs 1 <= tokens <= page_size tokens a row: at most one page opens a row in it."""
+    if step.tokens < 1:
+        raise PlanError(f"step {step.seq} runs {step.tokens} tokens a row: a step runs at least one")
+    ps = min((p.page_size for p in cfg.append_pools), default=step.tokens)
+    if step.tokens > ps:
+        raise PlanError(f"step {step.seq} runs {step.tokens} tokens a row, more than a page ({ps}): a row could open "
+                        "two pages in it")  # fmt: skip
 
 
 def _plan_steady(state: PlannerState, step: Step, streams: HostStreams, bi: int) -> tuple[PlannerState, FlushProgram]:
