@@ -204,11 +204,14 @@ class Admission:
                 found.append((k, rows[need], col[need]))
         return tuple(found)
 
-    def within_context(self, rows: np.ndarray, tokens: int) -> bool:
-        """Whether each of ``rows`` can write ``tokens`` more tokens within its APPEND pools' context (positions below
-        each pool's max_seq_len: no position past what the model and its pages are sized for)."""
-        ctx = {p.key: p.max_seq_len for p in self.layout.append_pools}
-        return all(int(self.streams.kv[k].lengths[rows].max()) + tokens <= ctx[k] for k in self.append_keys)
+    def room_for(self, rows: np.ndarray, tokens: int) -> bool:
+        """Whether each of ``rows`` can write ``tokens`` more tokens: within its APPEND pools' context (positions below
+        each pool's max_seq_len, no position past what the model and its pages are sized for), and with a free page
+        for each page they open."""
+        if any(int(self.streams.kv[p.key].lengths[rows].max()) + tokens > p.max_seq_len
+               for p in self.layout.append_pools):  # fmt: skip
+            return False
+        return self.crossings_fit(self.crossings(rows, tokens))
 
     def crossings_fit(self, found: tuple[tuple[str, np.ndarray, np.ndarray], ...]) -> bool:
         """Whether every APPEND pool has a free page for each crossing ``found`` (``crossings``)."""

@@ -261,15 +261,13 @@ class Engine:
 
     def _tokens(self, batch: Batch) -> int:
         """The tokens a row ``batch``'s decode step runs: ``tokens_per_launch`` where its rows run as a decode step
-        (no prefill in the step), none asks for logprobs, each can write that many within its context and their
-        crossings fit; else one. A row with fewer tokens left ends inside the launch (the tokens after it dropped,
-        as after a stop token)."""
+        (no prefill in the step), none asks for logprobs and admission has room for them (``Admission.room_for``);
+        else one. A row with fewer tokens left ends inside the launch (the tokens after it dropped, as after a stop
+        token)."""
         k, rows = self.most_tokens, batch.rows
-        if rows.size == 0 or (batch.has_prefill and not self.config.prefill.beside):
+        if rows.size == 0 or (batch.has_prefill and not self.config.prefill.beside) or self.table.asks_logprobs(rows):
             return 1
-        if self.table.asks_logprobs(rows) or not self.admission.within_context(rows, k):
-            return 1
-        return k if self.admission.crossings_fit(self.admission.crossings(rows, k)) else 1
+        return k if self.admission.room_for(rows, k) else 1
 
     def _decode_launch(self, batch: Batch, early, tokens: int = 1) -> InFlight:
         """Prepare, launch, advance, commit: the step (``tokens`` tokens a row) is in flight."""
