@@ -36,7 +36,7 @@ from models.engine import (
 from models.engine.audio import AudioError, decoder_prompt, feature_extractor, log_mel, read_wav
 from models.engine.checkpoint import WHISPER, CheckpointError, load_adapter, read_checkpoint
 from models.engine.requests import CANDIDATES
-from models.engine.serving import keep_autotuning_on_disk, serving_config
+from models.engine.serving import serving_config
 from models.engine.text import Tokenizer, TokenizerError
 from models.layers.decode_attention import Backend
 
@@ -180,7 +180,6 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command; 0 when every request finished, 130 on Ctrl-C (one line on stderr), 2 on an error."""
     ap = parser()
     args = ap.parse_args(argv)
-    keep_autotuning_on_disk()
     try:
         return _generate(args, ap, Progress(args.quiet))
     except KeyboardInterrupt:

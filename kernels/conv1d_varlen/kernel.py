@@ -71,6 +71,7 @@ def _conv_kernel(
 _tuned_conv_kernel = triton.autotune(
     [triton.Config({"BLOCK_T": bt}, num_warps=w) for bt in (16, 32, 64) for w in (2, 4, 8)],
     key=["n_class", "C", "x_n", "K", "BLOCK_C", "NORMED"],
+    cache_results=True,  # the pick on disk with the compiled kernel: a later process benchmarks nothing
 )(_conv_kernel)  # n_class (tokens to a power of two, 256 .. 16384; unread by the kernel): few tunings, not one an N
 
 

@@ -7,8 +7,6 @@ Every choice a user may make is a keyword; None takes the default, resolved here
 
 from __future__ import annotations
 
-import os
-
 import attrs
 import torch
 
@@ -26,12 +24,6 @@ CPU_KV_GIB = 2.0
 class ServingPlan:
     config: EngineConfig
     notes: tuple[str, ...]  # what each default chose, in words
-
-
-def keep_autotuning_on_disk() -> None:
-    """Autotuned Triton kernels' picks kept on disk with the compiled kernels (``TRITON_CACHE_AUTOTUNING``, unless the
-    environment sets it): else every start benchmarks every config of every autotuned kernel again."""
-    os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
 
 
 def kv_page_bytes(adapter: Adapter, page_size: int, dtype: torch.dtype) -> int:

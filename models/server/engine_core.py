@@ -85,10 +85,9 @@ def build_engine(spec: EngineSpec, progress):
     from models.engine.adapters import build_adapter
     from models.engine.config import PrefillPlacement
     from models.engine.driver import Engine
-    from models.engine.serving import keep_autotuning_on_disk, serving_config
+    from models.engine.serving import serving_config
     from models.layers.decode_attention import Backend
 
-    keep_autotuning_on_disk()
     dtype = getattr(torch, spec.dtype) if spec.dtype else None
     device = spec.device or ("cuda" if torch.cuda.is_available() else "cpu")
     progress("loading weights")
