@@ -4,6 +4,7 @@ and answers a bad argument or a missing GPU with one line naming the problem, ne
 from __future__ import annotations
 
 import importlib
+import os
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from kernels.runtime import interpreted
 CLIS = ["models.demo", "models.generate", "models.server", *(f"models.bench.{m}" for m in (
     "attention", "decode_profile", "gemv", "planner", "prefill_profile", "prefill_ops", "serve", "traffic",
     "pool_probe", "prefill_pass", "prefill_kernels", "sampler", "step_profile", "make_checkpoint",
-    "front_end", "host_step"))]  # fmt: skip
+    "front_end", "host_step", "serve_http"))]  # fmt: skip
 
 
 @pytest.mark.parametrize("module", CLIS)
@@ -46,6 +47,18 @@ def test_the_demo_refuses_in_one_line(args, words, capsys):
         main([*args, "--no-progress"])
     err = capsys.readouterr().err
     assert info.value.code == 2 and err.count("\n") == 1 and words in err, err
+
+
+@pytest.mark.parametrize("cpus, words", [("0-", "is not a CPU list"), ("99999", "may run on CPUs")])
+def test_serve_http_takes_cpu_lists_as_taskset_writes_them_and_refuses_others_in_one_line(cpus, words, capsys):
+    from models.bench.serve_http import cpu_set, parser
+
+    first = min(os.sched_getaffinity(0))
+    assert cpu_set(f"{first}-{first},{first}") == {first}
+    with pytest.raises(SystemExit):
+        parser().parse_args(["--model-dir", "d", "--out", "o", "--client-cpus", cpus])
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and words in err, err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer on a machine without a GPU")

@@ -16,6 +16,9 @@ what places the ITL p50: its 30th and 70th percentiles and the share of decode s
 burst about half the decode steps run beside a pass, so the ITL p50 sits at the edge of the decode-only steps' point
 mass: a few percent more steps beside a pass, as arrivals spread over tens of milliseconds bring, move it by ~0.3 ms.)
 
+CPUs: the client processes run on the server's machine here, where clients elsewhere would not take its CPUs;
+``--server-cpus`` and ``--client-cpus`` keep the two apart (the in-process arm runs on the server's).
+
 Workloads: poisson (``--num-requests`` at ``--rate`` req/s), burst (``--num-requests`` at t=0), and connections
 (``--connections`` streaming requests at t=0 with fixed lengths: every connection held until its tokens arrive).
 """
@@ -60,8 +63,31 @@ def parser() -> OneLineParser:
     ap.add_argument("--port", type=int, default=8000, help="the server's port (127.0.0.1)")
     ap.add_argument("--client-procs", type=positive_int, default=4,
                     help="client processes the HTTP requests are spread over (default 4)")
+    ap.add_argument("--server-cpus", type=cpu_set, default=None,
+                    help="CPUs (e.g. 0-1,8-9) the server's processes and the in-process arm run on (default: any)")
+    ap.add_argument("--client-cpus", type=cpu_set, default=None,
+                    help="CPUs the HTTP client processes run on (default: any); apart from --server-cpus, as clients "
+                         "on other machines would be")  # fmt: skip
     ap.add_argument("--out", type=Path, required=True, help="folder for the logs and results.md")
     return ap
+
+
+def cpu_set(text: str) -> frozenset[int]:
+    """A CPU list as taskset writes it ("0-3,8"), each CPU one this process may run on."""
+    cpus = set()
+    for part in text.split(","):
+        lo, dash, hi = part.partition("-")
+        if not lo.isdigit() or (dash and not hi.isdigit()) or int(hi or lo) < int(lo):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a CPU list such as 0-3,8")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    if not cpus <= os.sched_getaffinity(0):
+        raise argparse.ArgumentTypeError(f"{text!r}: this process may run on CPUs {sorted(os.sched_getaffinity(0))}")
+    return frozenset(cpus)
+
+
+def pinned(cpus: frozenset[int] | None):
+    """A Popen ``preexec_fn`` that keeps the child (and the processes it starts) on ``cpus``; None: no pinning."""
+    return None if cpus is None else lambda: os.sched_setaffinity(0, cpus)
 
 
 class ServerProcess:
@@ -74,7 +100,8 @@ class ServerProcess:
         self.proc = subprocess.Popen([sys.executable, "-m", "models.server", "--model-dir", str(args.model_dir),
                                       "--port", str(args.port), "--max-running", str(args.max_running),
                                       "--max-seq-len", str(args.max_seq_len), "--no-progress"],
-                                     stdout=subprocess.PIPE, stderr=self.f, text=True)  # fmt: skip
+                                     stdout=subprocess.PIPE, stderr=self.f, text=True,
+                                     preexec_fn=pinned(args.server_cpus))  # fmt: skip
         line = self.proc.stdout.readline()  # "ready: URL (...)" once it serves, or "" when it exits first
         self.ready_s = time.perf_counter() - t0
         if not line.startswith("ready"):
@@ -131,7 +158,8 @@ def traffic(args, workload: str, out: Path, url: str | None) -> dict:
         cmd += ["--arms", "resident-triton-cache", "--max-running", str(args.max_running), "--max-seq-len",
                 str(args.max_seq_len)]  # fmt: skip
     with open(out.with_suffix(".log"), "w") as log:
-        subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=True)
+        cpus = args.client_cpus if url is not None else args.server_cpus
+        subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=True, preexec_fn=pinned(cpus))
     return json.loads((out / "results.json").read_text())
 
 
