@@ -112,6 +112,8 @@ MALFORMED = {  # name: (how to break a copy of the causal directory, words of th
     "unknown-architecture": (lambda p: _edit(p, architectures=["LlamaForCausalLM"]),
                              "architectures ['LlamaForCausalLM']: this engine serves"),
     "unsupported-activation": (lambda p: _edit(p, hidden_act="gelu"), "hidden_act is 'gelu'"),
+    "a-width-as-text": (lambda p: _edit(p, hidden_size="64"), "hidden_size is '64', not an integer"),
+    "unknown-dtype": (lambda p: _edit(p, dtype="float99"), "dtype 'float99' is not a torch dtype"),
     "no-weights": (lambda p: (p / "model.safetensors").unlink(), "no model.safetensors and no"),
     "missing-weight": (lambda p: _drop(p, "model.norm.weight"), "missing weight 'model.norm.weight'"),
     "unexpected-weight": (lambda p: _add(p, "model.extra.weight", torch.zeros(2)), "unexpected weight 'model.extra"),
@@ -163,6 +165,87 @@ def _truncate(f):
 def _index(path, shard):
     names = list(_tensors(path))
     (path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": dict.fromkeys(names, shard)}))
+
+
+def _hf_config(path):
+    """Our config of a directory the way read_checkpoint made it before config_json: through transformers'
+    AutoConfig (the reference config_json's defaults and rules are held against)."""
+    from models.qwen3_5.config import Qwen35Config
+    from models.whisper.config import WhisperConfig
+
+    hf = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
+    if hf.model_type == "whisper":
+        return WhisperConfig.from_hf(hf)
+    if hf.model_type == "qwen3_5":
+        return Qwen35Config.from_hf(hf.text_config, path.name, tie_word_embeddings=hf.tie_word_embeddings)
+    return Qwen35Config.from_hf(hf, path.name)
+
+
+def _without(raw: dict, names) -> dict:
+    return {k: v for k, v in raw.items() if k not in names}
+
+
+def _qwen_variants(raw: dict) -> dict:
+    """Text configs as other writers leave them, each read alike by transformers: every field the engine reads left
+    out but the shape's own; rope's fields at the top level; layer types left to the interval; legacy layer names."""
+    from models.engine.config_json import QWEN_TEXT
+
+    shape = {"vocab_size", "hidden_size", "num_hidden_layers", "head_dim"}
+    rope = raw["rope_parameters"]
+    return {
+        "as-saved": raw,
+        "defaults": _without(raw, (set(QWEN_TEXT) | {"layer_types", "rope_parameters", "partial_rotary_factor"})
+                             - shape),
+        "rope-at-top": {**_without(raw, {"rope_parameters"}), "rope_theta": 5e5, "partial_rotary_factor": 0.5},
+        "rope-no-factor": {**_without(raw, {"partial_rotary_factor"}),
+                           "rope_parameters": _without(rope, {"partial_rotary_factor"})},
+        "interval": {**_without(raw, {"layer_types"}), "full_attention_interval": 2},
+        "legacy-names": {**raw, "layer_types": ["mamba", "attention", "mamba", "attention"]},
+        "torch-dtype": {**_without(raw, {"dtype"}), "torch_dtype": "bfloat16"},
+    }  # fmt: skip
+
+
+def test_config_json_reads_a_config_as_transformers_does(dirs):
+    """read_checkpoint (which no longer imports transformers) gives the config and dtype transformers' AutoConfig
+    gave, over the variants real config.json files take, for the causal, the conditional and the Whisper model."""
+    cases = []
+    causal = json.loads((dirs["causal"] / "config.json").read_text())
+    for name, raw in _qwen_variants(causal).items():
+        cases.append((f"causal-{name}", raw))
+    vl = json.loads((dirs["vl"] / "config.json").read_text())
+    for name, text in _qwen_variants(vl["text_config"]).items():
+        cases.append((f"vl-{name}", {**vl, "text_config": text}))
+    cases.append(("vl-untied-by-default", _without(vl, {"tie_word_embeddings"})))
+    whisper = json.loads((dirs["whisper"] / "config.json").read_text())
+    from models.engine.config_json import WHISPER
+
+    cases += [("whisper", whisper), ("whisper-defaults", _without(whisper, set(WHISPER))),
+              ("whisper-aliases", {**_without(whisper, {"d_model", "encoder_layers"}), "hidden_size": 32,
+                                   "num_hidden_layers": 3})]  # fmt: skip
+    for name, raw in cases:
+        path = dirs["root"] / f"config-{name}"
+        path.mkdir()
+        (path / "config.json").write_text(json.dumps(raw))
+        ours = read_checkpoint(path)
+        hf = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
+        declared = getattr(hf, "dtype", None) or getattr(getattr(hf, "text_config", None), "dtype", None)
+        assert ours.config == _hf_config(path), name
+        assert ours.dtype == (declared or torch.float32), name
+
+
+def test_config_json_defaults_are_transformers_config_classes_defaults():
+    from models.engine import config_json
+
+    text, whisper = transformers.Qwen3_5TextConfig(), transformers.WhisperConfig()
+    for table, hf in ((config_json.QWEN_TEXT, text), (config_json.WHISPER, whisper)):
+        for name, default in table.items():
+            theirs = getattr(hf, name)
+            assert (list(theirs) if isinstance(theirs, tuple) else theirs) == (
+                list(default) if isinstance(default, tuple) else default), name
+    assert transformers.Qwen3_5Config().tie_word_embeddings == config_json.QWEN_VL_TIED
+    assert text.rope_parameters["rope_theta"] == config_json.ROPE_THETA
+    assert text.rope_parameters["partial_rotary_factor"] == config_json.PARTIAL_ROTARY_FACTOR
+    assert config_json.qwen_text({}).layer_types == text.layer_types
 
 
 @pytest.mark.parametrize("case", list(MALFORMED), ids=list(MALFORMED))

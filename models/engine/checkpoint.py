@@ -20,6 +20,7 @@ from pathlib import Path
 import attrs
 import torch
 
+from models.engine import config_json
 from models.qwen3_5.config import Qwen35Config
 from models.whisper.config import WhisperConfig
 
@@ -93,27 +94,24 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
     if arch is None:
         raise CheckpointError(f"{path / 'config.json'}: architectures {archs or '(none)'}: this engine serves "
                               f"{', '.join(ARCHITECTURES)}")  # fmt: skip
-    from transformers import AutoConfig
-
-    try:
-        hf = AutoConfig.from_pretrained(path, local_files_only=True)
-    except Exception as e:  # transformers' own checks on config.json (e.g. unknown model_type)
-        raise CheckpointError(f"{path / 'config.json'}: transformers cannot read it: {e}") from None
     try:
         if arch == WHISPER:
-            cfg = WhisperConfig.from_hf(hf)
-            declared = getattr(hf, "dtype", None)
+            cfg = WhisperConfig.from_hf(config_json.whisper(raw))
+        elif arch == QWEN_VL:
+            text, tied = config_json.qwen_vl(raw)
+            cfg = Qwen35Config.from_hf(text, path.name, tie_word_embeddings=tied)
         else:
-            text = hf.text_config if arch == QWEN_VL else hf
-            tie = hf.tie_word_embeddings if arch == QWEN_VL else None
-            cfg = Qwen35Config.from_hf(text, path.name, tie_word_embeddings=tie)
-            declared = getattr(hf, "dtype", None) or getattr(text, "dtype", None)
+            cfg = Qwen35Config.from_hf(config_json.qwen_text(raw), path.name)
     except (ValueError, AttributeError, TypeError) as e:
         raise CheckpointError(f"{path / 'config.json'}: {arch}: {e}") from None
-    if isinstance(declared, str):
-        declared = getattr(torch, declared)
+    declared = config_json.dtype_name(raw)
+    if declared is None and arch == QWEN_VL:
+        declared = config_json.dtype_name(raw.get("text_config") or {})
+    if declared and not isinstance(getattr(torch, declared, None), torch.dtype):
+        raise CheckpointError(f"{path / 'config.json'}: dtype {declared!r} is not a torch dtype")
+    declared = getattr(torch, declared) if declared else None
     gen = _json(path / "generation_config.json") if (path / "generation_config.json").exists() else {}
-    eos = _ids(gen.get("eos_token_id")) or _ids(raw.get("eos_token_id") or raw.get("text_config", {}).get(
+    eos = _ids(gen.get("eos_token_id")) or _ids(raw.get("eos_token_id") or (raw.get("text_config") or {}).get(
         "eos_token_id"))  # fmt: skip
     return Checkpoint(path, arch, cfg, declared or torch.float32, eos, gen)
 
