@@ -1,7 +1,7 @@
 """A checkpoint's ``config.json`` as transformers 5 reads the fields the engine maps (``Qwen35Config.from_hf``,
 ``WhisperConfig.from_hf``), without importing transformers: that import (it scans every installed distribution and
 loads what its generation utilities use, scikit-learn where it is installed) took ~3 s of a server's warm start on
-the H200, as long as building the engine.
+the H200 under a profiler, and 1.8 s on a CPU without scikit-learn.
 
 Each default below is the transformers config class's, and each rule one its ``__post_init__`` applies to the fields
 we read; ``tests/test_checkpoints.py`` holds both against transformers, on configs with every such field left out.
