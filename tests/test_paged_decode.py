@@ -5,6 +5,7 @@ it runs in Triton's interpreter; on a GPU it runs compiled, float32 and bf16."""
 
 from __future__ import annotations
 
+import math
 import os
 
 import pytest
@@ -88,6 +89,25 @@ def test_all_rows_empty_give_zeros():
     assert torch.equal(paged_decode_ref(q, kv, bt, sl, 0.2), torch.zeros_like(q))
     for splits in (1, 4):
         assert torch.equal(run(q, kv, bt, sl, 0.2, splits=splits), torch.zeros_like(q))
+
+
+def test_each_row_divides_its_own_length_over_the_splits():
+    """A table sized for a long context (64 pages of 16 tokens) holding short rows: each row spreads its tokens over
+    the splits its length needs (ceil(n / S) tokens a split, rounded up to a multiple of 32), the splits past them write
+    nothing, and the combine reads none of those (the workspace starts as NaN: a partial read unwritten would show)."""
+    b, hq, hk, D, ps, W, S = 4, 8, 2, 64, 16, 64, 16
+    lens = [0, 1, 100, 1024]
+    q, kv, bt, sl = case(5, b, hq, hk, D, ps, W, torch.float32, lens=lens)
+    G = hq // hk
+    ws = torch.full((b * hk * S * G * (D + 2),), float("nan"), device=DEVICE)
+    out = paged_decode(q, kv, bt, sl, 0.125, torch.full_like(q, float("nan")), ws, splits=S)
+    torch.testing.assert_close(out, paged_decode_ref(q, kv, bt, sl, 0.125), **TOL[torch.float32])
+    ml = ws[b * hk * S * G * D :].view(b, hk, S, G, 2)
+    for r, n in enumerate(lens):
+        per = max(1, math.ceil(math.ceil(n / S) / MIN_SPLIT_TOKENS)) * MIN_SPLIT_TOKENS
+        used = math.ceil(n / per)
+        assert used == [0, 1, 4, 16][r]
+        assert not ml[r, :, :used].isnan().any() and ml[r, :, used:].isnan().all(), r
 
 
 def test_split_heuristic_fills_the_gpu_and_keeps_splits_long():

@@ -11,9 +11,12 @@ the S partials of each (row, query head):
 
     out = sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s,   M = max_s m_s.
 
-The split count is a function of the batch size and the table width only (fixed per captured bucket): enough
-programs to fill the GPU, at least ``MIN_SPLIT_TOKENS`` tokens each. A row with no tokens gets zeros (the torch
-reference's ``nan_to_num``).
+The split count S is a function of the batch size and the table width only (fixed per captured bucket): enough
+programs to fill the GPU, at least ``MIN_SPLIT_TOKENS`` tokens each for a row that fills the table. Each row divides
+its own length over the S splits (``row_split_tokens``: ceil(n / S) rounded up to a multiple of ``MIN_SPLIT_TOKENS``),
+so a 600-token row in a table sized for a 262k-token context takes as many programs as in a table of 640 tokens; the
+splits past its tokens write nothing, and the combine reads only the ones it used. A row with no tokens gets zeros
+(the torch reference's ``nan_to_num``).
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ def _split_kernel(
     G: tl.constexpr,
     G_PAD: tl.constexpr,
     D: tl.constexpr,
-    SPLIT_TOKENS: tl.constexpr,
+    MIN_TOKENS: tl.constexpr,
     BLOCK_T: tl.constexpr,
     SPLIT: tl.constexpr,
     PDL: tl.constexpr,
@@ -65,8 +68,9 @@ def _split_kernel(
     kh = tl.program_id(1)
     s = tl.program_id(2)
     n = tl.load(len_ptr + row)
-    t_begin = s * SPLIT_TOKENS
-    t_end = tl.minimum(n, t_begin + SPLIT_TOKENS)
+    per = _row_split_tokens(n, S, MIN_TOKENS)
+    t_begin = s * per
+    t_end = tl.minimum(n, t_begin + per)  # <= t_begin: a split past the row's tokens, which writes nothing
     offs_g = tl.arange(0, G_PAD)
     offs_d = tl.arange(0, D)
     offs_t = tl.arange(0, BLOCK_T)
@@ -92,11 +96,12 @@ def _split_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         m = m_new
     if SPLIT:
+        used = t_begin < n  # (split 0 of an empty row is not used either: the combine reads no partial of it)
         part = (row * tl.num_programs(1) + kh) * S + s  # [b, hk, S] index
-        tl.store(out_ptr + (part * G + offs_g)[:, None] * D + offs_d[None, :], acc, mask=g_ok)
+        tl.store(out_ptr + (part * G + offs_g)[:, None] * D + offs_d[None, :], acc, mask=g_ok & used)
         ml = ml_ptr + (part * G + offs_g) * 2
-        tl.store(ml, m, mask=offs_g < G)
-        tl.store(ml + 1, denom, mask=offs_g < G)
+        tl.store(ml, m, mask=(offs_g < G) & used)
+        tl.store(ml + 1, denom, mask=(offs_g < G) & used)
     else:
         o = acc / tl.where(denom > 0, denom, 1.0)[:, None]  # an empty row: acc = 0 -> 0
         dst = out_ptr + row * o_b + (kh * G + offs_g)[:, None] * o_h + offs_d[None, :]
@@ -104,15 +109,25 @@ def _split_kernel(
 
 
 @triton.jit
+def _row_split_tokens(n, S, MIN_TOKENS: tl.constexpr):
+    """Tokens each split of a row of ``n`` tokens takes: ceil(n / S) rounded up to a multiple of MIN_TOKENS (at
+    least MIN_TOKENS), so the row's splits 0 .. ceil(n / per) - 1 cover it and the rest are past it."""
+    per = (n + S - 1) // S
+    return tl.maximum((per + MIN_TOKENS - 1) // MIN_TOKENS, 1) * MIN_TOKENS
+
+
+@triton.jit
 def _combine_kernel(
     acc_ptr,  # [b, hk, S, G, D] fp32
     ml_ptr,  # [b, hk, S, G, 2] fp32
+    len_ptr,  # [b] int32
     out_ptr,  # [b, hq, D]
     S,
     o_b,
     o_h,
     G: tl.constexpr,
     D: tl.constexpr,
+    MIN_TOKENS: tl.constexpr,
     BLOCK_S: tl.constexpr,
     PDL: tl.constexpr,
 ):
@@ -120,19 +135,22 @@ def _combine_kernel(
     row = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     kh, g = h // G, h % G
+    n = tl.load(len_ptr + row)
+    per = _row_split_tokens(n, S, MIN_TOKENS)
+    used = (n + per - 1) // per  # the row's splits that hold tokens (0 for an empty row)
     first = (row * (tl.num_programs(1) // G) + kh) * S  # partial (row, kh, 0): [b, hk, S] index
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, D)
     big_m = tl.full([BLOCK_S], float("-inf"), tl.float32)
-    for s0 in range(0, S, BLOCK_S):
-        ms = tl.load(ml_ptr + ((first + s0 + offs_s) * G + g) * 2, mask=s0 + offs_s < S, other=float("-inf"))
+    for s0 in range(0, used, BLOCK_S):
+        ms = tl.load(ml_ptr + ((first + s0 + offs_s) * G + g) * 2, mask=s0 + offs_s < used, other=float("-inf"))
         big_m = tl.maximum(big_m, ms)
     mx = tl.max(big_m, axis=0)
-    mx = tl.where(mx == float("-inf"), 0.0, mx)  # every split empty: weights exp(-inf) = 0 below
+    mx = tl.where(mx == float("-inf"), 0.0, mx)  # no split used (an empty row): weights exp(-inf) = 0 below
     num = tl.zeros([D], tl.float32)
     den = tl.zeros([BLOCK_S], tl.float32)
-    for s0 in range(0, S, BLOCK_S):
-        s_ok = s0 + offs_s < S
+    for s0 in range(0, used, BLOCK_S):
+        s_ok = s0 + offs_s < used
         idx = (first + s0 + offs_s) * G + g  # [BLOCK_S]
         ms = tl.load(ml_ptr + idx * 2, mask=s_ok, other=float("-inf"))
         ls = tl.load(ml_ptr + idx * 2 + 1, mask=s_ok, other=0.0)
@@ -204,13 +222,14 @@ def paged_decode(
     _split_kernel[(b, hk, S)](
         q, kv, block_table, seq_lens, acc, ml, float(scale), W, S, q.stride(0), q.stride(1), s0, s1, s2, s3,
         out.stride(0), out.stride(1),
-        PS=ps, G=G, G_PAD=max(16, triton.next_power_of_2(G)), D=D, SPLIT_TOKENS=tokens, BLOCK_T=block_t, SPLIT=split,
-        num_warps=4, num_stages=2, **launch_options(pdl),
+        PS=ps, G=G, G_PAD=max(16, triton.next_power_of_2(G)), D=D, MIN_TOKENS=MIN_SPLIT_TOKENS, BLOCK_T=block_t,
+        SPLIT=split, num_warps=4, num_stages=2, **launch_options(pdl),
     )  # fmt: skip
     if split:
         _combine_kernel[(b, hq)](
-            acc, ml, out, S, out.stride(0), out.stride(1), G=G, D=D, BLOCK_S=BLOCK_S, num_warps=4, **launch_options(pdl)
-        )
+            acc, ml, seq_lens, out, S, out.stride(0), out.stride(1), G=G, D=D, MIN_TOKENS=MIN_SPLIT_TOKENS,
+            BLOCK_S=BLOCK_S, num_warps=4, **launch_options(pdl),
+        )  # fmt: skip
     return out
 
 
