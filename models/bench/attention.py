@@ -4,8 +4,10 @@
                                      [--layers 8 --iters 200 --batches 1,16,64 --backends torch,fa2,xqa,triton]
 
 Per batch size b: a bf16 cache of 1 + b * ceil(ctx / ps) pages, rows of length uniform in [ctx / 2, ctx] on
-random distinct pages. For each backend a graph of ``--layers`` attention calls (one per layer, distinct caches
-would not change the per-call time, so one cache is reused) is captured once and replayed; the time per call is
+random distinct pages, in block tables as wide as ``--table-ctx`` tokens (an engine's context: a server at the model's
+262k context has tables of 16384 pages however short its rows). For each backend a graph of ``--layers`` attention
+calls (one per layer, distinct caches would not change the per-call time, so one cache is reused) is captured once
+and replayed; the time per call is
 the median replay time (CUDA events) / layers; the largest difference from the torch reference's output is reported
 beside it. For fa2 also: plan() host time (median, GPU idle), and one step
 "plan + replay" wall time against XQA's "write tables + replay" (what a decode step pays for attention metadata).
@@ -48,6 +50,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--kv-heads", type=int, default=2, help="KV heads (default 2)")
     ap.add_argument("--page-size", type=int, default=16, help="tokens a KV page holds (default 16)")
     ap.add_argument("--ctx", type=int, default=4096, help="longest row's tokens; rows hold ctx/2 to ctx (default 4096)")
+    ap.add_argument("--table-ctx", type=int, default=None,
+                    help="the context each row's block table is sized for, as an engine's --max-seq-len sizes it "
+                         "(default --ctx); the rows still hold ctx/2 to ctx tokens")
     ap.add_argument("--layers", type=int, default=8, help="attention calls a captured graph (default 8)")
     ap.add_argument("--iters", type=int, default=200, help="graph replays timed (default 200)")
     ap.add_argument("--batches", default="1,16,64", help="rows a call, comma-separated (default 1,16,64)")
@@ -63,19 +68,22 @@ def main(argv: list[str] | None = None) -> None:
                          "GPU (run it on the H200)")
     dev, dt = "cuda", torch.bfloat16
     d, hq, hk, ps = a.head_dim, a.q_heads, a.kv_heads, a.page_size
-    W = -(-a.ctx // ps)
+    table_ctx = a.table_ctx or a.ctx
+    if table_ctx < a.ctx:
+        parser().error(f"argument --table-ctx: {table_ctx} is less than --ctx {a.ctx}")
+    W = -(-table_ctx // ps)  # the table's width; rows use their first ceil(len / ps) pages
     scale = d**-0.5
     rng = np.random.default_rng(0)
     ws = Workspaces(dev)  # every XQA and fa2 object below takes its workspace from these, as an engine's do
     print(
         f"# decode attention, {torch.cuda.get_device_name()}: d={d} hq={hq} hk={hk} ps={ps} ctx<={a.ctx} "
-        f"layers/graph={a.layers}\n"
+        f"table for {table_ctx} tokens, layers/graph={a.layers}\n"
     )
     print("| b | backend | us / call (graph replay) | max abs diff vs torch | fa2 plan host us | step us (metadata + "
           "replay) |")
     print("|---|---|---|---|---|---|")
     for b in (int(x) for x in a.batches.split(",")):
-        num_pages = 1 + b * W
+        num_pages = 1 + b * -(-a.ctx // ps)
         kv = torch.randn(num_pages, 2, ps, hk, d, dtype=dt, device=dev)
         q = torch.randn(b, hq, d, dtype=dt, device=dev)
         bt_dev = torch.zeros(b, W, dtype=torch.int32, device=dev)
