@@ -121,3 +121,43 @@ def test_a_run_gives_every_arm_at_every_load_alternated_each_row_labelled_by_its
     assert ("| qwen3_5-0.8b c=1 | 0.6 (0.54) | resident-triton | beside | whole | 100 [100-100] | - | - "
             "| 1.00x [1.00-1.00] |") in md  # no host arm ran; paired with host-triton-overlap at its load
     assert "Host load: 0, 0.6 (--host-load:" in md
+
+
+def test_serve_http_alternates_http_and_in_process_rounds_and_pairs_them(tmp_path, monkeypatch):
+    """serve_http with its server and traffic runs stubbed: each round of a workload runs once through HTTP and once
+    in-process on the same draw (seed + round), the side going first alternating by round; the table pairs them by
+    round (ratios and differences known by construction)."""
+    from models.bench import serve_http
+
+    calls = []
+    tokps = {("http", 0): 90.0, ("engine", 0): 100.0, ("http", 1): 110.0, ("engine", 1): 100.0,
+             ("http", 2): 95.0, ("engine", 2): 100.0}  # fmt: skip
+
+    def traffic(args, w, out, url, rnd, rounds=1):
+        side = "http" if url else "engine"
+        calls.append((w, side, args.seed + rnd, rounds))
+        t = tokps[(side, rnd)]
+        return [dict(tokps=t, ttft_p50_ms=t / 10, itl_p50_ms=t / 100, failed=0, front_cpu_us_token=1.0,
+                     engine_decode_step_ms=1.0, engine_beside_share=0.5, engine_intake_ms=1.0, decode_step_ms=1.0,
+                     decode_steps=2, decode_beside_pass=1)]  # fmt: skip
+
+    class Server:
+        def __init__(self, args, log):
+            self.ready_s, self.url, self.log = 1.0, "http://127.0.0.1:1", log
+            log.write_text("[ 0.1 s] stage\n")
+
+        def stop(self):
+            return 0.5
+
+    monkeypatch.setattr(serve_http, "traffic", traffic)
+    monkeypatch.setattr(serve_http, "ServerProcess", Server)
+    monkeypatch.setattr(serve_http, "first_ttfts_ms", lambda *a: [1.0, 2.0, 3.0])
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text("{}")
+    serve_http.main(["--model-dir", str(tmp_path / "ckpt"), "--model", "qwen3_5-tiny", "--workloads", "burst",
+                     "--rounds", "3", "--seed", "7", "--out", str(tmp_path / "out")])  # fmt: skip
+    assert calls == [("burst", "http", 7, 1), ("burst", "engine", 7, 1), ("burst", "engine", 8, 1),
+                     ("burst", "http", 8, 1), ("burst", "http", 9, 1), ("burst", "engine", 9, 1)]  # fmt: skip
+    lines = (tmp_path / "out" / "results.md").read_text().splitlines()
+    row = next(line for line in lines if line.startswith("| burst"))
+    assert row.endswith("| 0.950 [0.900 - 1.100] | -0.5 [-1.0 - +1.0] | -0.05 [-0.10 - +0.10] |"), row

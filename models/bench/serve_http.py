@@ -9,10 +9,14 @@ Steps, each logged under ``--out``: (1) the checkpoint is written if ``--make`` 
 (``models.bench.make_checkpoint``); (2) the server starts (the seconds from its launch to "ready": the first start of a
 machine compiles every kernel, later starts find them in the on-disk caches) and three requests, one after another,
 measure the first TTFTs after ready (the client made before the first is timed); (3) each workload (``--workloads``:
-poisson, burst, connections) runs through HTTP; (4) the server is stopped by SIGTERM (its drain) and started again,
-timed warm; (5) each workload but connections runs in-process; (6) ``results.md`` compares them: output tok/s, TTFT p50
-and ITL p50 through HTTP against in-process, the front end's CPU a generated token, the engine's decode step, and
-what places the ITL p50: its 30th and 70th percentiles and the share of decode steps beside a prefill pass. (Under a
+poisson, burst, connections) runs round by round, each round of poisson and burst once through HTTP and once in-process
+(a fresh ``traffic`` process of its own beside the idle server, on the same draw: ``--seed`` + the round), the two
+alternating which goes first; connections through HTTP only; (4) the server is stopped by SIGTERM (its drain) and
+started again, timed warm; (5) ``results.md`` compares them: output tok/s, TTFT p50 and ITL p50 through HTTP against
+in-process (medians over rounds, and the round-paired ratio and differences, median [min-max]: a burst's TTFT p50 is
+its queue for the slots and moves by tens of ms between rounds of either side), the front end's CPU a generated token,
+the engine's decode step, and what places the ITL p50: its 30th and 70th percentiles and the share of decode steps
+beside a prefill pass. (Under a
 burst about half the decode steps run beside a pass, so the ITL p50 sits at the edge of the decode-only steps' point
 mass: a few percent more steps beside a pass, as arrivals spread over tens of milliseconds bring, move it by ~0.3 ms.)
 
@@ -59,7 +63,11 @@ def parser() -> OneLineParser:
     ap.add_argument("--connections", type=positive_int, default=1000, help="streams held at once (default 1000)")
     ap.add_argument("--max-running", type=positive_int, default=32, help="the engine's concurrency, both sides")
     ap.add_argument("--max-seq-len", type=positive_int, default=2048, help="the engine's context, both sides")
-    ap.add_argument("--rounds", type=positive_int, default=2, help="rounds of each workload")
+    ap.add_argument("--rounds", type=positive_int, default=3,
+                    help="rounds of each workload, each its own draw (default 3); poisson's and burst's each run once "
+                         "through HTTP and once in-process, an engine built for it (~15 s on the H200) beside the "
+                         "idle server, so the GPU holds both")
+    ap.add_argument("--seed", type=int, default=0, help="round r draws its traffic from seed + r (default 0)")
     ap.add_argument("--port", type=int, default=8000, help="the server's port (127.0.0.1)")
     ap.add_argument("--client-procs", type=positive_int, default=4,
                     help="client processes the HTTP requests are spread over (default 4)")
@@ -148,10 +156,11 @@ def first_ttfts_ms(url: str, vocab: int, tokens: int, n: int = 3) -> list[float]
     return out
 
 
-def traffic(args, workload: str, out: Path, url: str | None) -> dict:
-    """One traffic run (through ``url``, else in-process); its results.json."""
-    cmd = [sys.executable, "-m", "models.bench.traffic", *WORKLOADS[workload](args), "--rounds", str(args.rounds),
-           "--no-progress", "--out", str(out), "--model", args.model]  # fmt: skip
+def traffic(args, workload: str, out: Path, url: str | None, rnd: int, rounds: int = 1) -> list[dict]:
+    """``rounds`` rounds of a workload from round ``rnd`` on (through ``url``, else in-process): their runs of
+    results.json."""
+    cmd = [sys.executable, "-m", "models.bench.traffic", *WORKLOADS[workload](args), "--rounds", str(rounds),
+           "--seed", str(args.seed + rnd), "--no-progress", "--out", str(out), "--model", args.model]  # fmt: skip
     if url is not None:
         cmd += ["--url", url, "--client-procs", str(args.client_procs)]
     else:
@@ -160,7 +169,20 @@ def traffic(args, workload: str, out: Path, url: str | None) -> dict:
     with open(out.with_suffix(".log"), "w") as log:
         cpus = args.client_cpus if url is not None else args.server_cpus
         subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=True, preexec_fn=pinned(cpus))
-    return json.loads((out / "results.json").read_text())
+    return json.loads((out / "results.json").read_text())["runs"]
+
+
+def paired(http: list[dict], engine: list[dict]) -> str:
+    """Round by round, HTTP against in-process: the output tok/s ratio, and the TTFT p50 and ITL p50 differences
+    (ms), each median [min-max] over rounds."""
+
+    def spread(xs: list[float], fmt: str) -> str:
+        return f"{statistics.median(xs):{fmt}} [{min(xs):{fmt}} - {max(xs):{fmt}}]"
+
+    pairs = list(zip(http, engine, strict=True))
+    return (f"{spread([h['tokps'] / e['tokps'] for h, e in pairs], '.3f')} | "
+            f"{spread([h['ttft_p50_ms'] - e['ttft_p50_ms'] for h, e in pairs], '+.1f')} | "
+            f"{spread([h['itl_p50_ms'] - e['itl_p50_ms'] for h, e in pairs], '+.2f')}")  # fmt: skip
 
 
 def _edges(runs: list[dict]) -> str:
@@ -202,10 +224,17 @@ def main(argv: list[str] | None = None) -> int:
     lines.append(f"- start 1: ready in {server.ready_s:.1f} s; the first requests after ready ({prompt}-token prompt, "
                  f"streamed, one after another): TTFT {' / '.join(f'{t:.1f}' for t in ttft)} ms; the stages: "
                  f"{stages(server.log)}")  # fmt: skip
-    http = {}
+    http, engine = {}, {}
     try:
         for w in workloads:
-            http[w] = traffic(args, w, args.out / f"{w}-http", server.url)
+            if w == "connections":
+                http[w] = traffic(args, w, args.out / f"{w}-http", server.url, 0, args.rounds)
+                continue
+            http[w], engine[w] = [], []
+            for r in range(args.rounds):  # (the server idles while its engine's twin runs in a process beside it)
+                sides = [(http[w], "http", server.url), (engine[w], "engine", None)]
+                for runs, side, url in sides if r % 2 == 0 else sides[::-1]:
+                    runs += traffic(args, w, args.out / f"{w}-{side}-round{r}", url, r)
     finally:
         drained = server.stop()
     lines.append(f"- SIGTERM: the server drained and exited in {drained:.1f} s")
@@ -217,26 +246,27 @@ def main(argv: list[str] | None = None) -> int:
     table = ["| workload | HTTP output tok/s | in-process tok/s | ratio | HTTP TTFT p50 ms | in-process TTFT p50 ms | "
              "HTTP ITL p50 ms | in-process ITL p50 ms | ITL p30 / p70 ms (HTTP; in-process) | failed | front-end CPU "
              "us/token | engine decode step ms (HTTP / in-process) | decode steps beside a pass (HTTP / in-process) | "
-             "engine intake ms (HTTP, mean: arrival at the server to submission in the engine) |",
-             "|" + "---|" * 14]  # fmt: skip
+             "engine intake ms (HTTP, mean: arrival at the server to submission in the engine) | paired by round: "
+             "tok/s ratio | TTFT p50 difference ms | ITL p50 difference ms |",
+             "|" + "---|" * 17]  # fmt: skip
     for w in workloads:
-        h = http[w]["runs"]
+        h = http[w]
         if w == "connections":
             table.append(f"| connections ({args.connections} streams at once) | {_median(h, 'tokps'):.0f} | - | - | "
                          f"{_median(h, 'ttft_p50_ms'):.1f} | - | {_median(h, 'itl_p50_ms'):.2f} | - | {_edges(h)}; - | "
                          f"{sum(r['failed'] for r in h)} | {_median(h, 'front_cpu_us_token'):.0f} | "
                          f"{_median(h, 'engine_decode_step_ms'):.2f} / - | "
                          f"{_median(h, 'engine_beside_share'):.0%} / - | "
-                         f"{_median(h, 'engine_intake_ms'):.2f} |")  # fmt: skip
+                         f"{_median(h, 'engine_intake_ms'):.2f} | - | - | - |")  # fmt: skip
             continue
-        e = traffic(args, w, args.out / f"{w}-engine", None)["runs"]
+        e = engine[w]
         table.append(f"| {w} | {_median(h, 'tokps'):.0f} | {_median(e, 'tokps'):.0f} | "
                      f"{_median(h, 'tokps') / _median(e, 'tokps'):.3f} | {_median(h, 'ttft_p50_ms'):.1f} | "
                      f"{_median(e, 'ttft_p50_ms'):.1f} | {_median(h, 'itl_p50_ms'):.2f} | "
                      f"{_median(e, 'itl_p50_ms'):.2f} | {_edges(h)}; {_edges(e)} | {sum(r['failed'] for r in h)} | "
                      f"{_median(h, 'front_cpu_us_token'):.0f} | {_median(h, 'engine_decode_step_ms'):.2f} / "
                      f"{_median(e, 'decode_step_ms'):.2f} | {_median(h, 'engine_beside_share'):.0%} / "
-                     f"{_beside_share(e):.0%} | {_median(h, 'engine_intake_ms'):.2f} |")  # fmt: skip
+                     f"{_beside_share(e):.0%} | {_median(h, 'engine_intake_ms'):.2f} | {paired(h, e)} |")  # fmt: skip
     text = (f"# The server against the engine it wraps\n\nCommand: `python -m models.bench.serve_http "
             f"{' '.join(argv if argv is not None else sys.argv[1:])}` (pid {os.getpid()})\n\n" + "\n".join(lines)
             + "\n\n" + "\n".join(table) + "\n")  # fmt: skip
