@@ -16,9 +16,9 @@ started again, timed warm; (5) ``results.md`` compares them: output tok/s, TTFT 
 in-process (medians over rounds, and the round-paired ratio and differences, median [min-max]: a burst's TTFT p50 is
 its queue for the slots and moves by tens of ms between rounds of either side), the front end's CPU a generated token,
 the engine's decode step, and what places the ITL p50: its 30th and 70th percentiles and the share of decode steps
-beside a prefill pass. (Under a
-burst about half the decode steps run beside a pass, so the ITL p50 sits at the edge of the decode-only steps' point
-mass: a few percent more steps beside a pass, as arrivals spread over tens of milliseconds bring, move it by ~0.3 ms.)
+beside a prefill pass. (Under a burst about half the decode steps run beside a pass, so the ITL p50 sits at the edge
+of the decode-only steps' point mass: a few percent more steps beside a pass, as arrivals spread over tens of
+milliseconds bring, move it by ~0.3 ms.)
 
 CPUs: the client processes run on the server's machine here, where clients elsewhere would not take its CPUs;
 ``--server-cpus`` and ``--client-cpus`` keep the two apart (the in-process arm runs on the server's).
