@@ -107,20 +107,6 @@ def _release_fence(t):
 
 
 @triton.jit
-def _prefetch_l2(base, total, lane_bytes, y_ptr, LANES: tl.constexpr):
-    """Ask the L2 for bytes [start, start + lane_bytes) of the ``total`` bytes at address ``base`` in each of the
-    program's LANES threads (one ``cp.async.bulk.prefetch.L2`` each; start = (program * LANES + lane) * lane_bytes), and
-    go on: the bytes arrive while this and the next kernels run. ``y_ptr`` only anchors the asm (never written)."""
-    pid = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
-    start = (pid.to(tl.int64) * LANES + tl.arange(0, LANES)) * lane_bytes  # [LANES]
-    size = tl.minimum(tl.maximum(total - start, 0), lane_bytes).to(tl.int32)
-    r = tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.b32 $0, 0; }",
-        "=r,l,r", [base + start, size], dtype=tl.int32, is_pure=False, pack=1)  # fmt: skip
-    tl.store(y_ptr + tl.arange(0, LANES), r.to(y_ptr.dtype.element_ty), mask=r < 0)
-
-
-@triton.jit
 def _split_reduce(acc, part_ptr, count_ptr, N, offs_m, offs_n, mm, mn,
                   BLOCK_M: tl.constexpr, SPLIT: tl.constexpr, DOT: tl.constexpr, FENCE: tl.constexpr):  # fmt: skip
     """Store this split's partial ``acc`` and count it; return (the sum of the column block's SPLIT partials in split
@@ -168,9 +154,6 @@ def _gemv_kernel(
     part_ptr,  # SPLIT > 1: float32 partial sums [SPLIT, BLOCK_M, N]
     count_ptr,  # SPLIT > 1: int32 [cdiv(N, BLOCK_N)], zero between launches: the splits done per column block
     k_split,  # SPLIT > 1: the K elements of one split, a multiple of BLOCK_K
-    pf_base,  # PREFETCH: the address of the bytes the programs ask the L2 for (the next weight stream's)
-    pf_total,  # PREFETCH: how many bytes
-    pf_lane,  # PREFETCH: bytes a thread asks for, a multiple of 16
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -182,12 +165,8 @@ def _gemv_kernel(
     NORM_BLOCK: tl.constexpr,  # NORM: next_power_of_2(K), the whole row
     SPLIT: tl.constexpr,  # programs along K per column block (program_id(1)); 1: no split
     FENCE: tl.constexpr,  # SPLIT > 1, compiled: each thread's partial stored GPU-wide before the count
-    PREFETCH: tl.constexpr,  # compiled only: prefetch pf_total bytes at pf_base into the L2 (_prefetch_l2)
-    PF_LANES: tl.constexpr,  # PREFETCH: the program's threads (32 * num_warps)
     PDL: tl.constexpr,
 ):
-    if PREFETCH:  # constant bytes (a later kernel's weight): asked for before the wait
-        _prefetch_l2(pf_base, pf_total, pf_lane, y_ptr, PF_LANES)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     mn = offs_n < N
@@ -395,7 +374,7 @@ def split_workspace(device: torch.device, parts: int, counts: int) -> tuple[torc
 
 
 def _launch(x, w, out, config, M: int, N: int, K: int, silu_mul: bool = False, norm: tuple | None = None,
-            pdl: bool | None = None, prefetch: torch.Tensor | None = None):
+            pdl: bool | None = None):
     """Run _gemv_kernel over ``x`` ([M, K], or with ``silu_mul`` gu [M, 2K]) and ``w`` [N, K] into ``out``; ``norm``:
     (delta, norm weight, h_out, eps, zero_centered, has_delta) of gemv_add_rms_norm, x being its h_in."""
     assert M <= MAX_ROWS, f"gemv serves <= {MAX_ROWS} rows, got {M}"
@@ -415,12 +394,8 @@ def _launch(x, w, out, config, M: int, N: int, K: int, silu_mul: bool = False, n
     blocks = triton.cdiv(N, block_n)
     k_split = per_split * block_k
     parts, counts = split_workspace(x.device, split * tile * N, blocks) if split > 1 else (out, out)
-    pf = prefetch is not None and not interpreted()
-    pf_total = prefetch.numel() * prefetch.element_size() if pf else 0
-    pf_lane = triton.cdiv(triton.cdiv(pf_total, blocks * split * 32 * warps), 16) * 16 if pf else 16
     _gemv_kernel[(blocks, split)](
         x, w, out, M, N, K, x.stride(0), w.stride(0), out.stride(0), d, nw, h_out, eps, parts, counts, k_split,
-        prefetch.data_ptr() if pf else 0, pf_total, pf_lane, PREFETCH=pf, PF_LANES=32 * warps,
         BLOCK_M=tile, BLOCK_N=block_n, BLOCK_K=block_k, DOT=tile > 1, SILU_MUL=silu_mul, NORM=norm is not None,
         HAS_DELTA=has_delta, ZERO_CENTERED=zero_centered, NORM_BLOCK=triton.next_power_of_2(K) if norm else 1,
         SPLIT=split, FENCE=split > 1 and not interpreted(), num_warps=warps, num_stages=stages,
