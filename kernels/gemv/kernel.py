@@ -218,64 +218,6 @@ def _gemv_kernel(
         tl.store(y_ptr + offs_n, acc.to(y_ptr.dtype.element_ty), mask=mn)
 
 
-
-@triton.jit
-def _gemv_persistent_kernel(
-    x_ptr, w_ptr, y_ptr, M, N, K, x_m, w_n, y_m, d_ptr, nw_ptr, ho_ptr, eps,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr, SILU_MUL: tl.constexpr,
-    NORM: tl.constexpr, HAS_DELTA: tl.constexpr, ZERO_CENTERED: tl.constexpr, NORM_BLOCK: tl.constexpr,
-    PDL: tl.constexpr,
-):  # fmt: skip
-    """_gemv_kernel (no split K) over fewer programs than column blocks: program p takes blocks p, p + P, p + 2P, ...
-    (P programs), and loads the first tile of its next block before it stores this one's. Its first block's first
-    tile is read before the PDL wait, as in _gemv_kernel; with NORM the row's rstd is formed once a program."""
-    pid = tl.program_id(0)
-    step = tl.num_programs(0)
-    blocks = tl.cdiv(N, BLOCK_N)
-    offs_m = tl.arange(0, BLOCK_M)
-    mm = offs_m < M
-    offs_k0 = tl.arange(0, BLOCK_K)
-    mk0 = offs_k0 < K
-    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    mn = offs_n < N
-    w = tl.load(w_ptr + offs_n.to(tl.int64)[:, None] * w_n + offs_k0[None, :], mask=mn[:, None] & mk0[None, :],
-                other=0.0)  # fmt: skip
-    pdl_wait(PDL)
-    if NORM:
-        tl.static_assert(not DOT, "NORM serves one row")
-        offs = tl.arange(0, NORM_BLOCK)
-        mr = offs < K
-        s = _residual_load(x_ptr, d_ptr, offs, mr, HAS_DELTA)
-        sf = s.to(tl.float32)
-        rstd = tl.rsqrt(tl.sum(sf * sf, axis=0) / K + eps)
-        tl.store(ho_ptr + offs, s, mask=mr & ((offs * 0 + pid) == 0))
-    else:
-        rstd = 0.0
-    for blk in range(pid, blocks, step):
-        offs_n = blk * BLOCK_N + tl.arange(0, BLOCK_N)
-        mn = offs_n < N
-        rows = w_ptr + offs_n.to(tl.int64)[:, None] * w_n  # [BLOCK_N, 1]
-        if DOT:  # noqa: SIM108 (a static branch of the kernel)
-            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        else:
-            acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-        acc = _gemv_tile(acc, w, x_ptr, x_m, K, offs_m, offs_k0, mm, mk0, d_ptr, nw_ptr, rstd,
-                         DOT, SILU_MUL, NORM, HAS_DELTA, ZERO_CENTERED)  # fmt: skip
-        for k0 in range(BLOCK_K, K, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            mk = offs_k < K
-            wk = tl.load(rows + offs_k[None, :], mask=mn[:, None] & mk[None, :], other=0.0)
-            acc = _gemv_tile(acc, wk, x_ptr, x_m, K, offs_m, offs_k, mm, mk, d_ptr, nw_ptr, rstd,
-                             DOT, SILU_MUL, NORM, HAS_DELTA, ZERO_CENTERED)  # fmt: skip
-        nxt = (blk + step) * BLOCK_N + tl.arange(0, BLOCK_N)  # the next block's first tile, before this one's store
-        w = tl.load(w_ptr + nxt.to(tl.int64)[:, None] * w_n + offs_k0[None, :],
-                    mask=(nxt < N)[:, None] & mk0[None, :], other=0.0)  # fmt: skip
-        if DOT:
-            dst = y_ptr + offs_m[:, None] * y_m + offs_n[None, :]
-            tl.store(dst, acc.to(y_ptr.dtype.element_ty), mask=mm[:, None] & mn[None, :])
-        else:
-            tl.store(y_ptr + offs_n, acc.to(y_ptr.dtype.element_ty), mask=mn)
-
 # (block_n, block_k, num_warps, num_stages[, split]), from models/bench/results/gemv_h100.md (Qwen3.5-0.8B shapes, on an
 # H100: the H200's table, gemv_h200.md, searched tiles of at most 1024 K elements and no split) and gemv_2b_h200.md
 # (Qwen3.5-2B). The defaults serve a caller that forces gemv on an unlisted shape; decode_linear uses listed shapes
@@ -432,7 +374,7 @@ def split_workspace(device: torch.device, parts: int, counts: int) -> tuple[torc
 
 
 def _launch(x, w, out, config, M: int, N: int, K: int, silu_mul: bool = False, norm: tuple | None = None,
-            pdl: bool | None = None, programs: int | None = None):
+            pdl: bool | None = None):
     """Run _gemv_kernel over ``x`` ([M, K], or with ``silu_mul`` gu [M, 2K]) and ``w`` [N, K] into ``out``; ``norm``:
     (delta, norm weight, h_out, eps, zero_centered, has_delta) of gemv_add_rms_norm, x being its h_in."""
     assert M <= MAX_ROWS, f"gemv serves <= {MAX_ROWS} rows, got {M}"
@@ -451,14 +393,6 @@ def _launch(x, w, out, config, M: int, N: int, K: int, silu_mul: bool = False, n
     d, nw, h_out, eps, zero_centered, has_delta = norm or (x, x, x, 0.0, False, False)
     blocks = triton.cdiv(N, block_n)
     k_split = per_split * block_k
-    if programs is not None and split == 1 and programs < blocks:  # (an experiment: _gemv_persistent_kernel)
-        _gemv_persistent_kernel[(programs,)](
-            x, w, out, M, N, K, x.stride(0), w.stride(0), out.stride(0), d, nw, h_out, eps,
-            BLOCK_M=tile, BLOCK_N=block_n, BLOCK_K=block_k, DOT=tile > 1, SILU_MUL=silu_mul, NORM=norm is not None,
-            HAS_DELTA=has_delta, ZERO_CENTERED=zero_centered, NORM_BLOCK=triton.next_power_of_2(K) if norm else 1,
-            num_warps=warps, num_stages=stages, **launch_options(pdl),
-        )  # fmt: skip
-        return out
     parts, counts = split_workspace(x.device, split * tile * N, blocks) if split > 1 else (out, out)
     _gemv_kernel[(blocks, split)](
         x, w, out, M, N, K, x.stride(0), w.stride(0), out.stride(0), d, nw, h_out, eps, parts, counts, k_split,
