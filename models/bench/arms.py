@@ -81,6 +81,13 @@ ARMS = {
 CUDA_ONLY = frozenset({Backend.FA2, Backend.XQA})
 
 
+def twin(name: str) -> str | None:
+    """The arm that is ``name`` with its prefix cache off and one decode token a launch (whose tokens ``name``'s must
+    equal), or None where that is ``name`` itself."""
+    plain = attrs.evolve(ARMS[name], prefix_cache=False, tokens_per_launch=1)
+    return next((n for n, d in ARMS.items() if d == plain and n != name), None)
+
+
 class Budget(enum.Enum):
     """A token budget asked for by name, not by number (``--token-budget``)."""
 

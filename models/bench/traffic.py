@@ -84,7 +84,6 @@ import numpy as np
 import torch
 
 from models.bench.arms import (
-    ARMS,
     Arm,
     add_arm_options,
     add_host_load_option,
@@ -96,6 +95,7 @@ from models.bench.arms import (
     parse_arms,
     planner_yardstick,
     round_order,
+    twin,
 )
 from models.bench.host_load import HostLoad, host_load_text, load_text
 from models.bench.remote import DECILES, goodput_targets, server_url
@@ -618,8 +618,8 @@ def summarize(runs: list[dict], arms: list[Arm], loads: tuple[float, ...] = (0.0
             base = by_label.get(arm.peer("host").label) or by_label.get(arm.peer("host-torch").label, [])
             host_over = by_label.get(arm.peer("host-overlap").label, [])
             host_triton = by_label.get(arm.peer("host-triton-overlap").label, [])
-            twin = arm.name.removesuffix("-cache").removesuffix("-k4")  # (the same arm, no cache, one token a launch)
-            plain = by_label.get(arm.peer(twin).label, []) if twin != arm.name and twin in ARMS else []
+            plain_name = twin(arm.name)  # (the same arm, no cache, one token a launch)
+            plain = by_label.get(arm.peer(plain_name).label, []) if plain_name else []
             n = len(rs[0]["tokens"])
             differ_host = token_differences(rs, base) if rs is not base else []
             differ_plain = token_differences(rs, plain) if plain else []
