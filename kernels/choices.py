@@ -25,13 +25,16 @@ class GemvPick(enum.Enum):
 
 @attrs.frozen
 class KernelChoices:
-    """PDL launches, the two one-row folds into the weight stream, where the weight stream runs at all, and which
-    path the model's decode and prefill take (its Triton / CUDA kernels or the torch references)."""
+    """PDL launches, the two one-row folds into the weight stream, where the weight stream runs at all, whether the
+    GDN decode mixer is one kernel, and which path the model's decode and prefill take (its Triton / CUDA kernels or
+    the torch references)."""
 
     pdl: bool | None = None  # launch with programmatic dependent launch; None: the process default (``resolved``)
     fold_silu_mul: bool = True  # SwiGLU's silu_mul folded into the down GEMM where measured (SILU_MUL_CONFIGS)
     fold_norm: bool = True  # a sublayer's pre-norm folded into its first GEMM where configured (NORM_CONFIGS)
     gemv: GemvPick = GemvPick.MEASURED
+    one_kernel_mixer: bool = True  # the GDN decode mixer (conv, delta rule, gated norm) as one kernel
+    # (kernels.gdn_decode.mixer); False: three, one each
     fused_decode: bool | None = None  # decode on the Triton kernels (fused step, GDN conv/delta rule); None: on CUDA
     prefill_kernels: bool | None = None  # prefill mixers on fla-core / FlashInfer; None: CUDA weights in 16 bits
     prefill_fused: bool | None = None  # prefill's row-wise work on our Triton kernels; None: where weights are on CUDA
