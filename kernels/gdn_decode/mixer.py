@@ -93,6 +93,10 @@ def _gdn_decode_mixer_kernel(
     m2 = mk[:, None] & mv[None, :]
     conv_row = conv_ptr + slot * c_slot
     p_row = p_ptr + r * p_b
+    # the first value head's state first: its load (the kernel's largest) needs only the slot, so it streams in
+    # while the conv and the norms below run
+    tiles = ssm_ptr + slot * s_slot + offs_k[:, None] * s_k + offs_v[None, :] * s_v  # [BLOCK_K, BLOCK_V], head 0
+    S_first = tl.load(tiles + kh * N_REP * s_h, mask=m2, other=0.0)
     q = _conv_silu(conv_row, p_row, cw_ptr, kh * DK + offs_k, mk, offs_w, c_c, c_w, w_c, w_w, KW)  # [BLOCK_K]
     k = _conv_silu(conv_row, p_row, cw_ptr, KD + kh * DK + offs_k, mk, offs_w, c_c, c_w, w_c, w_w, KW)
     q = q * tl.rsqrt(tl.sum(q * q, axis=0) + L2_EPS) * q_scale
@@ -106,8 +110,11 @@ def _gdn_decode_mixer_kernel(
         a = tl.load(p_row + KD * 2 + VD + VD + HV + h).to(tl.float32) + tl.load(dtb_ptr + h).to(tl.float32)
         softplus = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(tl.minimum(a, 20.0))))
         g = -tl.exp(tl.load(alog_ptr + h).to(tl.float32)) * softplus
-        tile = ssm_ptr + slot * s_slot + h * s_h + offs_k[:, None] * s_k + offs_v[None, :] * s_v
-        S = tl.load(tile, mask=m2, other=0.0).to(tl.float32) * tl.exp(g)  # [BLOCK_K, BLOCK_V]
+        tile = tiles + h * s_h
+        if j == 0:
+            S = S_first.to(tl.float32) * tl.exp(g)  # [BLOCK_K, BLOCK_V]
+        else:
+            S = tl.load(tile, mask=m2, other=0.0).to(tl.float32) * tl.exp(g)
         delta = (v - tl.sum(S * k[:, None], axis=0)) * beta  # [BLOCK_V]
         S = S + k[:, None] * delta[None, :]
         o = tl.sum(S * q[:, None], axis=0).to(dt).to(tl.float32)  # [BLOCK_V]
@@ -131,6 +138,7 @@ def gdn_decode_mixer_step_(
     hk: int,
     out: torch.Tensor | None = None,  # [b, hv dv], norm_weight's dtype unless given
     pdl: bool | None = None,  # launch with PDL (kernels.pdl); None reads the process default: an engine passes a bool
+    num_warps: int | None = None,  # None: 4 up to a [dk, dv] state of 4096 elements, else 8
 ) -> torch.Tensor:
     """Conv step, delta rule and gated norm of one token a row, in place on the pools; returns out. See module doc."""
     _, hv, dk, dv = ssm_pool.shape
@@ -150,6 +158,6 @@ def gdn_decode_mixer_step_(
         conv_pool, ssm_pool, slots, p, conv_weight, A_log, dt_bias, norm_weight, out, dk**-0.5, float(eps),
         *conv_pool.stride(), *ssm_pool.stride(), p.stride(0), *conv_weight.stride(), out.stride(0),
         KD=hk * dk, VD=hv * dv, HV=hv, N_REP=hv // hk, DK=dk, DV=dv, KW=KW, BLOCK_K=block_k, BLOCK_V=block_v,
-        BLOCK_W=triton.next_power_of_2(KW), num_warps=4 if block_k * block_v <= 4096 else 8, **launch_options(pdl),
+        BLOCK_W=triton.next_power_of_2(KW), num_warps=num_warps or (4 if block_k * block_v <= 4096 else 8), **launch_options(pdl),
     )  # fmt: skip
     return out
