@@ -4,9 +4,13 @@
 
 Per batch b and decode path (``fused``: the Triton step of ``Qwen35Model._decode_fused``; ``torch``: plain-torch
 layers), rows of ``--ctx`` tokens on random distinct pages, ``--attention`` XQA or our Triton split-KV kernel: the
-step is captured once as the engine captures a bucket and replayed ``--iters`` times; reported: median replay time
-(CUDA events), the host time of one ``replay()`` call, and from one profiled replay the kernel count and the kernels
-taking the most GPU time.
+step is captured once as the engine captures a bucket. Every step of the run (each batch, each A/B variant) is
+captured first, then timed ``--iters`` replays a round over ``--rounds`` rounds, the steps alternated; reported:
+median replay time (CUDA events), the host time of one ``replay()`` call, and from one profiled replay the kernel
+count and the kernels taking the most GPU time. The profiles run after all timing: once ``torch.profiler`` has run in
+a process, later replays there are slower (on the H200: two one-row steps that differ by ~2 us timed 743 us before
+a profile and 792 after, with 7.4 and 53.5 us of host time a ``replay()``; 18 GDN mixers alone 141 and 152 us), which
+favoured whichever variant was timed first.
 
 The floor: the bytes a step must move (every weight read once, the lm_head included; per row its GDN and conv states
 read and written, its KV read and one token's written) over the bandwidth a device-to-device copy reaches on this
@@ -93,7 +97,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--paths", default="fused,torch", help="decode paths: fused, torch")
     ap.add_argument("--ctx", type=int, default=640, help="tokens each row attends to")
     ap.add_argument("--page-size", type=int, default=16, help="tokens a KV page holds (default 16)")
-    ap.add_argument("--iters", type=int, default=100, help="graph replays timed (default 100)")
+    ap.add_argument("--iters", type=int, default=100, help="graph replays timed a round (default 100)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="rounds over every (batch, variant) step, alternated; the table gives the median of the "
+                         "rounds' medians and, from two rounds, their range (default 1)")
     ap.add_argument("--top", type=int, default=12, help="kernels listed per profile")
     ap.add_argument("--sampler", default="full", choices=["full", "greedy"],
                     help="full: the engine's in-graph sampler; greedy: argmax only")
@@ -163,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
     print("| b | path | GPU us / step (replay) | floor us | of the floor | host us / replay() | kernels / step | "
           "profiled GPU us |")
     print("|---|---|---|---|---|---|---|---|")
-    details = []
+    steps = []  # (b, label, floor us, graph): every variant captured, then timed in alternating rounds
     for b in batches:
         bufs = _bufs(layout, b, a.ctx, ps, W, num_pages, dev, rng)
         ids = torch.randint(0, model.cfg.vocab_size, (b,), device=dev)
@@ -191,27 +198,34 @@ def main(argv: list[str] | None = None) -> None:
                 logits = model.decode(state, ids, bufs, attn, kc)
                 out.copy_(logits.argmax(-1) if a.sampler == "greedy" else sampler(logits, bufs.sampler, bufs.positions))
 
-            g = Graph(step, dev)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            gpu, host = [], []
+            steps.append((b, label, floor_us, Graph(step, dev)))
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    gpu, host = defaultdict(list), defaultdict(list)  # step index -> per round: median GPU us, median host us
+    for _ in range(a.rounds):
+        for i, (*_, g) in enumerate(steps):
+            round_gpu, round_host = [], []
             for _ in range(a.iters):
                 torch.cuda.synchronize()
                 start.record()
                 t0 = time.perf_counter()
                 g.replay()
-                host.append((time.perf_counter() - t0) * 1e6)
+                round_host.append((time.perf_counter() - t0) * 1e6)
                 end.record()
                 end.synchronize()
-                gpu.append(start.elapsed_time(end) * 1e3)
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-                g.replay()
-                torch.cuda.synchronize()
-            count, total, top = _kernel_table(prof, a.top)
-            step_us = statistics.median(gpu)
-            print(f"| {b} | {label} | {step_us:.0f} | {floor_us:.0f} | {floor_us / step_us:.0%} | "
-                  f"{statistics.median(host):.1f} | {count} | {total:.0f} |", flush=True)  # fmt: skip
-            details.append((b, label, top))
-            del g
+                round_gpu.append(start.elapsed_time(end) * 1e3)
+            gpu[i].append(statistics.median(round_gpu))
+            host[i].append(statistics.median(round_host))
+    details = []
+    for i, (b, label, floor_us, g) in enumerate(steps):  # profiled after every timing: see the module doc
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            g.replay()
+            torch.cuda.synchronize()
+        count, total, top = _kernel_table(prof, a.top)
+        step_us = statistics.median(gpu[i])
+        spread = f" [{min(gpu[i]):.0f}-{max(gpu[i]):.0f}]" if a.rounds > 1 else ""
+        print(f"| {b} | {label} | {step_us:.0f}{spread} | {floor_us:.0f} | {floor_us / step_us:.0%} | "
+              f"{statistics.median(host[i]):.1f} | {count} | {total:.0f} |", flush=True)  # fmt: skip
+        details.append((b, label, top))
     for b, path, top in details:
         print(f"\n## b={b} {path}: top kernels by GPU time\n\n| kernel | count | us |\n|---|---|---|")
         for name, c, us in top:
