@@ -15,8 +15,6 @@ from kernels.gates import sigmoid_gate_mul, sigmoid_gate_mul_ref, silu_mul, silu
 from kernels.gdn_decode import (
     conv1d_decode_step_,
     conv1d_decode_step_ref,
-    gdn_decode_mixer_step_,
-    gdn_decode_mixer_step_ref,
     gdn_decode_raw_step_,
     gdn_decode_raw_step_ref,
     gdn_decode_step_,
@@ -45,8 +43,6 @@ __all__ = [
     "gated_rms_norm_ref",
     "gather_rows",
     "gather_rows_ref",
-    "gdn_decode_mixer_step_",
-    "gdn_decode_mixer_step_ref",
     "gdn_decode_raw_step_",
     "gdn_decode_raw_step_ref",
     "gdn_decode_step_",

@@ -12,7 +12,7 @@ import enum
 import attrs
 
 from kernels import pdl as _pdl
-from kernels.gemv import MAX_ROWS, gate_fold_wins, gemv_wins, norm_fold_wins, silu_mul_fold_wins
+from kernels.gemv import MAX_ROWS, gemv_wins, norm_fold_wins, silu_mul_fold_wins
 
 
 class GemvPick(enum.Enum):
@@ -25,17 +25,13 @@ class GemvPick(enum.Enum):
 
 @attrs.frozen
 class KernelChoices:
-    """PDL launches, the three one-row folds into the weight stream, where the weight stream runs at all, whether the
-    GDN decode mixer is one kernel, and which path the model's decode and prefill take (its Triton / CUDA kernels or
-    the torch references)."""
+    """PDL launches, the two one-row folds into the weight stream, where the weight stream runs at all, and which
+    path the model's decode and prefill take (its Triton / CUDA kernels or the torch references)."""
 
     pdl: bool | None = None  # launch with programmatic dependent launch; None: the process default (``resolved``)
     fold_silu_mul: bool = True  # SwiGLU's silu_mul folded into the down GEMM where measured (SILU_MUL_CONFIGS)
     fold_norm: bool = True  # a sublayer's pre-norm folded into its first GEMM where configured (NORM_CONFIGS)
-    fold_gate: bool = True  # the attention's sigmoid gate folded into o_proj where configured (GATE_CONFIGS)
     gemv: GemvPick = GemvPick.MEASURED
-    one_kernel_mixer: bool = True  # the GDN decode mixer (conv, delta rule, gated norm) as one kernel
-    # (kernels.gdn_decode.mixer); False: three, one each
     fused_decode: bool | None = None  # decode on the Triton kernels (fused step, GDN conv/delta rule); None: on CUDA
     prefill_kernels: bool | None = None  # prefill mixers on fla-core / FlashInfer; None: CUDA weights in 16 bits
     prefill_fused: bool | None = None  # prefill's row-wise work on our Triton kernels; None: where weights are on CUDA
@@ -51,10 +47,6 @@ class KernelChoices:
     def folds_silu_mul(self, rows: int, n: int, k: int) -> bool:
         """Whether silu_mul folds into this down GEMM (``kernels.gemv.gemv_silu_mul``)."""
         return self.fold_silu_mul and silu_mul_fold_wins(rows, n, k)
-
-    def folds_gate(self, rows: int, n: int, k: int) -> bool:
-        """Whether the sigmoid gate folds into this o_proj GEMM (``kernels.gemv.gemv_sigmoid_gate``)."""
-        return self.fold_gate and gate_fold_wins(rows, n, k)
 
     def folds_norm(self, rows: int, n: int, k: int) -> bool:
         """Whether the pre-norm folds into this GEMM (``kernels.gemv.gemv_add_rms_norm``)."""

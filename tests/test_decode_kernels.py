@@ -20,11 +20,8 @@ from kernels import (  # noqa: E402  (after TRITON_INTERPRET is settled)
     add_rms_norm_ref,
     attention_prep_,
     attention_prep_ref,
-    conv1d_decode_step_,
     gated_rms_norm,
     gated_rms_norm_ref,
-    gdn_decode_mixer_step_,
-    gdn_decode_mixer_step_ref,
     gdn_decode_raw_step_,
     gdn_decode_raw_step_ref,
     sigmoid_gate_mul,
@@ -229,54 +226,3 @@ def test_gemv_only_where_measured_faster():
         assert not any(gemv_wins(t, n, k) for n, k in others)
     assert not any(gemv_wins(MAX_ROWS + 1, n, k) for n, k in listed[16])
     assert not gemv_wins(1, 18432, 2560)  # a 4B shape (gate|up), never benchmarked
-
-
-@pytest.mark.parametrize("dtype,device", CASES + ([(torch.bfloat16, "cpu")] if INTERPRET else []),
-                         ids=CASE_IDS + (["bf16-interpreted"] if INTERPRET else []))  # fmt: skip
-@pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("hv,hk,dk,dv", [(4, 2, 16, 32), (4, 4, 12, 40), (16, 16, 128, 128)],
-                         ids=["rep2", "unaligned", "qwen08b"])  # fmt: skip
-def test_gdn_decode_mixer_step(hv, hk, dk, dv, seed, dtype, device):
-    """The one-kernel mixer equals its three kernels (conv step, raw delta rule, gated norm) run one after another:
-    bit for bit in the interpreter, within a rounding compiled (reduction orders follow the layouts); and the torch
-    float32 reference within tolerance. Conv and SSM pools in place; padding rows on the sink slot; NaN in the output.
-    bf16 runs in the interpreter too: the roundings the chain makes between its kernels are what the bit-for-bit
-    check tests."""
-    gen = torch.Generator().manual_seed(seed)
-    b, n_pad, n_slots, width = 3, 2, 8, 4
-    n, C, vd = b + n_pad, 2 * hk * dk + hv * dv, hv * dv
-    slots = torch.cat([torch.randperm(n_slots - 1, generator=gen)[:b] + 1, torch.zeros(n_pad, dtype=torch.long)])
-    p = rand(gen, n, C + vd + 2 * hv, dtype=dtype, device=device)
-    p[:, C + vd :] *= 3  # wide gate values: both softplus branches
-    conv_pool = rand(gen, n_slots, C, width, dtype=dtype, device=device)
-    ssm_pool = rand(gen, n_slots, hv, dk, dv, dtype=torch.float32, device=device, scale=0.3)
-    conv_w = rand(gen, C, width, dtype=dtype, device=device, scale=0.5)
-    A_log = (torch.rand(hv, generator=gen) * 2).to(device)
-    dt_bias, norm_w = rand(gen, hv, dtype=torch.float32, device=device), rand(gen, dv, dtype=dtype, device=device)
-    slots = slots.to(device=device, dtype=torch.int32)
-    args = (slots, p, conv_w, A_log, dt_bias, norm_w, 1e-6, hk)
-
-    pools = [(conv_pool.clone(), ssm_pool.clone()) for _ in range(3)]
-    out = torch.full((n, vd), float("nan"), dtype=dtype, device=device)
-    gdn_decode_mixer_step_(*pools[0], *args, out=out)
-    # the three kernels the mixer replaces
-    cp, sp = pools[1]
-    mixed = conv1d_decode_step_(cp, slots, p[:, :C], conv_w)
-    q, k = mixed[:, : hk * dk].view(n, hk, dk), mixed[:, hk * dk : 2 * hk * dk].view(n, hk, dk)
-    o = torch.empty(n, hv, dv, dtype=torch.float32, device=device)
-    gdn_decode_raw_step_(sp, slots, q, k, mixed[:, 2 * hk * dk :].view(n, hv, dv), p[:, C + vd + hv :],
-                         p[:, C + vd : C + vd + hv], A_log, dt_bias, o)  # fmt: skip
-    chain = gated_rms_norm(o, p[:, C : C + vd], norm_w, 1e-6)
-    want = gdn_decode_mixer_step_ref(*pools[2], *args)
-    assert not out.isnan().any()
-    if INTERPRET:
-        assert torch.equal(out[:b], chain[:b])
-        assert torch.equal(pools[0][0][1:], cp[1:]) and torch.equal(pools[0][1][1:], sp[1:])
-    else:
-        torch.testing.assert_close(out[:b], chain[:b], **TOL[dtype])
-        torch.testing.assert_close(pools[0][1][1:], sp[1:], **TOL[torch.float32])
-        torch.testing.assert_close(pools[0][0][1:], cp[1:], **TOL[dtype])
-    if dtype == torch.float32:  # bf16: the reference's torch conv rounds elsewhere; the chain is the check there
-        torch.testing.assert_close(out[:b], want[:b], **TOL[dtype])
-        torch.testing.assert_close(pools[0][0][1:], pools[2][0][1:], **TOL[dtype])  # slot 0: the padding's sink
-        torch.testing.assert_close(pools[0][1][1:], pools[2][1][1:], **TOL[dtype])

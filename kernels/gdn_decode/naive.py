@@ -14,8 +14,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.norms.naive import gated_rms_norm_ref
-
 L2_EPS = 1e-6  # matches transformers / FLA: x * rsqrt(sum(x^2) + eps)
 
 
@@ -109,17 +107,3 @@ def gdn_decode_raw_step_ref(ssm_pool, slots, q, k, v, a, b, A_log, dt_bias, out)
     qn, kn = normalize_qk(q, k, 1)
     g, beta = gdn_gates(a, b, A_log, dt_bias)
     gdn_decode_step_ref(ssm_pool, slots, qn, kn, v, g, beta, out)
-
-
-def gdn_decode_mixer_step_ref(conv_pool, ssm_pool, slots, p, conv_weight, A_log, dt_bias, norm_weight, eps, hk,
-                              out=None) -> torch.Tensor:  # fmt: skip
-    """conv1d_decode_step_ref, gdn_decode_raw_step_ref and gated_rms_norm_ref on the input projection's output p
-    [b, C | vd | hv (b) | hv (a)], rounded where the three kernels store; returns [b, vd] in norm_weight's dtype."""
-    _, hv, dk, dv = ssm_pool.shape
-    b, C, kd, vd = p.shape[0], conv_pool.shape[1], hk * dk, hv * dv
-    mixed = conv1d_decode_step_ref(conv_pool, slots, p[:, :C], conv_weight).to(p.dtype)  # q | k | v
-    q, k, v = mixed[:, :kd].view(b, hk, dk), mixed[:, kd : 2 * kd].view(b, hk, dk), mixed[:, 2 * kd :].view(b, hv, dv)
-    o = torch.empty(b, hv, dv, dtype=torch.float32, device=p.device)
-    gdn_decode_raw_step_ref(ssm_pool, slots, q, k, v, p[:, C + vd + hv :], p[:, C + vd : C + vd + hv], A_log, dt_bias,
-                            o)  # fmt: skip
-    return gated_rms_norm_ref(o, p[:, C : C + vd], norm_weight, eps, out)

@@ -18,10 +18,6 @@ order of float32 adds).
 loads (the kernel's ``SILU_MUL``): x is never written, each program forms its x tiles from the gate|up output gu [M, 2K]
 as ``silu(g) * u``, rounded to gu's dtype exactly as silu_mul stores them, so the result is gemv's bit for bit.
 
-``gemv_sigmoid_gate`` is the stream for the attention's o_proj with ``kernels.gates.sigmoid_gate_mul`` folded into its
-x loads (the kernel's ``GATE_D``, the head width): each x element is round(o * sigmoid(gate)) with the gate read from
-the qkv projection's per-head [query | gate] layout, as sigmoid_gate_mul stores it, so the result is gemv's bit for bit.
-
 ``gemv_add_rms_norm`` is the one-row stream with the pre-norm before it (``kernels.norms.add_rms_norm_``) folded in (the
 kernel's ``NORM``): every program loads the whole residual row, forms s = round(h + delta) and its rstd as the norm
 kernel does, program 0 stores s into a second residual buffer (not h: the other programs still read h), and each x tile
@@ -63,16 +59,6 @@ def _silu_mul_load(ptrs, K, mask, SILU_MUL: tl.constexpr):
 
 
 @triton.jit
-def _gated_load(ptrs, gate_row, offs_k, mask, GATE_D: tl.constexpr):
-    """The GATE x tile: o * sigmoid(gate) in float32, rounded to o's dtype as kernels.gates.sigmoid_gate_mul stores
-    it; o at ``ptrs``, the gate of element k at ``gate_row + (k // D) 2D + D + k % D`` (per head h, [query D | gate D]
-    at h 2D in the qkv projection); masked entries are 0."""
-    o = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
-    gate = tl.load(gate_row + (offs_k // GATE_D) * (2 * GATE_D) + GATE_D + offs_k % GATE_D, mask=mask, other=0.0)
-    return (o * tl.sigmoid(gate.to(tl.float32))).to(ptrs.dtype.element_ty)
-
-
-@triton.jit
 def _residual_load(h_ptr, d_ptr, offs, mask, HAS_DELTA: tl.constexpr):
     """s = h + delta at ``offs`` of one row, rounded to h's dtype as kernels.norms.add_rms_norm_ stores it (h alone
     without delta); masked entries are 0."""
@@ -95,23 +81,18 @@ def _normed_load(h_ptr, d_ptr, nw_ptr, offs, mask, rstd, HAS_DELTA: tl.constexpr
 
 @triton.jit
 def _gemv_tile(
-    acc, w, x_ptr, x_m, K, offs_m, offs_k, mm, mk, d_ptr, nw_ptr, rstd, g_ptr, g_m,
+    acc, w, x_ptr, x_m, K, offs_m, offs_k, mm, mk, d_ptr, nw_ptr, rstd,
     DOT: tl.constexpr, SILU_MUL: tl.constexpr, NORM: tl.constexpr, HAS_DELTA: tl.constexpr,
-    ZERO_CENTERED: tl.constexpr, GATE_D: tl.constexpr,
+    ZERO_CENTERED: tl.constexpr,
 ):  # fmt: skip
     """acc += x[:, k-tile] @ w_tile^T: [BLOCK_M, BLOCK_N] by tl.dot, or [BLOCK_N] on the CUDA cores for one row (where
-    NORM forms the x tile from the residual row, ``delta`` and the norm weight; GATE from o and the qkv's gates)."""
+    NORM forms the x tile from the residual row, ``delta`` and the norm weight)."""
     if DOT:
         ptrs = x_ptr + offs_m[:, None] * x_m + offs_k[None, :]
-        if GATE_D > 0:
-            x = _gated_load(ptrs, g_ptr + offs_m[:, None] * g_m, offs_k[None, :], mm[:, None] & mk[None, :], GATE_D)
-        else:
-            x = _silu_mul_load(ptrs, K, mm[:, None] & mk[None, :], SILU_MUL)  # [BLOCK_M, BLOCK_K]
+        x = _silu_mul_load(ptrs, K, mm[:, None] & mk[None, :], SILU_MUL)  # [BLOCK_M, BLOCK_K]
         return tl.dot(x, tl.trans(w), acc)
     if NORM:
         x = _normed_load(x_ptr, d_ptr, nw_ptr, offs_k, mk, rstd, HAS_DELTA, ZERO_CENTERED).to(tl.float32)
-    elif GATE_D > 0:
-        x = _gated_load(x_ptr + offs_k, g_ptr, offs_k, mk, GATE_D).to(tl.float32)
     else:
         x = _silu_mul_load(x_ptr + offs_k, K, mk, SILU_MUL).to(tl.float32)  # [BLOCK_K]
     return acc + tl.sum(w.to(tl.float32) * x[None, :], axis=1)
@@ -173,8 +154,6 @@ def _gemv_kernel(
     part_ptr,  # SPLIT > 1: float32 partial sums [SPLIT, BLOCK_M, N]
     count_ptr,  # SPLIT > 1: int32 [cdiv(N, BLOCK_N)], zero between launches: the splits done per column block
     k_split,  # SPLIT > 1: the K elements of one split, a multiple of BLOCK_K
-    g_ptr,  # GATE_D > 0: the qkv projection [M, >= 2K] whose per-head gates multiply x
-    g_m,  # GATE_D > 0: its row stride
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -186,7 +165,6 @@ def _gemv_kernel(
     NORM_BLOCK: tl.constexpr,  # NORM: next_power_of_2(K), the whole row
     SPLIT: tl.constexpr,  # programs along K per column block (program_id(1)); 1: no split
     FENCE: tl.constexpr,  # SPLIT > 1, compiled: each thread's partial stored GPU-wide before the count
-    GATE_D: tl.constexpr,  # > 0: x = o * sigmoid(gate), heads of GATE_D (gemv_sigmoid_gate); 0: off
     PDL: tl.constexpr,
 ):
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -222,13 +200,13 @@ def _gemv_kernel(
     else:
         acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     acc = _gemv_tile(acc, w, x_ptr, x_m, K, offs_m, offs_k, mm, mk, d_ptr, nw_ptr, rstd,
-                     g_ptr, g_m, DOT, SILU_MUL, NORM, HAS_DELTA, ZERO_CENTERED, GATE_D)  # fmt: skip
+                     DOT, SILU_MUL, NORM, HAS_DELTA, ZERO_CENTERED)  # fmt: skip
     for k0 in range(k_begin + BLOCK_K, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mk = offs_k < k_end
         w = tl.load(rows + offs_k[None, :], mask=mn[:, None] & mk[None, :], other=0.0)
         acc = _gemv_tile(acc, w, x_ptr, x_m, K, offs_m, offs_k, mm, mk, d_ptr, nw_ptr, rstd,
-                         g_ptr, g_m, DOT, SILU_MUL, NORM, HAS_DELTA, ZERO_CENTERED, GATE_D)  # fmt: skip
+                         DOT, SILU_MUL, NORM, HAS_DELTA, ZERO_CENTERED)  # fmt: skip
     if SPLIT > 1:  # the column block's last split to finish sums every split's partial, in split order
         acc, last = _split_reduce(acc, part_ptr, count_ptr, N, offs_m, offs_n, mm, mn, BLOCK_M, SPLIT, DOT, FENCE)
         mm = mm & last
@@ -287,13 +265,6 @@ NORM_CONFIGS: dict[tuple[int, int, int], tuple[int, int, int, int]] = {
 }
 
 
-# gemv_sigmoid_gate (the attention's o_proj with its sigmoid gate in its loads), one row only, as for the other folds.
-# Not yet measured against sigmoid_gate_mul + gemv: gemv's one-row config as a start
-GATE_CONFIGS: dict[tuple[int, int, int], tuple[int, ...]] = {
-    (1, 1024, 2048): (2, 2048, 8, 1),
-}
-
-
 def _listed(table: dict, rows: int, n: int, k: int) -> bool:
     """The GEMM of ``rows`` rows is in ``table`` for its row tile (``tile_rows``)."""
     return 1 <= rows <= MAX_ROWS and (tile_rows(rows), n, k) in table
@@ -308,11 +279,6 @@ def gemv_wins(rows: int, n: int, k: int) -> bool:
 def silu_mul_fold_wins(rows: int, n: int, k: int) -> bool:
     """Whether ``gemv_silu_mul`` was measured faster than silu_mul + gemv for this down GEMM (``SILU_MUL_CONFIGS``)."""
     return _listed(SILU_MUL_CONFIGS, rows, n, k)
-
-
-def gate_fold_wins(rows: int, n: int, k: int) -> bool:
-    """Whether ``gemv_sigmoid_gate`` serves this o_proj GEMM (``GATE_CONFIGS``)."""
-    return _listed(GATE_CONFIGS, rows, n, k)
 
 
 def norm_fold_wins(rows: int, n: int, k: int) -> bool:
@@ -349,23 +315,6 @@ def gemv_silu_mul(
     N, K = w.shape
     assert two_k == 2 * K and gu.stride(-1) == 1 and w.stride(-1) == 1, (gu.shape, w.shape)
     return _launch(gu, w, out, config, M, N, K, silu_mul=True, pdl=pdl)
-
-
-def gemv_sigmoid_gate(
-    o: torch.Tensor,  # [M, K], the attention output flattened (K = H D), M <= 64, unit column stride
-    qkv: torch.Tensor,  # [M, >= 2K], the fused projection: per head h, [query D | gate D] at h 2D; unit column stride
-    w: torch.Tensor,  # [N, K], o_proj, unit column stride
-    head_dim: int,  # D
-    out: torch.Tensor | None = None,  # [M, N] contiguous, o's dtype unless given
-    config: tuple[int, ...] | None = None,  # (block_n, block_k, num_warps, num_stages[, split])
-    pdl: bool | None = None,  # launch with PDL (kernels.pdl); None reads the process default: an engine passes a bool
-) -> torch.Tensor:
-    """(o * sigmoid(gate)) @ w^T, bit for bit ``gemv(kernels.gates.sigmoid_gate_mul(o, qkv), w)``, in one launch."""
-    M, K = o.shape
-    N = w.shape[0]
-    assert w.shape == (N, K) and o.stride(-1) == 1 and w.stride(-1) == 1, (o.shape, w.shape)
-    assert qkv.shape[0] == M and qkv.shape[1] >= 2 * K and qkv.stride(-1) == 1 and K % head_dim == 0, qkv.shape
-    return _launch(o, w, out, config, M, N, K, gate=(qkv, head_dim), pdl=pdl)
 
 
 def gemv_add_rms_norm(
@@ -425,10 +374,9 @@ def split_workspace(device: torch.device, parts: int, counts: int) -> tuple[torc
 
 
 def _launch(x, w, out, config, M: int, N: int, K: int, silu_mul: bool = False, norm: tuple | None = None,
-            gate: tuple | None = None, pdl: bool | None = None):
+            pdl: bool | None = None):
     """Run _gemv_kernel over ``x`` ([M, K], or with ``silu_mul`` gu [M, 2K]) and ``w`` [N, K] into ``out``; ``norm``:
-    (delta, norm weight, h_out, eps, zero_centered, has_delta) of gemv_add_rms_norm, x being its h_in; ``gate``:
-    (qkv, head_dim) of gemv_sigmoid_gate."""
+    (delta, norm weight, h_out, eps, zero_centered, has_delta) of gemv_add_rms_norm, x being its h_in."""
     assert M <= MAX_ROWS, f"gemv serves <= {MAX_ROWS} rows, got {M}"
     if out is None:
         out = torch.empty(M, N, dtype=x.dtype, device=x.device)
@@ -436,23 +384,21 @@ def _launch(x, w, out, config, M: int, N: int, K: int, silu_mul: bool = False, n
     if M == 0:
         return out
     tile = tile_rows(M)
-    table = NORM_CONFIGS if norm else SILU_MUL_CONFIGS if silu_mul else GATE_CONFIGS if gate else GEMV_CONFIGS
+    table = NORM_CONFIGS if norm else SILU_MUL_CONFIGS if silu_mul else GEMV_CONFIGS
     block_n, block_k, warps, stages, *rest = config or table.get((tile, N, K), DEFAULT_CONFIG[tile])
     tiles = triton.cdiv(K, block_k)
     per_split = triton.cdiv(tiles, rest[0] if rest else 1)  # K tiles a split: at most the config's split count,
     split = triton.cdiv(tiles, per_split)  # none of them empty
     assert split == 1 or norm is None, "gemv_add_rms_norm does not split K"
     d, nw, h_out, eps, zero_centered, has_delta = norm or (x, x, x, 0.0, False, False)
-    qkv, head_dim = gate or (x, 0)
     blocks = triton.cdiv(N, block_n)
     k_split = per_split * block_k
     parts, counts = split_workspace(x.device, split * tile * N, blocks) if split > 1 else (out, out)
     _gemv_kernel[(blocks, split)](
         x, w, out, M, N, K, x.stride(0), w.stride(0), out.stride(0), d, nw, h_out, eps, parts, counts, k_split,
-        qkv, qkv.stride(0),
         BLOCK_M=tile, BLOCK_N=block_n, BLOCK_K=block_k, DOT=tile > 1, SILU_MUL=silu_mul, NORM=norm is not None,
         HAS_DELTA=has_delta, ZERO_CENTERED=zero_centered, NORM_BLOCK=triton.next_power_of_2(K) if norm else 1,
-        SPLIT=split, FENCE=split > 1 and not interpreted(), GATE_D=head_dim, num_warps=warps, num_stages=stages,
+        SPLIT=split, FENCE=split > 1 and not interpreted(), num_warps=warps, num_stages=stages,
         **launch_options(pdl),
     )  # fmt: skip
     return out

@@ -17,13 +17,6 @@ def gemv_silu_mul_ref(gu: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return ((F.silu(g) * u) @ w.double().t()).to(gu.dtype)
 
 
-def gemv_sigmoid_gate_ref(o: torch.Tensor, qkv: torch.Tensor, w: torch.Tensor, head_dim: int) -> torch.Tensor:
-    """(o * sigmoid(gate)) @ w[N, K]^T: o [M, K = H D], the gate of head h at qkv[:, h 2D + D : (h + 1) 2D]."""
-    M, K = o.shape
-    gate = qkv[:, : 2 * K].double().view(M, K // head_dim, 2, head_dim)[:, :, 1].reshape(M, K)
-    return ((o.double() * torch.sigmoid(gate)) @ w.double().t()).to(o.dtype)
-
-
 def gemv_add_rms_norm_ref(h, delta, norm_weight, eps, w, *, zero_centered=True) -> torch.Tensor:
     """s = h + delta, y = s * rsqrt(mean(s^2) + eps) * (1 + nw) (or * nw) @ w^T; h [M, K], w [N, K]."""
     s = h.double() + (0 if delta is None else delta.double())

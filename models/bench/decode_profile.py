@@ -119,23 +119,15 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--norm", default="fold",
                     help="each sublayer's pre-norm folded into its first GEMM's weight stream (one row, NORM_CONFIGS "
                          "shapes) or a kernel of its own: fold, split, or fold,split (A/B)")
-    ap.add_argument("--gate", default="fold",
-                    help="the attention's sigmoid gate folded into o_proj's weight stream (one row, GATE_CONFIGS "
-                         "shapes) or a kernel of its own: fold, split, or fold,split (A/B)")
-    ap.add_argument("--mixer", default="one",
-                    help="the GDN decode mixer (conv, delta rule, gated norm) as one kernel or three: one, three, or "
-                         "one,three (A/B)")
     return ap
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = parser()
     a = ap.parse_args(argv)
-    for flag, value in (("--silu-mul", a.silu_mul), ("--norm", a.norm), ("--gate", a.gate)):
+    for flag, value in (("--silu-mul", a.silu_mul), ("--norm", a.norm)):
         if not set(value.split(",")) <= {"fold", "split"}:
             ap.error(f"{flag} takes fold, split or fold,split; got {value!r}")
-    if not set(a.mixer.split(",")) <= {"one", "three"}:
-        ap.error(f"--mixer takes one, three or one,three; got {a.mixer!r}")
     if not set(a.pdl.split(",")) <= {"on", "off"}:
         ap.error(f"--pdl takes on, off or on,off; got {a.pdl!r}")
     if not set(a.state_dtype.split(",")) <= set(STATE_DTYPE_NAMES):
@@ -175,14 +167,13 @@ def main(argv: list[str] | None = None) -> None:
         bufs = _bufs(layout, b, a.ctx, ps, W, num_pages, dev, rng)
         ids = torch.randint(0, model.cfg.vocab_size, (b,), device=dev)
         out = torch.empty(b, dtype=torch.int64, device=dev)
-        variants = [(p, m == "on", f, n, gt, mx, sd) for p in a.paths.split(",") for m in a.pdl.split(",")
-                    for f in a.silu_mul.split(",") for n in a.norm.split(",") for gt in a.gate.split(",")
-                    for mx in a.mixer.split(",") for sd in a.state_dtype.split(",")]  # fmt: skip
-        for path, pdl_on, silu, norm, gate, mixer, sd in variants:
+        variants = [(p, m == "on", f, n, sd) for p in a.paths.split(",") for m in a.pdl.split(",")
+                    for f in a.silu_mul.split(",") for n in a.norm.split(",")
+                    for sd in a.state_dtype.split(",")]  # fmt: skip
+        for path, pdl_on, silu, norm, sd in variants:
             state = states[sd]
             floor_us = step_bytes(model, state, b, a.ctx) / bandwidth * 1e6
-            kc = KernelChoices(pdl=pdl_on, fold_silu_mul=silu == "fold", fold_norm=norm == "fold",
-                               fold_gate=gate == "fold", one_kernel_mixer=mixer == "one", gemv=gemv_pick,
+            kc = KernelChoices(pdl=pdl_on, fold_silu_mul=silu == "fold", fold_norm=norm == "fold", gemv=gemv_pick,
                                fused_decode={"fused": True, "torch": False}[path])  # fmt: skip
             if a.attention != "xqa":
                 attn = TritonDecode(hq, hk, d, ps, max_batch=max(batches), max_pages_per_row=W, device=dev, dtype=dt,
@@ -190,8 +181,6 @@ def main(argv: list[str] | None = None) -> None:
             label = path + ("" if kc.launches_pdl() else " (no PDL)")
             label += " (silu_mul split)" if silu == "split" and path == "fused" else ""
             label += " (norm split)" if norm == "split" and path == "fused" else ""
-            label += " (gate split)" if gate == "split" and path == "fused" else ""
-            label += " (mixer in three)" if mixer == "three" and path == "fused" else ""
             label += f" ({sd} state)" if sd != "float32" else ""
 
             def step(ids=ids, bufs=bufs, out=out, attn=attn, kc=kc, state=state) -> None:

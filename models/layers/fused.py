@@ -8,8 +8,7 @@ inside a CUDA-graph capture: call the model's ``fuse_projections()`` first (``bu
 
 Decode's GEMM dispatch is here too: ``decode_linear`` (the Triton weight stream where it was measured faster than
 cuBLAS), and the forms with the op before the GEMM folded into its loads: ``decode_silu_mul_linear`` (SwiGLU's
-silu_mul), ``decode_gated_linear`` (the attention's sigmoid gate) and ``decode_normed_linear`` (the pre-norm, with
-the residual stream ``Residual`` it updates). Each takes
+silu_mul) and ``decode_normed_linear`` (the pre-norm, with the residual stream ``Residual`` it updates). Each takes
 the step's ``KernelChoices`` (``kernels.choices``): which of those forms to take, and whether to launch with PDL.
 """
 
@@ -21,8 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.choices import KernelChoices
-from kernels.gates import sigmoid_gate_mul, silu_mul
-from kernels.gemv import gemv, gemv_add_rms_norm, gemv_sigmoid_gate, gemv_silu_mul
+from kernels.gates import silu_mul
+from kernels.gemv import gemv, gemv_add_rms_norm, gemv_silu_mul
 from kernels.norms import add_rms_norm_
 
 
@@ -75,17 +74,6 @@ def decode_silu_mul_linear(gu: torch.Tensor, w: torch.Tensor, kc: KernelChoices)
     if gu.is_cuda and kc.folds_silu_mul(gu.shape[0], w.shape[0], w.shape[1]):
         return gemv_silu_mul(gu, w, pdl=kc.pdl)
     return decode_linear(silu_mul(gu, pdl=kc.pdl), w, kc)
-
-
-def decode_gated_linear(o: torch.Tensor, qkv: torch.Tensor, w: torch.Tensor, kc: KernelChoices) -> torch.Tensor:
-    """(o * sigmoid(gate)) @ w[N, K]^T for a decode step (o [M, H, D] the attention output, the gates in the qkv
-    projection, ``kernels.gates.sigmoid_gate_mul``'s layout): on CUDA where ``kc.folds_gate`` and o's heads lie
-    side by side, one kernel with the gate folded into its loads (kernels.gemv.gemv_sigmoid_gate, the two-step value
-    bit for bit); else sigmoid_gate_mul then ``decode_linear``."""
-    M, H, D = o.shape
-    if o.is_cuda and o.stride(2) == 1 and o.stride(1) == D and kc.folds_gate(M, w.shape[0], w.shape[1]):
-        return gemv_sigmoid_gate(o.view(M, H * D), qkv, w, D, pdl=kc.pdl)
-    return decode_linear(sigmoid_gate_mul(o, qkv, pdl=kc.pdl), w, kc)
 
 
 @attrs.define(eq=False)

@@ -13,7 +13,7 @@ from torch import nn
 from kernels.attention_prep import attention_prep_
 from kernels.choices import KernelChoices
 from kernels.gates import sigmoid_gate_mul
-from models.layers.fused import PendingNorm, decode_gated_linear, decode_normed_linear, fused_weight
+from models.layers.fused import PendingNorm, decode_linear, decode_normed_linear, fused_weight
 from models.layers.norms import ZeroCenteredRMSNorm
 from models.layers.paged import paged_decode_attention, write_kv
 from models.layers.prefill_attention import paged_prefill_ref
@@ -132,4 +132,4 @@ class GatedAttention(nn.Module):
             o = paged_decode_attention(q, kv, block_table, seq_lens, self.scale)  # [b, hq, d]
         else:
             o = attn(q, kv, block_table, seq_lens, self.scale)
-        return decode_gated_linear(o, qkv, self.o_proj.weight, kc)
+        return decode_linear(sigmoid_gate_mul(o, qkv, pdl=kc.pdl), self.o_proj.weight, kc)

@@ -13,7 +13,7 @@ from torch import nn
 
 from kernels.choices import DEFAULT, KernelChoices
 from kernels.conv1d_varlen import conv1d_varlen_, conv1d_varlen_ref_
-from kernels.gdn_decode import conv1d_decode_step_, gdn_decode_mixer_step_, gdn_decode_raw_step_, gdn_decode_step_
+from kernels.gdn_decode import conv1d_decode_step_, gdn_decode_raw_step_, gdn_decode_step_
 from kernels.gdn_prefill import gdn_prefill, gdn_prefill_ref
 from kernels.norms import gated_rms_norm
 from models.layers.fused import PendingNorm, decode_linear, decode_normed_linear, fused_weight
@@ -156,14 +156,9 @@ class GatedDeltaNet(nn.Module):
         slots: torch.Tensor,  # [b] int32, 0 (sink) for padding rows
         kc: KernelChoices,  # the step's kernel choices
     ) -> torch.Tensor:
-        """``decode`` in three kernels: one input GEMM, the mixer (conv step, delta-rule step with its norms and gates,
-        gated norm: ``kernels.gdn_decode.mixer``), out_proj; with ``kc.one_kernel_mixer`` off the mixer is three
-        kernels. Triton (CUDA or the interpreter). [b, hidden]."""
+        """``decode`` in five kernels: one input GEMM, conv step, delta-rule step (norms and gates inside), gated norm,
+        out_proj. Triton (CUDA or the interpreter). [b, hidden]."""
         p = decode_normed_linear(x, self.in_weight(), kc)  # [b, C | vd | hv | hv]
-        if kc.one_kernel_mixer:
-            y = gdn_decode_mixer_step_(conv_pool, ssm_pool, slots, p, self.conv_weight, self.A_log, self.dt_bias,
-                                       self.norm.weight, self.norm.eps, self.hk, pdl=kc.pdl)  # fmt: skip
-            return decode_linear(y, self.out_proj.weight, kc)
         b, C, kd, vd, hv = p.shape[0], self.conv_dim, self.key_dim, self.value_dim, self.hv
         mixed = conv1d_decode_step_(conv_pool, slots, p[:, :C], self.conv_weight, pdl=kc.pdl)  # [b, C]: q | k | v
         q = mixed[:, :kd].view(b, self.hk, self.dk)
