@@ -76,6 +76,25 @@ def test_gdn_decode_matches_step(shape, seed):
     check(*case, b=b, block_v=block_v)
 
 
+@pytest.mark.parametrize("hv,dk,dv", [(16, 128, 128), (4, 16, 32), (3, 12, 40), (32, 256, 256)])
+def test_block_v_for_is_the_narrowest_tile_within_the_program_budget(hv, dk, dv):
+    """The default columns a program: a power of two from 16 up to its cap (a [dk, block_v] tile of 8192 elements, or
+    dv's width); the grid within STEP_PROGRAMS unless at the cap, and the next narrower tile over it. At the 0.8B shape:
+    16 columns at one row, 32 at 16 rows, 64 at 64 (what the H200 measured fastest)."""
+    import triton
+
+    from kernels.gdn_decode.kernel import STEP_PROGRAMS, block_v_for
+
+    cap = max(16, min(triton.next_power_of_2(dv), 8192 // triton.next_power_of_2(dk)))
+    for rows in range(1, 130):
+        bv = block_v_for(rows, hv, dk, dv)
+        assert bv >= 16 and bv & (bv - 1) == 0 and bv <= cap, (rows, bv)
+        assert bv == cap or rows * hv * triton.cdiv(dv, bv) <= STEP_PROGRAMS, (rows, bv)
+        assert bv == 16 or rows * hv * triton.cdiv(dv, bv // 2) > STEP_PROGRAMS, (rows, bv)
+    if (hv, dk, dv) == (16, 128, 128):
+        assert [block_v_for(r, hv, dk, dv) for r in (1, 16, 64)] == [16, 32, 64]
+
+
 def test_gdn_decode_on_a_bfloat16_state_pool():
     """``EngineConfig.state_dtype=bfloat16``: the kernel reads the bf16 state, steps it in float32 and stores it
     rounded, as the torch step does (the pool within a bf16 rounding, the output as from the same bf16 state)."""

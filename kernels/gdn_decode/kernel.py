@@ -8,7 +8,8 @@ float32 state ``S = ssm_pool[s, h]`` [dk, dv]::
 
 exactly ``models.layers.gdn.gated_delta_step``; S goes back to ``ssm_pool[s, h]`` in the pool's dtype and o to
 ``out[r, h]``. One program per (row, value head, dv block): it loads its [dk, BLOCK_V] state tile once, updates it
-in registers and stores it back (the dv columns of S are independent, so blocks need no communication).
+in registers and stores it back (the dv columns of S are independent, so blocks need no communication); its columns
+by default from ``block_v_for`` (narrow tiles while the rows are few, so the state's bytes spread over more SMs).
 ``gdn_decode_raw_step_`` takes the raw conv output and gate projections instead: the kernel l2-normalises q and k
 (``normalize_qk``) and computes ``g, beta = gdn_gates(a, b, A_log, dt_bias)`` itself.
 
@@ -29,6 +30,19 @@ from kernels.gdn_decode.naive import L2_EPS as _L2_EPS
 from kernels.pdl import launch_options, pdl_wait
 
 L2_EPS = tl.constexpr(_L2_EPS)
+STEP_PROGRAMS = 1024  # the delta rule's programs a step that block_v_for aims under
+
+
+def block_v_for(rows: int, hv: int, dk: int, dv: int) -> int:
+    """The state columns a delta-rule program takes by default: the narrowest power of two from 16 that keeps the
+    grid (rows x hv x dv / block_v) within STEP_PROGRAMS, at most a [dk, block_v] tile of 8192 elements. At the 0.8B
+    shape (16 heads, 128 x 128) that is 16 columns at one row, 32 at 16 rows, 64 at 64, each the fastest of 16 / 32 /
+    64 in the step on the H200 (models/bench/results/decode-profile-h200/delta-rule-columns.md)."""
+    widest = max(16, min(triton.next_power_of_2(dv), 8192 // triton.next_power_of_2(dk)))
+    block_v = 16
+    while block_v < widest and rows * hv * triton.cdiv(dv, block_v) > STEP_PROGRAMS:
+        block_v *= 2
+    return block_v
 
 
 @triton.jit
@@ -155,7 +169,7 @@ def _launch_gdn(ssm_pool, slots, q, k, v, g, beta, out, block_v, prep, pdl) -> N
         return
     block_k = triton.next_power_of_2(dk)
     if block_v is None:
-        block_v = max(16, min(triton.next_power_of_2(dv), 8192 // block_k))
+        block_v = block_v_for(b, hv, dk, dv)
     A_log, dt_bias = prep if prep is not None else (g, g)  # unread unless PREP
     grid = (b, hv, triton.cdiv(dv, block_v))
     _gdn_decode_kernel[grid](
