@@ -30,7 +30,7 @@ import torch
 
 from kernels.choices import GemvPick, KernelChoices
 from models.bench.timing import replay_us
-from models.cli import OneLineParser
+from models.cli import OneLineParser, positive_int
 from models.engine import build_adapter
 from models.engine.sampler import Sampler
 from models.layers.flashinfer_attention import Workspaces, XQADecode
@@ -97,8 +97,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--paths", default="fused,torch", help="decode paths: fused, torch")
     ap.add_argument("--ctx", type=int, default=640, help="tokens each row attends to")
     ap.add_argument("--page-size", type=int, default=16, help="tokens a KV page holds (default 16)")
-    ap.add_argument("--iters", type=int, default=100, help="graph replays timed a round (default 100)")
-    ap.add_argument("--rounds", type=int, default=1,
+    ap.add_argument("--iters", type=positive_int, default=100, help="graph replays timed a round (default 100)")
+    ap.add_argument("--rounds", type=positive_int, default=1,
                     help="rounds over every (batch, variant) step, alternated; the table gives the median of the "
                          "rounds' medians and, from two rounds, their range (default 1)")
     ap.add_argument("--top", type=int, default=12, help="kernels listed per profile")
