@@ -115,7 +115,7 @@ TRACE = [(0.0, 4, 5), (0.0, 6, 3), (0.01, 5, 1), (0.02, SLOW_PROMPT, 4), (0.02, 
          (0.03, HTTP_500, 4), (0.04, CUT, 5), (0.04, BROKEN, 5), (0.05, 3, 2), (0.06, SLOW_PROMPT + 5, 3),
          (0.06, 7, 4)]  # fmt: skip
 FAILS = {HTTP_500: "HTTP 500: the engine fell over", CUT: "the stream ended before data: [DONE]",
-         BROKEN: "RemoteProtocolError"}  # fmt: skip
+         BROKEN: "HTTPError: the server closed the connection in the middle of the response"}  # fmt: skip
 
 
 def test_every_request_is_timed_within_the_servers_delays_and_goodput_counts_the_ones_on_target(server, tmp_path):

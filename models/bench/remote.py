@@ -28,10 +28,13 @@ stream that ends before ``data: [DONE]``, an error event in the stream, or no to
 target stated (ITL: every gap of the request; TPOT: 0 for a request of one token, as vLLM counts it), a second of the
 round's wall time and as a fraction of the requests sent. Request and token throughput count completed requests.
 
-What the client costs shows in the report: the send lag (a request sent late: the event loop was busy) and the
-client's CPU share of the round's wall time (this process's CPU time: near 100%, the client, not the server, set the
-pace; httpx spends tens to hundreds of microseconds of CPU a chunk, so at thousands of chunks a second run the client
-on a machine of its own, or on cores the server does not use).
+The timed streams go out on lean HTTP/1.1 connections (``models.bench.http1``; httpx, tens to hundreds of
+microseconds of CPU a request and a chunk, answers only the untimed requests), and before each timed round the client
+opens as many as the round can have in flight (its requests, or ``--max-connections``): a request's TTFT counts
+neither the client's connection set-up nor a TCP handshake. What the client still costs shows in the report: the
+send lag (a request sent late: the event loop was busy) and the client's CPU share of the round's wall time (near
+100%: the client, not the server, set the pace; at thousands of chunks a second run it on cores the server does not
+use, or in more client processes).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from collections.abc import Callable
 import attrs
 import numpy as np
 
+from models.bench.http1 import HTTPError, Pool
 from models.bench.workload import WorkloadError
 from models.engine import Request
 from models.server.heap import freeze_heap
@@ -198,9 +202,8 @@ class Outcome:
         return (self.e2el_s - self.ttft_s) / (self.output_tokens - 1) if self.output_tokens > 1 else 0.0
 
 
-async def stream_one(client, payload: bytes, out: Outcome, arrival: float) -> Outcome:
+async def stream_one(client: LoadClient, payload: bytes, out: Outcome, arrival: float) -> Outcome:
     """Send one streaming completion (``arrival``: the perf_counter time it was due) and time its chunks."""
-    httpx = _httpx()
     first = last = None
     chunks, usage, done = 0, None, False
     ids: list[int] | None = None
@@ -208,15 +211,14 @@ async def stream_one(client, payload: bytes, out: Outcome, arrival: float) -> Ou
     sent = time.perf_counter()
     out.lag_s = sent - arrival
     try:
-        async with client.stream("POST", "/v1/completions", content=payload,
-                                 headers={"Content-Type": "application/json"}) as resp:  # fmt: skip
-            if resp.status_code != 200:
-                text = (await resp.aread()).decode(errors="replace")
+        async with client.streams.post("/v1/completions", payload) as resp:
+            if resp.status != 200:
+                text = (await resp.read()).decode(errors="replace")
                 with contextlib.suppress(ValueError, KeyError, TypeError):  # OpenAI's error object: its message
                     text = json.loads(text)["error"]["message"]
-                out.error = f"HTTP {resp.status_code}: {' '.join(str(text).split())[:200]}"
+                out.error = f"HTTP {resp.status}: {' '.join(str(text).split())[:200]}"
                 return out
-            async for data in resp.aiter_bytes():
+            async for data in resp.pieces():
                 now = time.perf_counter()  # every event of this read arrived by now
                 *lines, buf = (buf + data).split(b"\n")
                 for line in lines:
@@ -249,7 +251,8 @@ async def stream_one(client, payload: bytes, out: Outcome, arrival: float) -> Ou
                         chunks += 1
                     if event is not None and event.get("usage"):
                         usage = event["usage"].get("completion_tokens")
-    except (httpx.HTTPError, OSError) as e:  # a refused or dropped connection, a timeout, a broken stream
+    except (OSError, EOFError, asyncio.LimitOverrunError, HTTPError) as e:  # a refused or dropped connection, a
+        # timeout (an OSError), a stream cut short (EOFError), an answer that is not HTTP
         out.error = f"{type(e).__name__}: {' '.join(str(e).split())}" if str(e) else type(e).__name__
         return out
     except (ValueError, AttributeError, TypeError) as e:  # a data: line that is not a JSON object
@@ -342,18 +345,41 @@ async def _send_chats(client, payloads: list[bytes], requests: list[Request], ar
     return outs, time.perf_counter() - t0
 
 
-KEEPALIVE_S = 2.0  # an idle connection's life in the client pool
+KEEPALIVE_S = 2.0  # an idle connection's life in the client's pools (less than servers' keep-alive timeouts, 5 s at
+# the least, so the client never sends on a connection the server is closing)
 
 
-def client_for(url: str, max_connections: int | None, timeout_s: float):
-    """One ``httpx.AsyncClient`` for the run: no cap on connections unless ``max_connections`` (then requests past it
-    wait for one, in their TTFT), every idle one kept for ``KEEPALIVE_S`` (less than servers' keep-alive timeouts,
-    5 s at the least, so the client never sends on a connection the server is closing), no proxy from the
-    environment."""
-    httpx = _httpx()
-    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections,
-                          keepalive_expiry=KEEPALIVE_S)  # fmt: skip
-    return httpx.AsyncClient(base_url=url, limits=limits, timeout=httpx.Timeout(timeout_s), trust_env=False)
+class LoadClient:
+    """A client process's connections to the server: httpx for the untimed requests (the model list, /metrics), and
+    for the timed streams a pool of lean HTTP/1.1 connections (``models.bench.http1``: httpx's CPU a request and a
+    chunk would show in the times it measures). No cap on connections unless ``max_connections`` (then requests past
+    it wait for one, in their TTFT); no proxy from the environment."""
+
+    def __init__(self, url: str, max_connections: int | None, timeout_s: float) -> None:
+        httpx = _httpx()
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections,
+                              keepalive_expiry=KEEPALIVE_S)  # fmt: skip
+        self.http = httpx.AsyncClient(base_url=url, limits=limits, timeout=httpx.Timeout(timeout_s), trust_env=False)
+        self.streams = Pool(url, max_connections, timeout_s, KEEPALIVE_S)
+        self.max_connections = max_connections
+
+    async def get(self, path: str):
+        return await self.http.get(path)
+
+    async def warm(self, n: int) -> None:
+        """Before a round's clock: the one-time costs of the untimed client, and as many stream connections open as
+        the round can have in flight (``n`` requests, or ``max_connections``), so that a burst's TTFTs do not count
+        TCP handshakes."""
+        await self.http.get("/v1/models")
+        await self.streams.warm(n if self.max_connections is None else min(n, self.max_connections))
+
+    async def __aenter__(self) -> LoadClient:
+        await self.http.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.streams.close()
+        await self.http.__aexit__(*exc)
 
 
 UNTIMED_SEED = 2**32  # added to the seeds the untimed requests' prompts are drawn from (run_rounds says why)
@@ -367,8 +393,8 @@ def _worker_round(url: str, max_connections: int | None, timeout_s: float, paylo
     process) plus their arrivals. Returns the outcomes, this process's CPU seconds and when its last one ended."""
 
     async def go() -> list[Outcome]:
-        async with client_for(url, max_connections, timeout_s) as client:
-            await client.get("/v1/models")  # the connection's one-time costs, before the round's clock
+        async with LoadClient(url, max_connections, timeout_s) as client:
+            await client.warm(len(payloads))
             outs, _ = await send_round(client, payloads, requests, np.asarray(arrival_s), wait,
                                        after=None if after is None else np.asarray(after),
                                        think_s=None if think_s is None else np.asarray(think_s), t0=t0)  # fmt: skip
@@ -435,7 +461,7 @@ def run_rounds(server: Server, rounds: list, warmup, sampling, vocab: int, seed:
 
     async def go() -> list[dict]:
         runs = []
-        async with client_for(server.url, max_connections, timeout_s) as client:
+        async with LoadClient(server.url, max_connections, timeout_s) as client:
             await client.get("/v1/models")  # the client's first request pays its one-time costs, untimed
             if warmup.n:
                 reqs = warmup.requests(vocab, sampling, UNTIMED_SEED + seed + 1, "warmup-")
@@ -451,6 +477,7 @@ def run_rounds(server: Server, rounds: list, warmup, sampling, vocab: int, seed:
                                      after=work.after, think_s=work.think_s)  # fmt: skip
                 reqs = work.requests(vocab, sampling, seed + rnd, f"{rnd}-")
                 payloads = bodies(reqs, server.model, work.after)  # encoded before the round's clock starts
+                await client.warm(len(reqs))
                 cpu, before = time.process_time(), await server_counters(client)
                 outs, wall = await send_round(client, payloads, reqs, work.arrival_s, wait=True,
                                               progress=(lambda: bar.update(1)) if bar is not None else None,
@@ -558,7 +585,7 @@ def _run_rounds_procs(server: Server, rounds: list, warmup, sampling, vocab: int
 
 
 async def _counters(url: str, timeout_s: float) -> dict[str, float]:
-    async with client_for(url, None, timeout_s) as client:
+    async with LoadClient(url, None, timeout_s) as client:
         return await server_counters(client)
 
 
