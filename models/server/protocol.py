@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from models.engine.requests import CANDIDATES, INT32_MAX, INT32_MIN
 
@@ -81,7 +81,11 @@ class SamplingFields(BaseModel):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    # token ids tried first, strictly (what benchmarks and clients of a tokenizer of their own send; 4.6 us for 512
+    # ids, where pydantic's smart union tries every member: 49 us), then the other forms left to right, each taking
+    # what the smart union gave it
+    prompt: Annotated[list[StrictInt] | str | list[str] | list[int] | list[list[int]],
+                      Field(union_mode="left_to_right")]  # fmt: skip
     echo: bool = False
     return_token_ids: bool = False  # vLLM's: each choice (each chunk of a stream) carries its tokens' ids too
     logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
