@@ -269,6 +269,7 @@ BAD = [
     ("completions", {"prompt": "x", "max_tokens": 100000}, 400, "max_tokens"),
     ("completions", {"prompt": [5] * 600}, 400, "prompt"),
     ("completions", {"prompt": [1, 2, 99999]}, 400, "prompt"),
+    ("completions", {"prompt": [[3], [4, -1]]}, 400, "prompt"),
     ("completions", {"prompt": "x", "n": 0}, 400, "n"),
     ("completions", {"prompt": "x", "logit_bias": {"1": 5}}, 400, "logit_bias"),
     ("completions", {"prompt": "x", "frobnicate": 1}, 400, "frobnicate"),

@@ -270,11 +270,9 @@ def _message(m, i: int) -> dict:
 
 
 def _completion_prompts(state: ServerState, prompt) -> list[list[int]]:
-    """The prompts of a completion request, as token ids: a string, strings, token ids, or lists of token ids."""
-    if isinstance(prompt, str) or prompt and all(isinstance(p, int) for p in prompt):
-        prompts = [prompt]
-    else:
-        prompts = list(prompt)
+    """The prompts of a completion request, as token ids: a string, strings, token ids, or lists of token ids (a list
+    validated by CompletionRequest holds one kind, so its first element says which)."""
+    prompts = [prompt] if isinstance(prompt, str) or prompt and isinstance(prompt[0], int) else list(prompt)
     if not prompts:
         raise HTTPError(400, "prompt: no prompt given", "prompt")
     out = []
@@ -283,7 +281,7 @@ def _completion_prompts(state: ServerState, prompt) -> list[list[int]]:
         ids = state.tokenizer.encode(p) if isinstance(p, str) else list(p)
         if not ids:
             raise HTTPError(400, f"prompt {i} is empty (no tokens)", "prompt")
-        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        bad = None if min(ids) >= 0 and max(ids) < vocab else next(t for t in ids if not 0 <= t < vocab)
         if bad is not None:
             raise HTTPError(400, f"prompt {i}: token {bad} is outside the vocabulary [0, {vocab})", "prompt")
         out.append(ids)
