@@ -30,11 +30,11 @@ round's wall time and as a fraction of the requests sent. Request and token thro
 
 The timed streams go out on lean HTTP/1.1 connections (``models.bench.http1``; httpx, tens to hundreds of
 microseconds of CPU a request and a chunk, answers only the untimed requests), and before each timed round the client
-opens as many as the round can have in flight (its requests, or ``--max-connections``): a request's TTFT counts
-neither the client's connection set-up nor a TCP handshake. What the client still costs shows in the report: the
-send lag (a request sent late: the event loop was busy) and the client's CPU share of the round's wall time (near
-100%: the client, not the server, set the pace; at thousands of chunks a second run it on cores the server does not
-use, or in more client processes).
+opens one for each request arriving in the round's first ``KEEPALIVE_S`` (at most ``WARM_MAX`` a client process, or
+``--max-connections``): a burst's TTFTs count neither the client's connection set-up nor a TCP handshake. What the
+client still costs shows in the report: the send lag (a request sent late: the event loop was busy) and the client's
+CPU share of the round's wall time (near 100%: the client, not the server, set the pace; at thousands of chunks a
+second run it on cores the server does not use, or in more client processes).
 """
 
 from __future__ import annotations
@@ -345,6 +345,7 @@ async def _send_chats(client, payloads: list[bytes], requests: list[Request], ar
     return outs, time.perf_counter() - t0
 
 
+WARM_MAX = 256  # connections a client process opens before a round at most (a burst's past them connect in its time)
 KEEPALIVE_S = 2.0  # an idle connection's life in the client's pools (less than servers' keep-alive timeouts, 5 s at
 # the least, so the client never sends on a connection the server is closing)
 
@@ -366,12 +367,13 @@ class LoadClient:
     async def get(self, path: str):
         return await self.http.get(path)
 
-    async def warm(self, n: int) -> None:
-        """Before a round's clock: the one-time costs of the untimed client, and as many stream connections open as
-        the round can have in flight (``n`` requests, or ``max_connections``), so that a burst's TTFTs do not count
-        TCP handshakes."""
+    async def warm(self, arrival_s) -> None:
+        """Before a round's clock: the one-time costs of the untimed client, and a stream connection open for each
+        request arriving before the first ones would expire (``KEEPALIVE_S``; at most ``max_connections`` and
+        ``WARM_MAX``), so that a burst's TTFTs do not count TCP handshakes."""
         await self.http.get("/v1/models")
-        await self.streams.warm(n if self.max_connections is None else min(n, self.max_connections))
+        n = min(int(np.count_nonzero(np.asarray(arrival_s) < KEEPALIVE_S)), WARM_MAX, self.max_connections or WARM_MAX)
+        await self.streams.warm(n)
 
     async def __aenter__(self) -> LoadClient:
         await self.http.__aenter__()
@@ -394,7 +396,7 @@ def _worker_round(url: str, max_connections: int | None, timeout_s: float, paylo
 
     async def go() -> list[Outcome]:
         async with LoadClient(url, max_connections, timeout_s) as client:
-            await client.warm(len(payloads))
+            await client.warm(arrival_s)
             outs, _ = await send_round(client, payloads, requests, np.asarray(arrival_s), wait,
                                        after=None if after is None else np.asarray(after),
                                        think_s=None if think_s is None else np.asarray(think_s), t0=t0)  # fmt: skip
@@ -477,7 +479,7 @@ def run_rounds(server: Server, rounds: list, warmup, sampling, vocab: int, seed:
                                      after=work.after, think_s=work.think_s)  # fmt: skip
                 reqs = work.requests(vocab, sampling, seed + rnd, f"{rnd}-")
                 payloads = bodies(reqs, server.model, work.after)  # encoded before the round's clock starts
-                await client.warm(len(reqs))
+                await client.warm(work.arrival_s)
                 cpu, before = time.process_time(), await server_counters(client)
                 outs, wall = await send_round(client, payloads, reqs, work.arrival_s, wait=True,
                                               progress=(lambda: bar.update(1)) if bar is not None else None,
