@@ -139,9 +139,11 @@ def test_every_request_is_timed_within_the_servers_delays_and_goodput_counts_the
     first = np.array([SLOW_FIRST_S if p >= SLOW_PROMPT else FIRST_S for p, _ in ok]) * 1e3
     gap = np.array([SLOW_TOKEN_S if o == SLOW_OUT else TOKEN_S for _, o in ok]) * 1e3
     outs = np.array([o for _, o in ok])
-    # at least the server's waits (measured from the send, before the server got it), and not far over them
-    assert (ttft >= first).all() and (ttft < first + 500).all(), ttft
-    assert (e2el >= first + (outs - 1) * gap).all() and (e2el < first + (outs - 1) * gap + 1000).all(), e2el
+    # at least the server's waits (measured from the send, before the server got it), and not far over them; each
+    # wait less 1 ms: the fake server runs on uvloop, whose timers fire on a millisecond clock (a 5 ms sleep measured
+    # 4.19 ms at the least on the development CPU), which a client that stamps each chunk as it arrives can see
+    assert (ttft >= first - 1).all() and (ttft < first + 500).all(), ttft
+    assert (e2el >= first + (outs - 1) * gap - outs).all() and (e2el < first + (outs - 1) * gap + 1000).all(), e2el
     assert len(r["itl_ms"]) == int((outs - 1).sum())  # a gap for every token after a request's first
     tpot = (e2el - ttft)[outs > 1] / (outs[outs > 1] - 1)
     assert r["tpot_ms"] == pytest.approx(tpot.tolist())
