@@ -54,6 +54,7 @@ from collections.abc import Callable
 import attrs
 import numpy as np
 
+from models.bench.arms import frozen_heap
 from models.bench.http1 import HTTPError, Pool
 from models.bench.workload import WorkloadError
 from models.engine import Request
@@ -492,7 +493,8 @@ def run_rounds(server: Server, rounds: list, warmup, sampling, vocab: int, seed:
         return runs
 
     try:
-        return asyncio.run(go())
+        with frozen_heap():  # (as each client process of a run over several is: no collection walks the caller's heap)
+            return asyncio.run(go())
     finally:
         if bar is not None:
             bar.close()
