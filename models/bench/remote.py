@@ -369,10 +369,9 @@ class LoadClient:
         return await self.http.get(path)
 
     async def warm(self, arrival_s) -> None:
-        """Before a round's clock: the one-time costs of the untimed client, and a stream connection open for each
-        request arriving before the first ones would expire (``KEEPALIVE_S``; at most ``max_connections`` and
-        ``WARM_MAX``), so that a burst's TTFTs do not count TCP handshakes."""
-        await self.http.get("/v1/models")
+        """Before a round's clock: a stream connection open for each request arriving before the first ones would
+        expire (``KEEPALIVE_S``; at most ``max_connections`` and ``WARM_MAX``), so that a burst's TTFTs do not count
+        TCP handshakes."""
         n = min(int(np.count_nonzero(np.asarray(arrival_s) < KEEPALIVE_S)), WARM_MAX, self.max_connections or WARM_MAX)
         await self.streams.warm(n)
 
@@ -397,6 +396,7 @@ def _worker_round(url: str, max_connections: int | None, timeout_s: float, paylo
 
     async def go() -> list[Outcome]:
         async with LoadClient(url, max_connections, timeout_s) as client:
+            await client.get("/v1/models")  # the untimed client's one-time costs, before the round's clock
             await client.warm(arrival_s)
             outs, _ = await send_round(client, payloads, requests, np.asarray(arrival_s), wait,
                                        after=None if after is None else np.asarray(after),
