@@ -48,6 +48,7 @@ from models.bench.host_load import load_fraction
 from models.cli import positive_int
 from models.engine import BESIDE_TOKEN_BUDGET, IN_STEP_TOKEN_BUDGET, EngineConfig, Planning, PrefillPlacement
 from models.layers.decode_attention import Backend
+from models.server.heap import freeze_heap
 
 
 @attrs.frozen
@@ -233,8 +234,7 @@ def frozen_heap():
     """Collect, then freeze every live object out of the collector's reach for the timed run (serving engines do
     this after start-up): without it, objects another arm left behind (transformers' especially) make the
     collections a run triggers slower, and an arm that allocates more per step pays for that arm's heap."""
-    gc.collect()
-    gc.freeze()
+    freeze_heap()
     try:
         yield
     finally:
