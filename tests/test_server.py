@@ -281,6 +281,7 @@ BAD = [
     ("completions", {"prompt": "x", "max_tokens": 2, "min_tokens": 3}, 400, "min_tokens"),
     ("completions", {"prompt": "x", "min_tokens": 2, "stop_token_ids": list(range(5, 17))}, 400, "min_tokens"),
     ("completions", {"max_tokens": 3}, 400, "prompt"),
+    ("completions", {"prompt": [1, "a"]}, 400, "prompt"),
     ("completions", {"prompt": "x", "model": "gpt-9"}, 404, "model"),
     ("chat/completions", {"messages": []}, 400, "messages"),
     ("chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages.0.role"),

@@ -40,6 +40,7 @@ from models.server.protocol import (
 )
 from models.server.text import ChoiceText
 
+PROMPT_FORMS = "must be a string, a list of strings, a list of token ids or a list of lists of token ids"
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to the rest of the context
 
 
@@ -125,6 +126,8 @@ def build_app(state: ServerState) -> FastAPI:
         msg = err.get("msg", "invalid request")
         if err.get("type") == "json_invalid":
             msg, param = f"the body is not valid JSON: {err.get('ctx', {}).get('error', msg)}", None
+        elif loc[:1] == ["prompt"] and len(loc) > 1:  # (pydantic names the union's first member in loc)
+            msg, param = PROMPT_FORMS, "prompt"
         return JSONResponse(error_body(f"{param}: {msg}" if param else msg, param), status_code=400)
 
     @app.exception_handler(HTTPError)
