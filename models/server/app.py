@@ -152,15 +152,13 @@ def build_app(state: ServerState) -> FastAPI:
     async def metrics():
         return PlainTextResponse(state.metrics.exposition(), media_type="text/plain; version=0.0.4")
 
-    @app.post("/v1/completions")
     async def completions(request: Request):
-        arrived = time.perf_counter()  # (its body read; not yet parsed)
+        arrived = time.perf_counter()  # (its headers in; its body not yet read)
         body = await _parsed(request, CompletionRequest)
         _check(state, body)
         prompts = _completion_prompts(state, body.prompt)
         return await _serve(state, body, prompts, request, chat=False, arrived=arrived)
 
-    @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         arrived = time.perf_counter()
         body = await _parsed(request, ChatCompletionRequest)
@@ -173,6 +171,9 @@ def build_app(state: ServerState) -> FastAPI:
         except Exception as e:  # the template's own checks (a role it does not take, a raise_exception)
             raise HTTPError(400, f"the chat template refused the messages: {e}", "messages") from None
         return await _serve(state, body, [ids], request, chat=True, arrived=arrived)
+
+    app.add_route("/v1/completions", completions, methods=["POST"])
+    app.add_route("/v1/chat/completions", chat_completions, methods=["POST"])
 
     @app.post("/v1/audio/transcriptions")
     async def transcriptions(request: Request):
