@@ -18,6 +18,7 @@ import random
 import time
 import uuid
 from collections.abc import AsyncIterator
+from json.encoder import encode_basestring  # a str as a JSON string, not ASCII-escaped
 
 import attrs
 from fastapi import FastAPI, Request
@@ -503,10 +504,14 @@ def _done(state: ServerState, c: Choice, reason: str) -> None:
 
 async def _wait_any(choices: list[Choice]) -> None:
     """Until one of the unfinished choices has news."""
+    if len(choices) == 1:  # (most requests: one choice, waited on as it is)
+        if not choices[0].done:
+            await choices[0].stream.wake.wait()
+        return
     pending = [c for c in choices if not c.done]
     if any(c.stream.wake.is_set() for c in pending):
         return
-    if len(pending) == 1:  # (most requests: one choice, waited on without a task a wake-up)
+    if len(pending) == 1:  # (the others done: waited on without a task a wake-up)
         await pending[0].stream.wake.wait()
         return
     waits = [asyncio.ensure_future(c.stream.wake.wait()) for c in pending]
@@ -572,8 +577,11 @@ def _whole(state: ServerState, rid: str, choices: list[Choice], chat: bool, echo
             "model": state.model, "choices": out, "usage": _usage(choices, _prompt_tokens(choices, n))}  # fmt: skip
 
 
+_to_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode  # (json.dumps builds one a call)
+
+
 def _sse(obj: dict) -> str:
-    return f"data: {json.dumps(obj, separators=(',', ':'), ensure_ascii=False)}\n\n"
+    return f"data: {_to_json(obj)}\n\n"
 
 
 async def _events(state: ServerState, rid: str, choices: list[Choice], chat: bool, echo: list[str] | None, n: int,
@@ -586,8 +594,8 @@ async def _events(state: ServerState, rid: str, choices: list[Choice], chat: boo
     created, obj = now(), "chat.completion.chunk" if chat else "text_completion"
     extra = {"usage": None} if include_usage else {}
 
-    # a text chunk without logprobs, the common one, is this frame around its JSON-quoted text (one json.dumps of a
-    # string a chunk, not of the whole object: the front end's CPU a token is what bounds a server's tokens/s)
+    # a text chunk without logprobs, the common one, is this frame around its JSON-quoted text (the quoting of a
+    # string a chunk, not a dump of the whole object: the front end's CPU a token is what bounds a server's tokens/s)
     frame = _sse({"id": rid, "object": obj, "created": created, "model": state.model, "choices": [
         {"index": -1, "delta": {"content": "\0"}, "logprobs": None, "finish_reason": None} if chat else
         {"index": -1, "text": "\0", "logprobs": None, "finish_reason": None}], **extra})  # fmt: skip
@@ -596,7 +604,7 @@ async def _events(state: ServerState, rid: str, choices: list[Choice], chat: boo
 
     def chunk(c: Choice, text: str | None, finish: str | None, lp: dict | None = None, ids: list | None = None) -> str:
         if text and finish is None and lp is None and ids is None:
-            return heads[c.index] + json.dumps(text, ensure_ascii=False) + tail
+            return heads[c.index] + encode_basestring(text) + tail  # (json.dumps' quoting, 0.07 us against 0.7)
         if chat:
             delta = {} if text is None else {"content": text}
             body = {"index": c.index, "delta": delta, "logprobs": lp, "finish_reason": finish}
