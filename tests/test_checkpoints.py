@@ -284,6 +284,28 @@ def test_chat_messages_go_through_the_chat_template(dirs):
         Tokenizer.from_pretrained(dirs["root"])
 
 
+def test_a_batch_of_texts_encodes_as_each_alone_and_a_chat_as_transformers_template_does(dirs):
+    """``encode_many`` (one call for many texts: what the server's tokenizer queue sends) gives each text the ids
+    ``encode`` gives it alone, special tokens included (Whisper's tokenizer adds some); ``chat`` gives what
+    transformers' ``apply_chat_template`` tokenizes."""
+    from tokenizers.processors import TemplateProcessing
+
+    texts = [*TEXTS, "😀🚀 naïve 日本", "", " x"]
+    for name in ("causal", "whisper"):
+        tok = Tokenizer.from_pretrained(dirs[name])
+        assert tok.encode_many(texts) == [tok.encode(t) for t in texts]
+    bos = Tokenizer.from_pretrained(dirs["causal"])  # a tokenizer that adds a special token before every text
+    start = bos.hf.convert_tokens_to_ids("<|im_start|>")
+    bos.hf.backend_tokenizer.post_processor = TemplateProcessing(single="<|im_start|> $A",
+                                                                 special_tokens=[("<|im_start|>", start)])  # fmt: skip
+    assert bos.encode_many(texts) == [bos.encode(t) for t in texts] and bos.encode("a")[0] == start
+    assert [[start, *ids] for ids in bos.encode_many(texts, special=False)] == bos.encode_many(texts)
+    tok = Tokenizer.from_pretrained(dirs["causal"])
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "café? 😀"}]
+    want = tok.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    assert tok.chat(messages) == list(want["input_ids"] if hasattr(want, "keys") else want)
+
+
 def test_audio_the_engine_cannot_take_is_refused(dirs):
     path = dirs["whisper"]
     fe = feature_extractor(path, 16)

@@ -61,17 +61,26 @@ class Tokenizer:
         """A prompt's ids, with the special tokens the tokenizer adds to a text (as transformers' pipelines do)."""
         return list(self.hf(text)["input_ids"])
 
+    def encode_many(self, texts: Sequence[str], special: bool = True) -> list[list[int]]:
+        """Each text's ids as ``encode`` gives them (``special`` False: no special tokens added, as for a rendered
+        chat), in one call: a fast tokenizer encodes a batch on its own threads, letting the interpreter go."""
+        return [list(ids) for ids in self.hf(list(texts), add_special_tokens=special)["input_ids"]]
+
     @property
     def has_chat_template(self) -> bool:
         return bool(getattr(self.hf, "chat_template", None))
 
     def chat(self, messages: Sequence[dict]) -> list[int]:
         """Chat messages ({"role", "content"} each) through the checkpoint's chat template, ready for the reply."""
+        return self.encode_many([self.chat_text(messages)], special=False)[0]
+
+    def chat_text(self, messages: Sequence[dict]) -> str:
+        """The chat template's text for the messages, ready for the reply; its ids are ``encode_many`` of it with
+        ``special`` False (what transformers' ``apply_chat_template`` does when it tokenizes)."""
         if not self.has_chat_template:
             raise TokenizerError("the checkpoint has no chat template (chat_template in tokenizer_config.json, or "
                                  "chat_template.jinja): give the prompt as text")  # fmt: skip
-        out = self.hf.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
-        return list(out["input_ids"] if hasattr(out, "keys") else out)
+        return self.hf.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=True)
