@@ -2,8 +2,8 @@
 
 Its modules: ``cli`` (the command), ``app`` (the HTTP front end's routes), ``client`` (the front end's side of the
 engine core), ``engine_core`` (the engine process), ``protocol`` (request bodies), ``text`` (a choice's streamed text),
-``metrics`` (Prometheus). Only the command is imported here (it imports nothing heavy): the engine process, spawned,
-imports this package and then only what it runs."""
+``tokenizer_queue`` (text prompts to ids off the loop), ``metrics`` (Prometheus). Only the command is imported here
+(it imports nothing heavy): the engine process, spawned, imports this package and then only what it runs."""
 
 from models.server.cli import main, parser
 

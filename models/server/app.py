@@ -40,6 +40,7 @@ from models.server.protocol import (
     usage,
 )
 from models.server.text import ChoiceText
+from models.server.tokenizer_queue import TokenizerQueue
 
 PROMPT_FORMS = "must be a string, a list of strings, a list of token ids or a list of lists of token ids"
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to the rest of the context
@@ -87,6 +88,10 @@ class ServerState:
     ready: bool = True  # False while the server warms itself up: /health answers 503 until it says "ready"
     active: int = 0  # HTTP generation requests being served
     metrics: Metrics | None = None
+    prompts: TokenizerQueue = attrs.field(init=False)  # text prompts' ids, off the loop
+
+    def __attrs_post_init__(self) -> None:
+        self.prompts = TokenizerQueue(self.tokenizer)
 
     def start_metrics(self) -> None:
         """Metrics from now on (a new registry): the server's own warm-up requests are not counted."""
@@ -157,7 +162,7 @@ def build_app(state: ServerState) -> FastAPI:
         arrived = time.perf_counter()  # (its headers in; its body not yet read)
         body = await _parsed(request, CompletionRequest)
         _check(state, body)
-        prompts = _completion_prompts(state, body.prompt)
+        prompts = await _completion_prompts(state, body.prompt)
         return await _serve(state, body, prompts, request, chat=False, arrived=arrived)
 
     async def chat_completions(request: Request):
@@ -166,11 +171,12 @@ def build_app(state: ServerState) -> FastAPI:
         _check(state, body)
         messages = [_message(m, i) for i, m in enumerate(body.messages)]
         try:
-            ids = state.tokenizer.chat(messages)
+            text = state.tokenizer.chat_text(messages)
         except TokenizerError as e:
             raise HTTPError(400, str(e), "messages") from None
         except Exception as e:  # the template's own checks (a role it does not take, a raise_exception)
             raise HTTPError(400, f"the chat template refused the messages: {e}", "messages") from None
+        ids = (await state.prompts.encode([text], special=False))[0]
         return await _serve(state, body, [ids], request, chat=True, arrived=arrived)
 
     app.add_route("/v1/completions", completions, methods=["POST"])
@@ -286,16 +292,17 @@ def _message(m, i: int) -> dict:
     return {"role": role, "content": content or ""}
 
 
-def _completion_prompts(state: ServerState, prompt) -> list[list[int]]:
-    """The prompts of a completion request, as token ids: a string, strings, token ids, or lists of token ids (a list
-    validated by CompletionRequest holds one kind, so its first element says which)."""
+async def _completion_prompts(state: ServerState, prompt) -> list[list[int]]:
+    """The prompts of a completion request, as token ids: a string, strings (encoded off the loop), token ids, or
+    lists of token ids (a list validated by CompletionRequest holds one kind, so its first element says which)."""
     prompts = [prompt] if isinstance(prompt, str) or prompt and isinstance(prompt[0], int) else list(prompt)
     if not prompts:
         raise HTTPError(400, "prompt: no prompt given", "prompt")
+    if isinstance(prompts[0], str):
+        prompts = await state.prompts.encode(prompts)
     out = []
     vocab = state.client.served.vocab_size
-    for i, p in enumerate(prompts):
-        ids = state.tokenizer.encode(p) if isinstance(p, str) else list(p)
+    for i, ids in enumerate(prompts):
         if not ids:
             raise HTTPError(400, f"prompt {i} is empty (no tokens)", "prompt")
         bad = None if min(ids) >= 0 and max(ids) < vocab else next(t for t in ids if not 0 <= t < vocab)

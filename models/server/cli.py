@@ -250,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server.run()
     finally:
+        state.prompts.close()
         client.shutdown()
     return 0
 
@@ -257,12 +258,14 @@ def main(argv: list[str] | None = None) -> int:
 async def warm_front_end(state, host: str, port: int) -> None:
     """One streamed request of each kind the server takes, sent to itself over HTTP before it says "ready", so that
     no client's request pays for a first use (the routes' validators, the tokenizer's and the chat template's first
-    call, the engine's first step after its warm-up); the metrics start after it. A failure is reported, not fatal."""
+    call, the tokenizer queue's thread, the engine's first step after its warm-up); the metrics start after it. A
+    failure is reported, not fatal."""
     import asyncio
     import json
 
     bodies = [] if state.audio is not None else [
         ("/v1/completions", {"prompt": [1, 2, 3, 4], "max_tokens": 2, "stream": True, "ignore_eos": True}),
+        ("/v1/completions", {"prompt": "hello", "max_tokens": 2, "stream": True, "ignore_eos": True}),
         *([("/v1/chat/completions", {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 2,
                                      "stream": True})] if state.tokenizer.has_chat_template else []),
     ]  # fmt: skip
