@@ -56,6 +56,8 @@ def fake_app(seen: list):
         body = await request.json()
         seen.append((time.perf_counter(), body))
         n, prompt = body["max_tokens"], body["prompt"]
+        if isinstance(prompt, str):  # (--prompt-text with a word-level tokenizer: a word a token)
+            prompt = prompt.split()
         if len(prompt) == HTTP_500:
             return JSONResponse({"error": {"message": "the engine fell over", "type": "internal_error",
                                            "param": None, "code": 500}}, status_code=500)  # fmt: skip
@@ -210,6 +212,29 @@ def test_the_requests_are_the_in_process_arms_requests(server, tmp_path):
     assert any(b.get("stop_token_ids") for b in bodies) and any(b["temperature"] > 0 for b in bodies)
 
 
+def test_prompts_sent_as_text_are_their_ids_decoded_and_count_what_they_encode_to(server, tmp_path):
+    """``--prompt-text``: every timed prompt goes as text, the in-process arms' prompt ids decoded with the tokenizer
+    given (a word-level one: a word a token, its special tokens dropped), and the report counts the tokens that text
+    encodes to."""
+    from models.bench.make_checkpoint import word_tokenizer
+    from models.engine.text import Tokenizer
+
+    url, seen = server
+    seen.clear()
+    vocab = MODEL_CONFIGS[MODEL].vocab_size
+    word_tokenizer(vocab).save_pretrained(tmp_path / "tok")
+    tok = Tokenizer.from_pretrained(tmp_path / "tok")
+    argv = ["--num-requests", "5", "--rate", "inf", "--prompt-len", "uniform:20,30", "--gen-len", "fixed:3",
+            "--rounds", "1", "--warmup", "0", "--no-prerun", "--no-progress"]
+    (r,) = traffic.main(["--url", url, *argv, "--prompt-text", str(tmp_path / "tok"), "--out", str(tmp_path / "o")])
+    args = traffic.parser().parse_args([*argv, "--model", MODEL, "--out", "x"])
+    drawn = traffic.draw_traffic(args, args.max_running)
+    texts = [tok.decode(q.prompt) for q in drawn.rounds[0].requests(vocab, drawn.sampling, args.seed, "0-")]
+    assert r["failed"] == 0 and sorted(b["prompt"] for _, b in seen) == sorted(texts)
+    assert r["prompt_tokens"] == sum(len(tok.encode(t)) for t in texts) == sum(len(t.split()) for t in texts)
+    assert "sent as text decoded with" in (tmp_path / "o" / "results.md").read_text()
+
+
 @pytest.mark.parametrize("procs", [1, 2])
 def test_chats_are_closed_loops_whose_prompts_repeat_the_ids_the_server_returned(server, tmp_path, procs):
     """3 users x 3 turns (over one client process and over two): each later turn's prompt is the previous turn's
@@ -292,6 +317,9 @@ def _free_port() -> int:
     (["--prompt-len", "fixed:4000", "--gen-len", "fixed:200"], "argument --prompt-len/--gen-len: a request of 4200 "
                                                                "tokens (prompt + output) is over the server's "
                                                                "max_model_len of 4096"),
+    (["--prompt-text", "/nowhere"], "argument --prompt-text: /nowhere: no tokenizer.json or tokenizer_config.json"),
+    (["--prompt-text", "/nowhere", "--shape", "chat", "--users", "2"], "argument --prompt-text: a chat's later turns "
+                                                                       "repeat the token ids the server returned"),
 ])  # fmt: skip
 def test_bad_arguments_with_a_url_end_in_one_line(server, args, words, tmp_path, capsys):
     url, _ = server
@@ -308,6 +336,7 @@ def test_bad_arguments_with_a_url_end_in_one_line(server, args, words, tmp_path,
     (["--url", "http://127.0.0.1:{port}", "--ready-timeout", "0.3"], "argument --url: no server answered at "
                                                                      "http://127.0.0.1:{port} within 0.3 s"),
     (["--goodput", "ttft:500"], "argument --goodput: applies to a server's traffic, with --url"),
+    (["--prompt-text", "/tmp"], "argument --prompt-text: applies to a server's traffic, with --url"),
 ])  # fmt: skip
 def test_no_server_or_no_url_ends_in_one_line(args, words, tmp_path, capsys):
     port = _free_port()  # nothing listens there

@@ -166,6 +166,8 @@ def parser() -> OneLineParser:
     ap.add_argument("--prompt", type=positive_int, default=512, help="tokens each prompt has")
     ap.add_argument("--rounds", type=positive_int, default=2, help="rounds")
     ap.add_argument("--client-procs", type=positive_int, default=1, help="client processes of the load generator")
+    ap.add_argument("--text", action="store_true", help="prompts sent as text (traffic --prompt-text), which the front "
+                                                       "end tokenizes; default token ids")  # fmt: skip
     ap.add_argument("--port", type=int, default=8011, help="the front end's port on 127.0.0.1")
     ap.add_argument("--serve", type=Path, default=None, help=argparse.SUPPRESS)  # (the front-end process itself)
     return ap
@@ -196,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
                "qwen3_5-0.8b", "--num-requests", str(args.requests), "--rate", "inf", "--prompt-len",
                f"fixed:{args.prompt}", "--gen-len", f"fixed:{args.gen}", "--rounds", str(args.rounds),
                "--client-procs", str(args.client_procs), "--no-progress", "--out",
-               str(args.out / "traffic")]  # fmt: skip
+               str(args.out / "traffic"), *(["--prompt-text", str(tok_dir)] if args.text else [])]  # fmt: skip
         with open(args.out / "traffic.log", "w") as tlog:
             subprocess.run(cmd, stdout=tlog, stderr=subprocess.STDOUT, check=True)
     finally:
@@ -211,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"{r['ttft_p50_ms']:.1f} | {r['failed']} |")  # fmt: skip
     slow = f", every {args.slow_every}th {args.slow_ms:g} ms" if args.slow_every else ""
     text = (f"# The front end over a stand-in engine ({args.max_running} running, a step each {args.step_ms:g} ms"
-            f"{slow})"
+            f"{slow}{', prompts sent as text' if args.text else ''})"
             f"\n\nCommand: `python -m models.bench.front_end {' '.join(argv if argv is not None else sys.argv[1:])}`"
             "\n\n" + "\n".join(rows) + "\n")  # fmt: skip
     (args.out / "results.md").write_text(text)

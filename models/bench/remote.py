@@ -1,11 +1,12 @@
 """The traffic benchmark's ``--url`` mode: its workload sent to an OpenAI-compatible server as streaming completions
 (as ``vllm bench serve`` sends it), every request timed chunk by chunk, and the report's metrics and goodput.
 
-A request is ``POST {url}/v1/completions`` with its prompt as token ids, ``max_tokens`` its drawn output length,
-``ignore_eos`` (vLLM's extension: it generates exactly that many tokens unless a stop token of its own fires), greedy
-(``temperature`` 0) or its sampling (``temperature``, ``top_p``, ``top_k``, ``seed``), its ``stop_token_ids`` if it
-carries them, and ``stream`` with ``stream_options.include_usage``. Bodies are encoded before a round starts; each
-is sent at its arrival (its offset from the round's start), and how late the client sent it is reported (send lag).
+A request is ``POST {url}/v1/completions`` with its prompt as token ids (``--prompt-text``: as text, ``as_text``),
+``max_tokens`` its drawn output length, ``ignore_eos`` (vLLM's extension: it generates exactly that many tokens unless
+a stop token of its own fires), greedy (``temperature`` 0) or its sampling (``temperature``, ``top_p``, ``top_k``,
+``seed``), its ``stop_token_ids`` if it carries them, and ``stream`` with ``stream_options.include_usage``. Bodies are
+encoded before a round starts; each is sent at its arrival (its offset from the round's start), and how late the client
+sent it is reported (send lag).
 Its times, from the moment it is sent, are read with ``time.perf_counter()`` as each network read arrives (the
 events of one read share its time; a read's lines are split on bytes and only ``data:`` lines are parsed):
 
@@ -152,11 +153,12 @@ def connect(url: str, served_model: str | None, timeout_s: float) -> Server:
     return Server(url, model, length if isinstance(length, int) and length > 0 else None)
 
 
-def body(request: Request, model: str, token_ids: bool = False) -> bytes:
+def body(request: Request, model: str, token_ids: bool = False, text: str | None = None) -> bytes:
     """The completions request for ``request`` (module doc), encoded; ``token_ids``: it asks for its output's token
-    ids (``return_token_ids``: a chat's next turn repeats them)."""
+    ids (``return_token_ids``: a chat's next turn repeats them); ``text``: its prompt sent as this text."""
     sp = request.sampling
-    d = {"model": model, "prompt": list(request.prompt), "max_tokens": sp.max_tokens, "ignore_eos": True,
+    prompt = list(request.prompt) if text is None else text
+    d = {"model": model, "prompt": prompt, "max_tokens": sp.max_tokens, "ignore_eos": True,
          "temperature": sp.temperature, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
     if token_ids:
         d["return_token_ids"] = True
@@ -169,10 +171,34 @@ def body(request: Request, model: str, token_ids: bool = False) -> bytes:
     return json.dumps(d, separators=(",", ":")).encode()
 
 
-def bodies(requests: list[Request], model: str, after: np.ndarray | None = None) -> list[bytes]:
-    """Every request's body, each asking for its output's token ids where a later request (``after``) continues it."""
+def bodies(requests: list[Request], model: str, after: np.ndarray | None = None,
+           texts: list[str] | None = None) -> list[bytes]:  # fmt: skip
+    """Every request's body, each asking for its output's token ids where a later request (``after``) continues it
+    (``texts``: the prompts sent as these texts)."""
     fed = set() if after is None else {int(a) for a in after if a >= 0}
-    return [body(r, model, j in fed) for j, r in enumerate(requests)]
+    return [body(r, model, j in fed, None if texts is None else texts[j]) for j, r in enumerate(requests)]
+
+
+def as_text(requests: list[Request], tokenizer) -> tuple[list[Request], list[str]]:
+    """Each prompt as a client sends text (``--prompt-text``): its ids decoded by ``tokenizer``
+    (``models.engine.text.Tokenizer``), and the requests with the ids that text encodes to, which the server prefills
+    and the report counts. WorkloadError for a prompt whose text encodes to no token."""
+    texts = [tokenizer.decode(r.prompt) for r in requests]
+    ids = tokenizer.encode_many(texts)
+    empty = next((r.request_id for r, i in zip(requests, ids, strict=True) if not i), None)
+    if empty is not None:
+        raise WorkloadError("--prompt-text", f"request {empty}'s prompt decodes to a text of no tokens (its ids are "
+                                             "all special tokens): send token ids")  # fmt: skip
+    return [attrs.evolve(r, prompt=i) for r, i in zip(requests, ids, strict=True)], texts
+
+
+def sent(requests: list[Request], model: str, after: np.ndarray | None = None,
+         tokenizer=None) -> tuple[list[Request], list[bytes]]:  # fmt: skip
+    """The requests as they are sent (with ``tokenizer``: their prompts as text, ``as_text``) and their bodies."""
+    texts = None
+    if tokenizer is not None:
+        requests, texts = as_text(requests, tokenizer)
+    return requests, bodies(requests, model, after, texts)
 
 
 def with_history(payload: bytes, history: list[int]) -> bytes:
@@ -445,11 +471,12 @@ def send_round_procs(pool, procs: int, url: str, max_connections: int | None, ti
 
 def run_rounds(server: Server, rounds: list, warmup, sampling, vocab: int, seed: int, prerun: bool,
                max_connections: int | None, timeout_s: float, targets: dict[str, float],
-               progress: bool = True, client_procs: int = 1) -> list[dict]:  # fmt: skip
+               progress: bool = True, client_procs: int = 1, tokenizer=None) -> list[dict]:  # fmt: skip
     """The warm-up (all at once), then every round (a ``Workload``): its traffic served once untimed first
     (``prerun``), then timed, each request sent at its arrival. The timed requests are the in-process arms' (the
-    same ``Workload.requests`` seeds); the untimed ones draw their prompt ids from seeds no timed round uses, so a
-    server's prefix cache cannot serve a timed prompt from them. Returns each round's ``round_metrics``."""
+    same ``Workload.requests`` seeds; with ``tokenizer``, their prompts sent as text: ``as_text``); the untimed ones
+    draw their prompt ids from seeds no timed round uses, so a server's prefix cache cannot serve a timed prompt from
+    them. Returns each round's ``round_metrics``."""
     bar = None
     if progress:
         from tqdm import tqdm
@@ -460,26 +487,28 @@ def run_rounds(server: Server, rounds: list, warmup, sampling, vocab: int, seed:
 
     if client_procs > 1:
         return _run_rounds_procs(server, rounds, warmup, sampling, vocab, seed, prerun, max_connections, timeout_s,
-                                 targets, client_procs, say, bar)  # fmt: skip
+                                 targets, client_procs, say, bar, tokenizer)  # fmt: skip
 
     async def go() -> list[dict]:
         runs = []
         async with LoadClient(server.url, max_connections, timeout_s) as client:
             await client.get("/v1/models")  # the client's first request pays its one-time costs, untimed
             if warmup.n:
-                reqs = warmup.requests(vocab, sampling, UNTIMED_SEED + seed + 1, "warmup-")
-                outs, _ = await send_round(client, [body(r, server.model) for r in reqs], reqs, warmup.arrival_s,
-                                           wait=False)  # fmt: skip
+                reqs, payloads = sent(warmup.requests(vocab, sampling, UNTIMED_SEED + seed + 1, "warmup-"),
+                                      server.model, tokenizer=tokenizer)  # fmt: skip
+                outs, _ = await send_round(client, payloads, reqs, warmup.arrival_s, wait=False)
                 failed = [o.error for o in outs if o.error is not None]
                 say(f"warmed up with {warmup.n} requests" + (f" ({len(failed)} failed: {failed[0]})" if failed
                                                                else ""))  # fmt: skip
             for rnd, work in enumerate(rounds):
                 if prerun:
-                    reqs = work.requests(vocab, sampling, UNTIMED_SEED + seed + rnd, f"pre{rnd}-")
-                    await send_round(client, bodies(reqs, server.model, work.after), reqs, work.arrival_s, wait=True,
-                                     after=work.after, think_s=work.think_s)  # fmt: skip
-                reqs = work.requests(vocab, sampling, seed + rnd, f"{rnd}-")
-                payloads = bodies(reqs, server.model, work.after)  # encoded before the round's clock starts
+                    reqs, payloads = sent(work.requests(vocab, sampling, UNTIMED_SEED + seed + rnd, f"pre{rnd}-"),
+                                          server.model, work.after, tokenizer)  # fmt: skip
+                    await send_round(client, payloads, reqs, work.arrival_s, wait=True, after=work.after,
+                                     think_s=work.think_s)  # fmt: skip
+                # (encoded before the round's clock starts)
+                reqs, payloads = sent(work.requests(vocab, sampling, seed + rnd, f"{rnd}-"), server.model, work.after,
+                                      tokenizer)  # fmt: skip
                 await client.warm(work.arrival_s)
                 cpu, before = time.process_time(), await server_counters(client)
                 outs, wall = await send_round(client, payloads, reqs, work.arrival_s, wait=True,
@@ -546,7 +575,7 @@ def _histogram_mean(d: dict[str, float], histogram: str) -> float:
 
 def _run_rounds_procs(server: Server, rounds: list, warmup, sampling, vocab: int, seed: int, prerun: bool,
                       max_connections: int | None, timeout_s: float, targets: dict[str, float], procs: int, say,
-                      bar) -> list[dict]:  # fmt: skip
+                      bar, tokenizer=None) -> list[dict]:  # fmt: skip
     """``run_rounds`` with the requests of each round spread over ``procs`` client processes."""
     import concurrent.futures
     import multiprocessing
@@ -559,19 +588,20 @@ def _run_rounds_procs(server: Server, rounds: list, warmup, sampling, vocab: int
     try:
         with concurrent.futures.ProcessPoolExecutor(procs, mp_context=ctx) as pool:
             if warmup.n:
-                reqs = warmup.requests(vocab, sampling, UNTIMED_SEED + seed + 1, "warmup-")
-                outs, _, _ = send(pool, payloads=[body(r, server.model) for r in reqs], requests=reqs,
-                                  arrival_s=warmup.arrival_s, wait=False)  # fmt: skip
+                reqs, payloads = sent(warmup.requests(vocab, sampling, UNTIMED_SEED + seed + 1, "warmup-"),
+                                      server.model, tokenizer=tokenizer)  # fmt: skip
+                outs, _, _ = send(pool, payloads=payloads, requests=reqs, arrival_s=warmup.arrival_s, wait=False)
                 failed = [o.error for o in outs if o.error is not None]
                 say(f"warmed up with {warmup.n} requests over {procs} client processes" + (
                     f" ({len(failed)} failed: {failed[0]})" if failed else ""))  # fmt: skip
             for rnd, work in enumerate(rounds):
                 if prerun:
-                    reqs = work.requests(vocab, sampling, UNTIMED_SEED + seed + rnd, f"pre{rnd}-")
-                    send(pool, payloads=bodies(reqs, server.model, work.after), requests=reqs,
-                         arrival_s=work.arrival_s, wait=True, after=work.after, think_s=work.think_s)  # fmt: skip
-                reqs = work.requests(vocab, sampling, seed + rnd, f"{rnd}-")
-                payloads = bodies(reqs, server.model, work.after)
+                    reqs, payloads = sent(work.requests(vocab, sampling, UNTIMED_SEED + seed + rnd, f"pre{rnd}-"),
+                                          server.model, work.after, tokenizer)  # fmt: skip
+                    send(pool, payloads=payloads, requests=reqs, arrival_s=work.arrival_s, wait=True,
+                         after=work.after, think_s=work.think_s)  # fmt: skip
+                reqs, payloads = sent(work.requests(vocab, sampling, seed + rnd, f"{rnd}-"), server.model, work.after,
+                                      tokenizer)  # fmt: skip
                 before = asyncio.run(_counters(server.url, timeout_s))
                 outs, wall, cpu = send(pool, payloads=payloads, requests=reqs, arrival_s=work.arrival_s, wait=True,
                                        after=work.after, think_s=work.think_s)  # fmt: skip

@@ -60,7 +60,9 @@ With ``--url http://HOST:PORT`` no engine is built: the same traffic (the same r
 prompt ids, drawn from the same seeds; prompt ids from ``--model``'s vocabulary, by default the served model where
 its id is one of ``--model``'s names) is sent as streaming completions to an OpenAI-compatible server, as ``vllm
 bench serve`` does (``models/bench/remote.py``: the requests, how they are timed, what fails): the warm-up once, then
-each round, served once untimed first (``--prerun``, with other prompt ids) and then timed. The report names the URL
+each round, served once untimed first (``--prerun``, with other prompt ids) and then timed. With ``--prompt-text DIR``
+each prompt goes as text, as clients send it (its ids decoded with DIR's tokenizer, special tokens dropped; the server
+tokenizes it, and its prompt tokens are what the text encodes to). The report names the URL
 and the server's model: requests completed and failed (with their errors), output and total tok/s, req/s, goodput
 under ``--goodput ttft:MS,tpot:MS,itl:MS,e2el:MS`` (req/s and the share of the requests), TTFT, ITL, TPOT and E2EL
 (mean, p50, p90, p99), and the client's send lag; ``results.md``, ``results.json``, ``ttft_cdf.png`` and
@@ -209,6 +211,10 @@ def parser(prog: str = "python -m models.bench.traffic", description: str = __do
     s.add_argument("--goodput", type=goodput_targets, default=None, metavar="NAME:MS[,NAME:MS...]",
                    help="latency targets a request must all meet to count toward goodput, NAME one of ttft, tpot, "
                         "itl (every gap of the request), e2el, e.g. ttft:500,tpot:50 (with --url)")
+    s.add_argument("--prompt-text", type=Path, default=None, metavar="DIR",
+                   help="send each prompt as text, as clients do: its ids decoded with the tokenizer in DIR (the "
+                        "served checkpoint's directory), which the server tokenizes; its prompt tokens are what that "
+                        "text encodes to (default: token ids; not for chats, whose turns repeat the returned ids)")
     s.add_argument("--max-connections", type=positive_int, default=None,
                    help="connections to the server at most (default: no cap, one a request in flight; with a cap, "
                         "requests past it wait for a connection, in their TTFT)")
@@ -701,7 +707,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = ap.parse_args(argv)
     if args.url is not None:
         return main_url(ap, args, argv)
-    for name in ("served_model", "goodput", "max_connections", "client_procs"):  # --url's, refused without it
+    for name in ("served_model", "goodput", "max_connections", "client_procs", "prompt_text"):  # --url's
         if getattr(args, name) is not None:
             ap.error(f"argument --{name.replace('_', '-')}: applies to a server's traffic, with --url")
     ranks = int(os.environ.get("WORLD_SIZE", "1"))  # under torchrun, the group join_group joins below
@@ -798,6 +804,26 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 
 # -- a server's traffic (--url) ------------------------------------------------------------------------------------
+def prompt_tokenizer(path: Path | None, traffic: Traffic, vocab: int):
+    """``--prompt-text``'s tokenizer (``models.engine.text.Tokenizer``), or None; WorkloadError for a chat's traffic
+    or a tokenizer smaller than the vocabulary the prompt ids are drawn from."""
+    if path is None:
+        return None
+    if any(w.after is not None and (w.after >= 0).any() for w in traffic.rounds):
+        raise WorkloadError("--prompt-text", "a chat's later turns repeat the token ids the server returned: send "
+                                             "a chat's prompts as ids (drop --prompt-text)")  # fmt: skip
+    from models.engine.text import Tokenizer, TokenizerError
+
+    try:
+        tok = Tokenizer.from_pretrained(path)
+    except TokenizerError as e:
+        raise WorkloadError("--prompt-text", str(e)) from None
+    if len(tok.hf) < vocab:
+        raise WorkloadError("--prompt-text", f"the tokenizer in {path} has {len(tok.hf)} tokens, fewer than the "
+                                             f"{vocab} the prompt ids are drawn from (--model)")  # fmt: skip
+    return tok
+
+
 ENGINE_ONLY = ("device", "dtype", "arms", "prefill", "token_budget", "max_running", "max_bucket", "page_size",
                "num_pages", "max_seq_len", "prefill_graphs", "prefill_graph_tokens", "host_load")  # fmt: skip
 
@@ -832,21 +858,24 @@ def main_url(ap: argparse.ArgumentParser, args: argparse.Namespace, argv: list[s
         if traffic.longest > context:
             raise WorkloadError(traffic.lengths_arg, f"a request of {traffic.longest} tokens (prompt + output) is "
                                                      f"over {whose} of {context}")  # fmt: skip
+        tokenizer = prompt_tokenizer(args.prompt_text, traffic, MODEL_CONFIGS[args.model].vocab_size)
     except ValueError as e:
         ap.error(str(e))
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"workload: {traffic.description}", flush=True)
-    print(f"server: {server.url}, model {server.model}; prompt ids from {args.model}'s vocabulary", flush=True)
+    sent_as = f", sent as text decoded with {args.prompt_text}'s tokenizer" if tokenizer is not None else ""
+    print(f"server: {server.url}, model {server.model}; prompt ids from {args.model}'s vocabulary{sent_as}", flush=True)
     targets = args.goodput or {}
     runs = remote.run_rounds(server, traffic.rounds, traffic.warmup, traffic.sampling,
                              MODEL_CONFIGS[args.model].vocab_size, args.seed, args.prerun, args.max_connections,
                              args.request_timeout, targets, progress=not args.no_progress,
-                             client_procs=args.client_procs or 1)  # fmt: skip
+                             client_procs=args.client_procs or 1, tokenizer=tokenizer)  # fmt: skip
     table, summary = remote.summarize(runs, server)
     command = "python -m models.bench.traffic " + " ".join(argv if argv is not None else sys.argv[1:])
+    pre = "served once untimed first (other prompt ids), then " if args.prerun else ""
     head = (f"Traffic benchmark against the server at {server.url}, model {server.model} (prompt ids from "
-            f"{args.model}'s vocabulary). Workload: {traffic.description}. {args.rounds} rounds, each its own draw of "
-            f"the traffic, {'served once untimed first (other prompt ids), then ' if args.prerun else ''}timed; "
+            f"{args.model}'s vocabulary{sent_as}). Workload: {traffic.description}. {args.rounds} rounds, each its own "
+            f"draw of the traffic, {pre}timed; "
             f"{traffic.warmup.n} warm-up requests before the first. Streaming completions, ignore_eos, each sent at "
             f"its arrival over {'at most ' + str(args.max_connections) if args.max_connections else 'uncapped'} "
             f"connections; times from the request's send (models/bench/remote.py). Goodput targets: "
@@ -856,6 +885,8 @@ def main_url(ap: argparse.ArgumentParser, args: argparse.Namespace, argv: list[s
     keep = [{k: v for k, v in r.items() if not k.endswith("_ms") or not isinstance(v, list)} for r in runs]
     (args.out / "results.json").write_text(json.dumps(dict(command=command, url=server.url, model=server.model,
                                                            vocabulary=args.model, workload=traffic.description,
+                                                           prompt_text=None if tokenizer is None else
+                                                           str(args.prompt_text),
                                                            goodput=targets, summary=summary, runs=keep),
                                                       indent=1))  # fmt: skip
     plot(runs, [runs[0]["label"]], args.out, timeline=False)
