@@ -76,6 +76,11 @@ def parser() -> OneLineParser:
     ap.add_argument("--client-cpus", type=cpu_set, default=None,
                     help="CPUs the HTTP client processes run on (default: any); apart from --server-cpus, as clients "
                          "on other machines would be")  # fmt: skip
+    ap.add_argument("--prompt-text", action="store_true",
+                    help="the HTTP side sends its prompts as text (traffic --prompt-text with the checkpoint "
+                         "directory's tokenizer), which the server tokenizes; the in-process side takes the ids. With "
+                         "the word-level tokenizer --make writes, the text encodes to the same ids but for special "
+                         "tokens (3 of the 248,320 ids)")  # fmt: skip
     ap.add_argument("--out", type=Path, required=True, help="folder for the logs and results.md")
     return ap
 
@@ -163,6 +168,8 @@ def traffic(args, workload: str, out: Path, url: str | None, rnd: int, rounds: i
            "--seed", str(args.seed + rnd), "--no-progress", "--out", str(out), "--model", args.model]  # fmt: skip
     if url is not None:
         cmd += ["--url", url, "--client-procs", str(args.client_procs)]
+        if args.prompt_text:
+            cmd += ["--prompt-text", str(args.model_dir)]
     else:
         cmd += ["--arms", "resident-triton-cache", "--max-running", str(args.max_running), "--max-seq-len",
                 str(args.max_seq_len)]  # fmt: skip
@@ -268,7 +275,9 @@ def main(argv: list[str] | None = None) -> int:
                      f"{_median(e, 'decode_step_ms'):.2f} | {_median(h, 'engine_beside_share'):.0%} / "
                      f"{_beside_share(e):.0%} | {_median(h, 'engine_intake_ms'):.2f} | {paired(h, e)} |")  # fmt: skip
     text = (f"# The server against the engine it wraps\n\nCommand: `python -m models.bench.serve_http "
-            f"{' '.join(argv if argv is not None else sys.argv[1:])}` (pid {os.getpid()})\n\n" + "\n".join(lines)
+            f"{' '.join(argv if argv is not None else sys.argv[1:])}` (pid {os.getpid()})\n\n"
+            + ("Prompts through HTTP sent as text, which the server tokenized.\n\n" if args.prompt_text else "")
+            + "\n".join(lines)
             + "\n\n" + "\n".join(table) + "\n")  # fmt: skip
     (args.out / "results.md").write_text(text)
     print(text)
