@@ -270,6 +270,10 @@ def test_streamed_text_never_splits_a_character(dirs):
         pieces = [stream.push(i) for i in ids]
         assert all(REPLACEMENT not in p for p in pieces)
         assert "".join(pieces) + stream.flush() == tok.decode(ids) == text
+        for cut in range(1, len(ids) + 1):  # a reply that ends anywhere, an incomplete character's bytes included
+            stream = tok.detokenizer()
+            pieces = [stream.push(i) for i in ids[:cut]]
+            assert "".join(pieces) + stream.flush() == tok.decode(ids[:cut])
 
 
 def test_chat_messages_go_through_the_chat_template(dirs):

@@ -139,23 +139,30 @@ class Detokenizer:
 class StreamDetokenizer:
     """``Detokenizer``'s contract on the tokenizers library's ``DecodeStream``: ``push`` returns the text a token
     completes (a step in Rust, not two decodes of a window); ``flush`` what an incomplete last character leaves,
-    from one decode of all the tokens."""
+    from one decode of all the tokens, made only when a token's text is still held (a stream whose last token came
+    out whole has nothing left: a decode of a 256-token reply costs 35-50 us)."""
 
     def __init__(self, tokenizer: Tokenizer, backend) -> None:
         self.tok, self.backend = tokenizer, backend
         self.stream = DecodeStream(skip_special_tokens=True)
         self.ids: list[int] = []
         self.sent = 0  # characters returned
+        self.held = 0  # tokens pushed since the last piece (an incomplete character, or tokens of no text)
 
     def push(self, token: int) -> str:
         self.ids.append(int(token))
         piece = self.stream.step(self.backend, int(token))
         if not piece:
+            self.held += 1
             return ""
+        self.held = 0
         self.sent += len(piece)
         return piece
 
     def flush(self) -> str:
+        if not self.held:
+            return ""
+        self.held = 0
         rest = self.tok.decode(self.ids)[self.sent :]
         self.sent += len(rest)
         return rest
