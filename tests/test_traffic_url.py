@@ -235,6 +235,35 @@ def test_prompts_sent_as_text_are_their_ids_decoded_and_count_what_they_encode_t
     assert "sent as text decoded with" in (tmp_path / "o" / "results.md").read_text()
 
 
+def test_timed_rounds_run_with_the_clients_collector_off(server, tmp_path, monkeypatch):
+    """The load generator's timed rounds run with its cyclic garbage collector off (a collection of the oldest
+    generation mid-round stamps every chunk that arrives meanwhile late), its warm-up and untimed rounds with it on;
+    the collector's state before is restored after."""
+    import gc
+
+    from models.bench import remote
+
+    url, _ = server
+    seen = []
+    send = remote.send_round
+
+    async def watched(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return await send(*args, **kwargs)
+
+    monkeypatch.setattr(remote, "send_round", watched)
+    traffic.main(["--url", url, "--num-requests", "3", "--rate", "inf", "--prompt-len", "fixed:4", "--gen-len",
+                  "fixed:2", "--rounds", "2", "--warmup", "2", "--no-progress", "--out", str(tmp_path / "o")])
+    assert seen == [True, True, False, True, False] and gc.isenabled()  # warm-up, then each round untimed and timed
+    gc.disable()
+    try:
+        with remote.collector_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # (off before: left off)
+    finally:
+        gc.enable()
+
+
 @pytest.mark.parametrize("procs", [1, 2])
 def test_chats_are_closed_loops_whose_prompts_repeat_the_ids_the_server_returned(server, tmp_path, procs):
     """3 users x 3 turns (over one client process and over two): each later turn's prompt is the previous turn's

@@ -44,6 +44,7 @@ import argparse
 import asyncio
 import contextlib
 import functools
+import gc
 import json
 import math
 import re
@@ -413,6 +414,22 @@ class LoadClient:
 UNTIMED_SEED = 2**32  # added to the seeds the untimed requests' prompts are drawn from (run_rounds says why)
 
 
+@contextlib.contextmanager
+def collector_paused():
+    """The client's cyclic garbage collector off through a timed round, then one collection (the state before is
+    restored): a collection of the oldest generation in the middle of a round took 72-80 ms in the load generator on
+    the development CPU, and every chunk that arrived meanwhile would have been stamped late, in the server's TTFT and
+    ITL."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+            gc.collect()
+
+
 def _worker_round(url: str, max_connections: int | None, timeout_s: float, payloads: list[bytes],
                   requests: list[Request], arrival_s: list[float], t0: float, wait: bool, after: list[int] | None,
                   think_s: list[float] | None) -> tuple[list[Outcome], float, float]:  # fmt: skip
@@ -431,7 +448,8 @@ def _worker_round(url: str, max_connections: int | None, timeout_s: float, paylo
 
     freeze_heap()  # (as the server's processes do: no collection of the start-up's objects in a stream's timing)
     cpu = time.process_time()
-    outs = asyncio.run(go())
+    with collector_paused():
+        outs = asyncio.run(go())
     return outs, time.process_time() - cpu, time.perf_counter()
 
 
@@ -511,9 +529,10 @@ def run_rounds(server: Server, rounds: list, warmup, sampling, vocab: int, seed:
                                       tokenizer)  # fmt: skip
                 await client.warm(work.arrival_s)
                 cpu, before = time.process_time(), await server_counters(client)
-                outs, wall = await send_round(client, payloads, reqs, work.arrival_s, wait=True,
-                                              progress=(lambda: bar.update(1)) if bar is not None else None,
-                                              after=work.after, think_s=work.think_s)  # fmt: skip
+                with collector_paused():
+                    outs, wall = await send_round(client, payloads, reqs, work.arrival_s, wait=True,
+                                                  progress=(lambda: bar.update(1)) if bar is not None else None,
+                                                  after=work.after, think_s=work.think_s)  # fmt: skip
                 r = round_metrics(outs, wall, targets)
                 r.update(label=label, round=rnd, client_cpu=(time.process_time() - cpu) / wall,
                          **server_costs(before, await server_counters(client)))  # fmt: skip
