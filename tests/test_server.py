@@ -374,6 +374,22 @@ def test_metrics_parse_and_count(server, api):
     intake = "resplan_engine_intake_seconds"
     assert m[f"{intake}_count"] - before.get(f"{intake}_count", 0) == 1  # the request's arrival to its submission
     assert 0 <= m[f"{intake}_sum"] - before.get(f"{intake}_sum", 0) < 60
+    for gc_seconds in ("resplan_frontend_gc_seconds", "resplan_engine_gc_seconds"):  # each process's collections
+        assert 0 <= before[gc_seconds] <= m[gc_seconds] < 60
+
+
+def test_the_collector_clock_counts_collections_until_it_is_closed():
+    import gc
+
+    from models.server.heap import CollectorClock
+
+    clock = CollectorClock()
+    for _ in range(3):
+        gc.collect()
+    counted = clock.seconds
+    clock.close()
+    gc.collect()
+    assert counted > 0 and clock.seconds == counted
 
 
 def test_max_waiting_answers_503_and_sigterm_drains(ckpt):

@@ -552,7 +552,8 @@ SERVER_COUNTERS = ("process_cpu_seconds_total", "resplan_generation_tokens_total
                    "resplan_engine_decode_step_seconds", "resplan_engine_decode_steps_beside_pass",
                    "resplan_frontend_step_lag_seconds_sum", "resplan_frontend_step_lag_seconds_count",
                    "resplan_frontend_steps_per_wakeup_sum", "resplan_frontend_steps_per_wakeup_count",
-                   "resplan_engine_intake_seconds_sum", "resplan_engine_intake_seconds_count")  # fmt: skip
+                   "resplan_engine_intake_seconds_sum", "resplan_engine_intake_seconds_count",
+                   "resplan_frontend_gc_seconds", "resplan_engine_gc_seconds")  # fmt: skip
 
 
 async def server_counters(client) -> dict[str, float]:
@@ -573,7 +574,8 @@ def server_costs(before: dict[str, float], after: dict[str, float]) -> dict[str,
     """What a round cost the server (NaN where it does not say): its front end's CPU a generated token (us), its
     engine's wall time a decode step (ms), the share of its decode steps that ran beside a prefill pass, and the front
     end's delivery of the engine's steps: the mean lag from the engine's send (ms) and steps a wake-up of its reader;
-    and the mean intake of a request, from its arrival at the server to its submission in the engine (ms)."""
+    the mean intake of a request, from its arrival at the server to its submission in the engine (ms); and the time
+    each of its processes spent in garbage collections over the round (ms)."""
     nan = float("nan")
     d = {k: after[k] - before[k] for k in SERVER_COUNTERS if k in before and k in after}
     tokens, steps = d.get("resplan_generation_tokens_total", 0), d.get("resplan_engine_decode_steps", 0)
@@ -583,7 +585,9 @@ def server_costs(before: dict[str, float], after: dict[str, float]) -> dict[str,
                 engine_beside_share=d.get("resplan_engine_decode_steps_beside_pass", nan) / steps if steps else nan,
                 front_step_lag_ms=_histogram_mean(d, "resplan_frontend_step_lag_seconds") * 1e3,
                 front_steps_per_wakeup=_histogram_mean(d, "resplan_frontend_steps_per_wakeup"),
-                engine_intake_ms=_histogram_mean(d, "resplan_engine_intake_seconds") * 1e3)
+                engine_intake_ms=_histogram_mean(d, "resplan_engine_intake_seconds") * 1e3,
+                front_gc_ms=d.get("resplan_frontend_gc_seconds", nan) * 1e3,
+                engine_gc_ms=d.get("resplan_engine_gc_seconds", nan) * 1e3)
 
 
 def _histogram_mean(d: dict[str, float], histogram: str) -> float:
@@ -700,6 +704,7 @@ RUN_COLUMNS = (  # (header, key, format): median [min-max] over rounds
     ("front-end step lag ms", "front_step_lag_ms", "{:.3f}"), ("steps a reader wake-up", "front_steps_per_wakeup",
                                                                 "{:.2f}"),
     ("engine intake ms", "engine_intake_ms", "{:.2f}"),
+    ("front-end GC ms", "front_gc_ms", "{:.1f}"), ("engine GC ms", "engine_gc_ms", "{:.1f}"),
     ("prompt tokens", "prompt_tokens", "{:.0f}"),
 )  # fmt: skip
 

@@ -29,6 +29,7 @@ from pydantic import ValidationError
 from models.engine.requests import FinishReason
 from models.engine.text import Tokenizer, TokenizerError
 from models.server.client import EngineClient, EngineFailed, RequestStream
+from models.server.heap import CollectorClock
 from models.server.metrics import Metrics
 from models.server.protocol import (
     ChatCompletionRequest,
@@ -89,13 +90,15 @@ class ServerState:
     active: int = 0  # HTTP generation requests being served
     metrics: Metrics | None = None
     prompts: TokenizerQueue = attrs.field(init=False)  # text prompts' ids, off the loop
+    collector: CollectorClock = attrs.field(init=False)  # this process's garbage collections
 
     def __attrs_post_init__(self) -> None:
         self.prompts = TokenizerQueue(self.tokenizer)
+        self.collector = CollectorClock()
 
     def start_metrics(self) -> None:
         """Metrics from now on (a new registry): the server's own warm-up requests are not counted."""
-        self.metrics = Metrics(lambda: self.client.load)
+        self.metrics = Metrics(lambda: self.client.load, self.collector)
         self.client.on_delivery = self.metrics.delivered
 
 

@@ -68,6 +68,7 @@ class Load:
     decode_beside_pass: int = 0  # of the decode steps, those launched while a prefill pass ran beside them
     prefix_hits: int = 0  # requests that restored a prefix cache checkpoint
     prefix_cached_tokens: int = 0  # prompt tokens they did not compute
+    gc_seconds: float = 0.0  # the engine process's time in garbage collections since it served
 
 
 class EngineClient:

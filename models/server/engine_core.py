@@ -27,7 +27,7 @@ import attrs
 import msgpack
 import zmq
 
-from models.server.heap import freeze_heap
+from models.server.heap import CollectorClock, freeze_heap
 
 ALIVE_CHECK_MS = 1000  # an idle engine looks this often whether its parent process is still there
 
@@ -168,6 +168,7 @@ def serve(engine, inbox: zmq.Socket, outbox: zmq.Socket, parent: int) -> None:
     from models.engine.requests import InvalidRequest
 
     intakes: list[float] = []
+    collector = CollectorClock()
     while True:
         busy = engine.has_work()
         while inbox.poll(0 if busy else ALIVE_CHECK_MS):
@@ -199,7 +200,7 @@ def serve(engine, inbox: zmq.Socket, outbox: zmq.Socket, parent: int) -> None:
                                  [(r.request_id, r.finish_reason.value) for r in out.finished],
                                  (load.waiting, load.running, load.pages_used, load.pages_total, st.steps,
                                   st.decode_steps, st.decode_ns, st.decode_beside_pass, st.prefix_hits,
-                                  st.prefix_cached_tokens),
+                                  st.prefix_cached_tokens, collector.seconds),
                                  lp, time.perf_counter(), intakes))  # fmt: skip  (sent: the front end's delivery lag)
                 intakes = []
 

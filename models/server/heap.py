@@ -7,6 +7,7 @@ millions of start-up objects and stalls a step or a stream's write."""
 from __future__ import annotations
 
 import gc
+import time
 
 
 def freeze_heap() -> int:
@@ -14,3 +15,23 @@ def freeze_heap() -> int:
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
+
+
+class CollectorClock:
+    """The seconds the cyclic garbage collector has held this process (``seconds``, all generations) since it was made:
+    a ``gc.callbacks`` pair around every collection. A serving process's collections stop it whole: the engine's stall
+    a step for every stream, the front end's every stream's chunks."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._began = 0.0
+        gc.callbacks.append(self._on)
+
+    def _on(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._began
+
+    def close(self) -> None:
+        gc.callbacks.remove(self._on)

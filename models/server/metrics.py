@@ -1,13 +1,16 @@
 """The server's Prometheus metrics (``GET /metrics``): requests running and waiting and KV pages in use, as the engine's
 last step left them; time to first token, inter-token latency and end-to-end latency histograms; prompt and generated
-tokens; finished requests by finish reason; the engine's step counters; this (front-end) process's CPU time. Times are
-the front end's: from a request's arrival at the server to each token's arrival from the engine."""
+tokens; finished requests by finish reason; the engine's step counters; this (front-end) process's CPU time; each
+process's time in garbage collections. Times are the front end's: from a request's arrival at the server to each
+token's arrival from the engine."""
 
 from __future__ import annotations
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import HistogramMetricFamily
+
+from models.server.heap import CollectorClock
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
                    20.0, 40.0, 80.0)  # fmt: skip
@@ -40,8 +43,8 @@ class ManyHistogram:
 
 
 class Metrics:
-    def __init__(self, load) -> None:
-        """``load()``: the engine's last (waiting, running, pages used, pages total)."""
+    def __init__(self, load, collector: CollectorClock | None = None) -> None:
+        """``load()``: the engine's last ``client.Load``; ``collector``: this process's garbage collections."""
         r = self.registry = CollectorRegistry()
         Gauge("resplan_requests_running", "Requests admitted by the engine", registry=r).set_function(
             lambda: load().running)
@@ -60,6 +63,11 @@ class Metrics:
               registry=r).set_function(lambda: load().prefix_hits)  # fmt: skip
         Gauge("resplan_prefix_cache_prompt_tokens", "Prompt tokens served from the prefix cache (not computed)",
               registry=r).set_function(lambda: load().prefix_cached_tokens)  # fmt: skip
+        Gauge("resplan_engine_gc_seconds", "The engine process's time in garbage collections (each stalls a step)",
+              registry=r).set_function(lambda: load().gc_seconds)  # fmt: skip
+        if collector is not None:
+            Gauge("resplan_frontend_gc_seconds", "This process's time in garbage collections (each stalls every "
+                  "stream)", registry=r).set_function(lambda: collector.seconds)  # fmt: skip
         ProcessCollector(registry=r)  # process_cpu_seconds_total: the front end's CPU (the engine's is its own)
         self.ttft = Histogram("resplan_time_to_first_token_seconds", "Arrival to first token", registry=r,
                               buckets=LATENCY_BUCKETS)  # fmt: skip
