@@ -33,7 +33,6 @@ from models.engine.launcher import InFlight, Launcher
 from models.engine.planning import EarlyStep, HostFills, decode_arm
 from models.engine.pools import pool_layout
 from models.engine.prefill import Prefill, Prefilled
-from models.engine.prefix_cache import chain_keys
 from models.engine.requests import (
     EngineLoad,
     FinishReason,
@@ -130,8 +129,8 @@ class Engine:
         rid = self.table.register(request, arrived)
         pages = self.admission.pages_needed(len(request.prompt), self.adapter.read_tokens(request))
         stops = stop_set(request.sampling, self.limits.eos_token_ids)
-        keys = tuple(chain_keys(request.prompt, self.config.page_size)) if self.config.prefix_cache else ()
-        self.scheduler.enqueue(Pending(rid, request, next(self._arrivals), pages, stops, keys))
+        page_size = self.config.page_size if self.config.prefix_cache else 0  # (its chain keys: hashed when needed)
+        self.scheduler.enqueue(Pending(rid, request, next(self._arrivals), pages, stops, page_size))
         return rid
 
     def abort(self, request_id: str) -> bool:

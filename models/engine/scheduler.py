@@ -17,12 +17,14 @@ looks: it changes nothing, so the next step can be prepared early.
 from __future__ import annotations
 
 import enum
+import functools
 from collections import deque
 from collections.abc import Callable
 
 import attrs
 import numpy as np
 
+from models.engine.prefix_cache import chain_keys
 from models.engine.requests import Request
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, *range(16, 129, 8))  # 1, 2, 4, 8, 16, 24, 32, ..., 128
@@ -61,7 +63,14 @@ class Pending:
     arrival: int
     pages: tuple[tuple[str, int], ...]  # (pool, pages it takes at admission): its whole prompt, its context
     stops: tuple[int, ...]  # the tokens that end it (requests.stop_set, once at submission): what min_tokens bans
-    keys: tuple[bytes, ...] = ()  # its prompt's full pages' chain keys (prefix cache on; prefix_cache.chain_keys)
+    page_size: int = 0  # with the prefix cache on, its pages' tokens (0: off, no chain keys)
+
+    @functools.cached_property
+    def keys(self) -> tuple[bytes, ...]:
+        """Its prompt's full pages' chain keys (``prefix_cache.chain_keys``; none with the cache off), hashed when a
+        step first considers admitting it: a burst's submissions do not hash every prompt at once (~35 us a prompt of
+        512 tokens, half a submission)."""
+        return tuple(chain_keys(self.request.prompt, self.page_size)) if self.page_size else ()
 
 
 @attrs.frozen
