@@ -1,6 +1,6 @@
 """The server's tokenizer queue: the texts callers ask for in one turn of the loop go to the tokenizer in one call,
 each caller gets its own texts' ids (as ``Tokenizer.encode`` gives them, or without special tokens), a caller
-cancelled meanwhile leaves the others served, and a tokenizer's error reaches every caller of its batch."""
+cancelled meanwhile leaves the others served, and a tokenizer's error reaches the callers whose texts raise it."""
 
 from __future__ import annotations
 
@@ -38,6 +38,26 @@ def test_one_turns_callers_share_one_call_and_each_gets_its_own_ids(tok):
     assert got[:12] == [[tok.encode(t)] for t in texts]
     assert got[12] == [tok.encode(t) for t in texts[:3]] and got[13] == tok.encode_many(["café 😀"], special=False)
     assert first == 1 and again == [tok.encode(texts[0])] and batches == 2
+
+
+def test_a_text_the_tokenizer_fails_on_fails_its_own_caller_only(tok):
+    class Picky:
+        def encode_many(self, texts, special=True):
+            if any("bad" in t for t in texts):
+                raise ValueError("a bad text")
+            return tok.encode_many(texts, special)
+
+    async def run():
+        q = TokenizerQueue(Picky())
+        try:
+            return await asyncio.gather(q.encode(["a b"]), q.encode(["c", "bad d"]), q.encode(["e f"], special=False),
+                                        return_exceptions=True), q.batches  # fmt: skip
+        finally:
+            q.close()
+
+    (a, bad, e), batches = asyncio.run(run())
+    assert batches == 1 and a == [tok.encode("a b")] and e == tok.encode_many(["e f"], special=False)
+    assert isinstance(bad, ValueError) and "a bad text" in str(bad)
 
 
 def test_a_cancelled_caller_leaves_the_others_served_and_an_error_reaches_every_caller(tok):

@@ -17,7 +17,8 @@ from models.engine.text import Tokenizer
 
 class TokenizerQueue:
     """``await encode(texts)``: the texts' ids, as ``Tokenizer.encode_many`` gives them. Callers of one turn of the
-    loop share a call into the tokenizer (``batches`` counts the calls); a caller cancelled meanwhile is skipped."""
+    loop share a call into the tokenizer (``batches`` counts the calls); a caller cancelled meanwhile is skipped, and
+    a text the tokenizer fails on fails its own caller only (the batch is encoded again caller by caller)."""
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
@@ -43,14 +44,23 @@ class TokenizerQueue:
         work = loop.run_in_executor(self._worker, self._encode, batch)
         work.add_done_callback(lambda w: self._deliver(batch, w))
 
-    def _encode(self, batch: list[tuple[list[str], bool, asyncio.Future]]) -> list[list[list[int]]]:
-        """(In the worker.) Each caller's ids: one encode_many a kind of ``special`` asked for."""
-        out: list[list[list[int]] | None] = [None] * len(batch)
+    def _encode(self, batch: list[tuple[list[str], bool, asyncio.Future]]) -> list[list[list[int]] | Exception]:
+        """(In the worker.) Each caller's ids, or the exception its texts raised: one encode_many a kind of
+        ``special`` asked for, and where that raises, one a caller of that kind."""
+        out: list[list[list[int]] | Exception | None] = [None] * len(batch)
         for special in (True, False):
             mine = [i for i, (_, s, _) in enumerate(batch) if s is special]
             if not mine:
                 continue
-            ids = self.tokenizer.encode_many([t for i in mine for t in batch[i][0]], special)
+            try:
+                ids = self.tokenizer.encode_many([t for i in mine for t in batch[i][0]], special)
+            except Exception:  # noqa: BLE001 (whose text it was: each caller alone)
+                for i in mine:
+                    try:
+                        out[i] = self.tokenizer.encode_many(batch[i][0], special)
+                    except Exception as e:  # noqa: BLE001 (its caller's to raise)
+                        out[i] = e
+                continue
             at = 0
             for i in mine:
                 n = len(batch[i][0])
@@ -59,11 +69,12 @@ class TokenizerQueue:
 
     @staticmethod
     def _deliver(batch: list[tuple[list[str], bool, asyncio.Future]], work: asyncio.Future) -> None:
-        error = work.exception() if not work.cancelled() else asyncio.CancelledError()
+        error = work.exception() if not work.cancelled() else asyncio.CancelledError()  # (the worker itself failed)
         for i, (_, _, done) in enumerate(batch):
             if done.done():  # (its caller was cancelled meanwhile)
                 continue
-            if error is not None:
-                done.set_exception(error)
+            got = error if error is not None else work.result()[i]
+            if isinstance(got, BaseException):
+                done.set_exception(got)
             else:
-                done.set_result(work.result()[i])
+                done.set_result(got)
