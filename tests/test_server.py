@@ -304,6 +304,14 @@ def test_bad_json_is_a_400(server):
     r = httpx.post(server.url + "/v1/completions", content=b"{not json", headers={"content-type": "application/json"},
                    timeout=10)  # fmt: skip
     assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+    body = json.dumps({"prompt": "x", "max_tokens": 2}).encode()
+    for kind in ("text/plain", "application/x-www-form-urlencoded", None):  # (a cross-site "simple" request's)
+        r = httpx.post(server.url + "/v1/completions", content=body, headers={"content-type": kind} if kind else {},
+                       timeout=10)  # fmt: skip
+        assert r.status_code == 400 and "Content-Type: application/json" in r.json()["error"]["message"], kind
+    r = httpx.post(server.url + "/v1/completions", content=body,
+                   headers={"content-type": "application/json; charset=utf-8"}, timeout=10)  # fmt: skip
+    assert r.status_code == 200
 
 
 def test_return_token_ids_gives_every_tokens_id_whole_and_streamed(server, tok):
