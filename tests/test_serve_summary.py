@@ -139,7 +139,7 @@ def test_serve_http_alternates_http_and_in_process_rounds_and_pairs_them(tmp_pat
         t = tokps[(side, rnd)]
         return [dict(tokps=t, ttft_p50_ms=t / 10, itl_p50_ms=t / 100, failed=0, front_cpu_us_token=1.0,
                      engine_decode_step_ms=1.0, engine_beside_share=0.5, engine_intake_ms=1.0, decode_step_ms=1.0,
-                     decode_steps=2, decode_beside_pass=1)]  # fmt: skip
+                     decode_steps=2, decode_beside_pass=1, front_gc_ms=rnd + 1.0, engine_gc_ms=10.0 * rnd)]  # fmt: skip
 
     class Server:
         def __init__(self, args, log):
@@ -160,4 +160,4 @@ def test_serve_http_alternates_http_and_in_process_rounds_and_pairs_them(tmp_pat
                      ("burst", "http", 8, 1), ("burst", "http", 9, 1), ("burst", "engine", 9, 1)]  # fmt: skip
     lines = (tmp_path / "out" / "results.md").read_text().splitlines()
     row = next(line for line in lines if line.startswith("| burst"))
-    assert row.endswith("| 0.950 [0.900 - 1.100] | -0.5 [-1.0 - +1.0] | -0.05 [-0.10 - +0.10] |"), row
+    assert row.endswith("| 2.0 / 10.0 | 0.950 [0.900 - 1.100] | -0.5 [-1.0 - +1.0] | -0.05 [-0.10 - +0.10] |"), row

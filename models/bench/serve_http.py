@@ -211,6 +211,14 @@ def _median(runs: list[dict], key: str) -> float:
     return statistics.median(r[key] for r in runs)
 
 
+def _gc(runs: list[dict]) -> str:
+    """The server's processes' garbage collections a round (ms, median over rounds): front end / engine; "-" for a
+    server that does not report them."""
+    if not all("front_gc_ms" in r for r in runs):
+        return "-"
+    return f"{_median(runs, 'front_gc_ms'):.1f} / {_median(runs, 'engine_gc_ms'):.1f}"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     workloads = args.workloads.split(",")
@@ -253,9 +261,10 @@ def main(argv: list[str] | None = None) -> int:
     table = ["| workload | HTTP output tok/s | in-process tok/s | ratio | HTTP TTFT p50 ms | in-process TTFT p50 ms | "
              "HTTP ITL p50 ms | in-process ITL p50 ms | ITL p30 / p70 ms (HTTP; in-process) | failed | front-end CPU "
              "us/token | engine decode step ms (HTTP / in-process) | decode steps beside a pass (HTTP / in-process) | "
-             "engine intake ms (HTTP, mean: arrival at the server to submission in the engine) | paired by round: "
-             "tok/s ratio | TTFT p50 difference ms | ITL p50 difference ms |",
-             "|" + "---|" * 17]  # fmt: skip
+             "engine intake ms (HTTP, mean: arrival at the server to submission in the engine) | GC ms a round, "
+             "front end / engine (HTTP) | paired by round: tok/s ratio | TTFT p50 difference ms | ITL p50 difference "
+             "ms |",
+             "|" + "---|" * 18]  # fmt: skip
     for w in workloads:
         h = http[w]
         if w == "connections":
@@ -264,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
                          f"{sum(r['failed'] for r in h)} | {_median(h, 'front_cpu_us_token'):.0f} | "
                          f"{_median(h, 'engine_decode_step_ms'):.2f} / - | "
                          f"{_median(h, 'engine_beside_share'):.0%} / - | "
-                         f"{_median(h, 'engine_intake_ms'):.2f} | - | - | - |")  # fmt: skip
+                         f"{_median(h, 'engine_intake_ms'):.2f} | {_gc(h)} | - | - | - |")  # fmt: skip
             continue
         e = engine[w]
         table.append(f"| {w} | {_median(h, 'tokps'):.0f} | {_median(e, 'tokps'):.0f} | "
@@ -273,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
                      f"{_median(e, 'itl_p50_ms'):.2f} | {_edges(h)}; {_edges(e)} | {sum(r['failed'] for r in h)} | "
                      f"{_median(h, 'front_cpu_us_token'):.0f} | {_median(h, 'engine_decode_step_ms'):.2f} / "
                      f"{_median(e, 'decode_step_ms'):.2f} | {_median(h, 'engine_beside_share'):.0%} / "
-                     f"{_beside_share(e):.0%} | {_median(h, 'engine_intake_ms'):.2f} | {paired(h, e)} |")  # fmt: skip
+                     f"{_beside_share(e):.0%} | {_median(h, 'engine_intake_ms'):.2f} | {_gc(h)} | "
+                     f"{paired(h, e)} |")  # fmt: skip
     text = (f"# The server against the engine it wraps\n\nCommand: `python -m models.bench.serve_http "
             f"{' '.join(argv if argv is not None else sys.argv[1:])}` (pid {os.getpid()})\n\n"
             + ("Prompts through HTTP sent as text, which the server tokenized.\n\n" if args.prompt_text else "")
