@@ -2,9 +2,8 @@
 
 The front end tokenizes prompts (or a chat's messages through the checkpoint's template), checks every field before
 the engine sees a request (a 400 in OpenAI's error object naming the field; the engine and every other request go on
-undisturbed), sends one engine request per prompt and choice (``n``), and turns the tokens that come back into text
-(``ChoiceText``: incremental, stop strings) and into server-sent events or one response. A client that disconnects has
-its requests aborted in the engine, which drops them at its next step. Beyond ``max_waiting`` requests not yet
+undisturbed), sends one engine request per prompt and choice (``n``), and answers with the response ``responses``
+writes from the tokens that come back (server-sent events or one response). Beyond ``max_waiting`` requests not yet
 started, or once shutdown has begun, requests are answered 503 with ``Retry-After``.
 """
 
@@ -13,12 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
-import json
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator
-from json.encoder import encode_basestring  # a str as a JSON string, not ASCII-escaped
 
 import attrs
 from fastapi import FastAPI, Request
@@ -26,33 +22,25 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import ValidationError
 
-from models.engine.requests import FinishReason
 from models.engine.text import Tokenizer, TokenizerError
-from models.server.client import EngineClient, EngineFailed, RequestStream
+from models.server.client import EngineClient, EngineFailed
 from models.server.heap import CollectorClock
 from models.server.metrics import Metrics
 from models.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
+    HTTPError,
     SamplingFields,
     error_body,
     now,
     unsupported,
-    usage,
 )
+from models.server.responses import Choice, EventStream, Release, events, until_done, whole
 from models.server.text import ChoiceText
 from models.server.tokenizer_queue import TokenizerQueue
 
 PROMPT_FORMS = "must be a string, a list of strings, a list of token ids or a list of lists of token ids"
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to the rest of the context
-
-
-class HTTPError(Exception):
-    """Answered as OpenAI's error object with ``status``."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, headers: dict | None = None) -> None:
-        super().__init__(message)
-        self.status, self.param, self.headers = status, param, headers or {}
 
 
 @attrs.frozen
@@ -100,20 +88,6 @@ class ServerState:
         """Metrics from now on (a new registry): the server's own warm-up requests are not counted."""
         self.metrics = Metrics(lambda: self.client.load, self.collector)
         self.client.on_delivery = self.metrics.delivered
-
-
-@attrs.define(eq=False)
-class Choice:
-    index: int
-    prompt_len: int
-    stream: RequestStream
-    text: ChoiceText
-    arrived: float
-    done: bool = False
-    finish_reason: str | None = None
-    read: int = 0  # tokens of the stream taken into ``text``
-    offsets: list[int] = attrs.Factory(list)  # each token's first character in ``text`` (logprobs' text_offset)
-    asked: int | None = None  # the alternatives each token's logprobs list (None: no logprobs)
 
 
 def build_app(state: ServerState) -> FastAPI:
@@ -244,7 +218,7 @@ async def _transcribe(state: ServerState, request: Request) -> Response:
     choice = Choice(0, len(prompt), stream, ChoiceText(state.tokenizer, []), arrived)
     release = Release(state, [choice])
     try:
-        await _until_done(state, [choice], request)
+        await until_done(state, [choice], request)
     finally:
         release()
     text = choice.text.text.strip()
@@ -364,31 +338,6 @@ def _logprobs_asked(body: SamplingFields, chat: bool) -> int | None:
     return (body.top_logprobs or 0) if body.logprobs else None
 
 
-def _logprobs(state: ServerState, c: Choice, lo: int, hi: int, chat: bool) -> dict | None:
-    """The choice's tokens lo .. hi-1 with their logprobs, in OpenAI's shape (chat's ``content`` list, or
-    completions' parallel lists); None when the request did not ask."""
-    lps = c.stream.logprobs
-    if not lps:
-        return None
-    k = c.asked or 0
-    tok, ids = state.tokenizer, c.stream.tokens
-    if chat:
-        content = []
-        for i in range(lo, min(hi, len(lps))):
-            lp, top_ids, top_lps = lps[i]
-            content.append({"token": tok.piece(ids[i]), "logprob": lp, "bytes": list(tok.piece_bytes(ids[i])),
-                            "top_logprobs": [{"token": tok.piece(j), "logprob": float(v),
-                                              "bytes": list(tok.piece_bytes(j))}
-                                             for j, v in zip(top_ids[:k].tolist(), top_lps[:k].tolist(),
-                                                             strict=True)]})  # fmt: skip
-        return {"content": content}
-    idx = range(lo, min(hi, len(lps)))
-    return {"tokens": [tok.piece(ids[i]) for i in idx], "token_logprobs": [lps[i][0] for i in idx],
-            "top_logprobs": [{tok.piece(j): float(v) for j, v in zip(lps[i][1][:k].tolist(), lps[i][2][:k].tolist(),
-                                                                        strict=True)} for i in idx],
-            "text_offset": [c.offsets[i] for i in idx]}  # fmt: skip
-
-
 async def _serve(state: ServerState, body: SamplingFields, prompts: list[list[int]], request: Request,
                  chat: bool, arrived: float) -> Response:  # fmt: skip
     """Send every choice to the engine and answer with its stream of events or its whole response (``arrived``: the
@@ -414,13 +363,13 @@ async def _serve(state: ServerState, body: SamplingFields, prompts: list[list[in
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         closed = asyncio.Event()
-        return EventStream(_events(state, rid, choices, chat, echo, n, include_usage, closed, _token_ids(body)),
+        return EventStream(events(state, rid, choices, chat, echo, n, include_usage, closed, _token_ids(body)),
                            closed, choices, release)  # fmt: skip
     try:
-        await _until_done(state, choices, request)
+        await until_done(state, choices, request)
     finally:
         release()
-    return JSONResponse(_whole(state, rid, choices, chat, echo, n, _token_ids(body)))
+    return JSONResponse(whole(state, rid, choices, chat, echo, n, _token_ids(body)))
 
 
 def _token_ids(body: SamplingFields) -> bool:
@@ -430,230 +379,3 @@ def _token_ids(body: SamplingFields) -> bool:
     return bool(getattr(body, "return_token_ids", False))
 
 
-@attrs.define(eq=False)
-class Release:
-    """A response's end, taken once however it comes (its last event, the client gone, or a stream that never
-    started): the server's count of active requests down, each finished choice forgotten, every other one aborted in
-    the engine."""
-
-    state: ServerState
-    choices: list[Choice]
-    released: bool = False
-
-    def __attrs_post_init__(self) -> None:
-        self.state.active += 1
-
-    def __call__(self) -> None:
-        if self.released:
-            return
-        self.released = True
-        self.state.active -= 1
-        for c in self.choices:
-            if c.done:
-                self.state.client.forget(c.stream.rid)
-            else:
-                self.state.client.abort(c.stream.rid)
-
-
-class EventStream(Response):
-    """A response of server-sent events, each written straight to the ASGI ``send`` (Starlette's streaming response
-    runs a task group a response and three generator layers a chunk: the front end's CPU a token bounds a server's
-    tokens/s). A task watches for the client's disconnect: it sets ``closed`` and wakes the choices, which ends the
-    events. However the response ends, it is released."""
-
-    media_type = "text/event-stream"
-
-    def __init__(self, events: AsyncIterator[str], closed: asyncio.Event, choices: list[Choice],
-                 release: Release) -> None:  # fmt: skip
-        self.status_code, self.background = 200, None
-        self.init_headers()  # (no body: no content-length, so the server sends it chunked)
-        self.events, self.closed, self.choices, self.release = events, closed, choices, release
-
-    async def __call__(self, scope, receive, send) -> None:
-        watch = asyncio.ensure_future(self._watch(receive))
-        try:
-            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-            async for event in self.events:
-                await send({"type": "http.response.body", "body": event.encode(), "more_body": True})
-            if not self.closed.is_set():
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except OSError:  # (a server of ASGI 2.4 says the client is gone by raising it from send)
-            pass
-        finally:
-            watch.cancel()
-            await self.events.aclose()
-            self.release()
-
-    async def _watch(self, receive) -> None:
-        """Until the client disconnects; then the events end (their next wake-up sees ``closed``)."""
-        await _disconnected(receive)
-        self.closed.set()
-        for c in self.choices:
-            c.stream.wake.set()
-
-
-def _advance(state: ServerState, c: Choice) -> str:
-    """Take the choice's new tokens into its text; returns the text they release. Marks the choice done when the
-    engine finished it or a stop string did (then aborting it in the engine)."""
-    s = c.stream
-    out = []
-    while c.read < len(s.tokens) and not c.text.stopped:
-        c.offsets.append(c.text.length)
-        out.append(c.text.push(s.tokens[c.read]))
-        c.read += 1
-    if c.text.stopped:
-        _done(state, c, FinishReason.STOP.value)
-        state.client.abort(s.rid)  # the engine may still be generating it
-    elif s.finish is not None and c.read == len(s.tokens):
-        if s.finish in ("rejected", "failed"):
-            raise HTTPError(400 if s.finish == "rejected" else 500, s.error or "the engine failed", s.error_field)
-        out.append(c.text.flush())
-        _done(state, c, s.finish)
-    return "".join(out)
-
-
-def _done(state: ServerState, c: Choice, reason: str) -> None:
-    if not c.done:
-        c.done, c.finish_reason = True, reason
-        state.metrics.request_done(c.arrived, c.stream.token_times[: c.text.tokens], c.prompt_len, reason)
-
-
-async def _wait_any(choices: list[Choice]) -> None:
-    """Until one of the unfinished choices has news."""
-    if len(choices) == 1:  # (most requests: one choice, waited on as it is)
-        if not choices[0].done:
-            await choices[0].stream.wake.wait()
-        return
-    pending = [c for c in choices if not c.done]
-    if any(c.stream.wake.is_set() for c in pending):
-        return
-    if len(pending) == 1:  # (the others done: waited on without a task a wake-up)
-        await pending[0].stream.wake.wait()
-        return
-    waits = [asyncio.ensure_future(c.stream.wake.wait()) for c in pending]
-    try:
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for w in waits:
-            w.cancel()
-
-
-async def _until_done(state: ServerState, choices: list[Choice], request: Request) -> None:
-    """Every choice finished; returns early (choices unfinished) if the client disconnects."""
-    gone = asyncio.ensure_future(_disconnected(request.receive))
-    try:
-        while not all(c.done for c in choices):
-            waiter = asyncio.ensure_future(_wait_any(choices))
-            await asyncio.wait([waiter, gone], return_when=asyncio.FIRST_COMPLETED)
-            if gone.done():
-                waiter.cancel()
-                return
-            for c in choices:
-                c.stream.wake.clear()
-                if not c.done:
-                    _advance(state, c)
-    finally:
-        gone.cancel()
-
-
-async def _disconnected(receive) -> None:
-    """Returns when the client has gone away (``receive``: the request's ASGI receive)."""
-    while True:
-        msg = await receive()
-        if msg["type"] == "http.disconnect":
-            return
-
-
-def _usage(choices: list[Choice], prompts_counted: list[int]) -> dict:
-    return usage(sum(prompts_counted), sum(c.text.tokens for c in choices))
-
-
-def _prompt_tokens(choices: list[Choice], n: int) -> list[int]:
-    """Each prompt's length, once (``n`` choices share a prompt)."""
-    return [c.prompt_len for c in choices[::n]]
-
-
-def _whole(state: ServerState, rid: str, choices: list[Choice], chat: bool, echo: list[str] | None, n: int,
-           token_ids: bool = False) -> dict:  # fmt: skip
-    """The response of a request that did not stream."""
-    out = []
-    for c in choices:
-        text = c.text.text
-        if echo is not None:
-            text = echo[c.index // n] + text
-        lp = _logprobs(state, c, 0, c.text.tokens, chat)
-        if chat:
-            out.append({"index": c.index, "message": {"role": "assistant", "content": text}, "logprobs": lp,
-                        "finish_reason": c.finish_reason})  # fmt: skip
-        else:
-            out.append({"index": c.index, "text": text, "logprobs": lp, "finish_reason": c.finish_reason})
-            if token_ids:
-                out[-1]["token_ids"] = list(c.stream.tokens[: c.text.tokens])
-    return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": now(),
-            "model": state.model, "choices": out, "usage": _usage(choices, _prompt_tokens(choices, n))}  # fmt: skip
-
-
-_to_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode  # (json.dumps builds one a call)
-
-
-def _sse(obj: dict) -> str:
-    return f"data: {_to_json(obj)}\n\n"
-
-
-async def _events(state: ServerState, rid: str, choices: list[Choice], chat: bool, echo: list[str] | None, n: int,
-                  include_usage: bool, closed: asyncio.Event, token_ids: bool = False) -> AsyncIterator[str]:
-    """The response as server-sent events: one chunk per choice per wake-up with new text, a chunk with each choice's
-    finish reason, then (``include_usage``) the usage, then ``[DONE]``; nothing more once ``closed`` (the client
-    went away). With ``token_ids`` every chunk of a choice carries the ids of the tokens it released (its
-    ``token_ids``; a chunk goes out for tokens that released no text yet), so the chunks' ids concatenate to the
-    choice's tokens."""
-    created, obj = now(), "chat.completion.chunk" if chat else "text_completion"
-    extra = {"usage": None} if include_usage else {}
-
-    # a text chunk without logprobs, the common one, is this frame around its JSON-quoted text (the quoting of a
-    # string a chunk, not a dump of the whole object: the front end's CPU a token is what bounds a server's tokens/s)
-    frame = _sse({"id": rid, "object": obj, "created": created, "model": state.model, "choices": [
-        {"index": -1, "delta": {"content": "\0"}, "logprobs": None, "finish_reason": None} if chat else
-        {"index": -1, "text": "\0", "logprobs": None, "finish_reason": None}], **extra})  # fmt: skip
-    head, tail = frame.split('"\\u0000"')
-    heads = {c.index: head.replace('"index":-1', f'"index":{c.index}') for c in choices}
-
-    def chunk(c: Choice, text: str | None, finish: str | None, lp: dict | None = None, ids: list | None = None) -> str:
-        if text and finish is None and lp is None and ids is None:
-            return heads[c.index] + encode_basestring(text) + tail  # (json.dumps' quoting, 0.07 us against 0.7)
-        if chat:
-            delta = {} if text is None else {"content": text}
-            body = {"index": c.index, "delta": delta, "logprobs": lp, "finish_reason": finish}
-        else:
-            body = {"index": c.index, "text": text or "", "logprobs": lp, "finish_reason": finish}
-            if ids is not None:
-                body["token_ids"] = ids
-        return _sse({"id": rid, "object": obj, "created": created, "model": state.model, "choices": [body], **extra})
-
-    for c in choices:
-        if chat:
-            yield _sse({"id": rid, "object": obj, "created": created, "model": state.model, "choices": [
-                {"index": c.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                 "finish_reason": None}], **extra})  # fmt: skip
-        elif echo is not None:
-            yield chunk(c, echo[c.index // n], None)
-    while not all(c.done for c in choices):
-        await _wait_any(choices)
-        if closed.is_set():
-            return
-        for c in choices:
-            if c.done:
-                continue
-            c.stream.wake.clear()
-            lo = c.text.tokens
-            text = _advance(state, c)
-            lp = _logprobs(state, c, lo, c.text.tokens, chat) if c.text.tokens > lo else None
-            ids = list(c.stream.tokens[lo : c.text.tokens]) if token_ids else None
-            if text or lp is not None or ids:
-                yield chunk(c, text, None, lp, ids)
-            if c.done:
-                yield chunk(c, None, c.finish_reason, ids=[] if token_ids else None)
-    if include_usage:
-        yield _sse({"id": rid, "object": obj, "created": created, "model": state.model, "choices": [],
-                    "usage": _usage(choices, _prompt_tokens(choices, n))})  # fmt: skip
-    yield "data: [DONE]\n\n"

@@ -33,6 +33,14 @@ class ErrorResponse(BaseModel):
     error: ErrorInfo
 
 
+class HTTPError(Exception):
+    """Answered as OpenAI's error object with ``status``."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, headers: dict | None = None) -> None:
+        super().__init__(message)
+        self.status, self.param, self.headers = status, param, headers or {}
+
+
 def error_body(message: str, param: str | None = None, code: int = 400,
                kind: str = "invalid_request_error") -> dict:  # fmt: skip
     """OpenAI's error object: ``{"error": {"message", "type", "param", "code"}}``."""
