@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 
 @attrs.define(eq=False)
 class Choice:
+    """One choice of a request: its engine request's token stream, the text read from it so far, and whether (and
+    why) it has finished."""
+
     index: int
     prompt_len: int
     stream: RequestStream
@@ -147,6 +150,7 @@ def _advance(state: ServerState, c: Choice) -> str:
 
 
 def _done(state: ServerState, c: Choice, reason: str) -> None:
+    """The choice has finished (once): its reason, and its latencies and counts in the metrics."""
     if not c.done:
         c.done, c.finish_reason = True, reason
         state.metrics.request_done(c.arrived, c.stream.token_times[: c.text.tokens], c.prompt_len, reason)
