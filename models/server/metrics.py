@@ -43,7 +43,7 @@ class ManyHistogram:
 
 
 class Metrics:
-    def __init__(self, load, collector: CollectorClock | None = None) -> None:
+    def __init__(self, load, collector: CollectorClock) -> None:
         """``load()``: the engine's last ``client.Load``; ``collector``: this process's garbage collections."""
         r = self.registry = CollectorRegistry()
         Gauge("resplan_requests_running", "Requests admitted by the engine", registry=r).set_function(
@@ -65,9 +65,8 @@ class Metrics:
               registry=r).set_function(lambda: load().prefix_cached_tokens)  # fmt: skip
         Gauge("resplan_engine_gc_seconds", "The engine process's time in garbage collections (each stalls a step)",
               registry=r).set_function(lambda: load().gc_seconds)  # fmt: skip
-        if collector is not None:
-            Gauge("resplan_frontend_gc_seconds", "This process's time in garbage collections (each stalls every "
-                  "stream)", registry=r).set_function(lambda: collector.seconds)  # fmt: skip
+        Gauge("resplan_frontend_gc_seconds", "This process's time in garbage collections (each stalls every stream)",
+              registry=r).set_function(lambda: collector.seconds)  # fmt: skip
         ProcessCollector(registry=r)  # process_cpu_seconds_total: the front end's CPU (the engine's is its own)
         self.ttft = Histogram("resplan_time_to_first_token_seconds", "Arrival to first token", registry=r,
                               buckets=LATENCY_BUCKETS)  # fmt: skip
