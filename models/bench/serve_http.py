@@ -212,10 +212,8 @@ def _median(runs: list[dict], key: str) -> float:
 
 
 def _gc(runs: list[dict]) -> str:
-    """The server's processes' garbage collections a round (ms, median over rounds): front end / engine; "-" for a
-    server that does not report them."""
-    if not all("front_gc_ms" in r for r in runs):
-        return "-"
+    """The server's processes' garbage collections a round (ms, median over rounds): front end / engine (NaN where
+    the server does not report them: ``remote.server_costs``)."""
     return f"{_median(runs, 'front_gc_ms'):.1f} / {_median(runs, 'engine_gc_ms'):.1f}"
 
 
