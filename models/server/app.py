@@ -283,7 +283,6 @@ async def _completion_prompts(state: ServerState, prompt) -> list[list[int]]:
         raise HTTPError(400, "prompt: no prompt given", "prompt")
     if isinstance(prompts[0], str):
         prompts = await state.prompts.encode(prompts)
-    out = []
     vocab = state.client.served.vocab_size
     for i, ids in enumerate(prompts):
         if not ids:
@@ -291,8 +290,7 @@ async def _completion_prompts(state: ServerState, prompt) -> list[list[int]]:
         bad = None if min(ids) >= 0 and max(ids) < vocab else next(t for t in ids if not 0 <= t < vocab)
         if bad is not None:
             raise HTTPError(400, f"prompt {i}: token {bad} is outside the vocabulary [0, {vocab})", "prompt")
-        out.append(ids)
-    return out
+    return prompts
 
 
 def _sampling(state: ServerState, body: SamplingFields, prompt_len: int, chat: bool, index: int) -> dict:
