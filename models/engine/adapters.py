@@ -149,6 +149,18 @@ class Adapter:
         Graph-safe."""
         raise NotImplementedError(f"{self.name}: no capturable prefill pass")
 
+    scores_prompts = False  # its passes give every token's hidden state (``prefill_hidden``): prompt logprobs
+
+    def prefill_hidden(self, state, batch) -> torch.Tensor:
+        """The pass over ``prefill_inputs``' record as ``prefill_forward`` runs it, returning every token's final
+        hidden state [N, hidden] instead, whose ``logits`` are the model's (the last tokens' rows give
+        ``prefill_forward``'s)."""
+        raise NotImplementedError(f"{self.name}: no prompt logprobs")
+
+    def logits(self, state, hidden: torch.Tensor) -> torch.Tensor:
+        """The logits [n, V] of final hidden states [n, hidden] (``prefill_hidden``'s rows)."""
+        raise NotImplementedError(f"{self.name}: no prompt logprobs")
+
     def decode(self, state, ids: torch.Tensor, bufs: StepBuffers, attn=None,
                kc: KernelChoices = DEFAULT) -> torch.Tensor:  # fmt: skip
         """One token a row from the static buffers, graph-safe: ids [b] -> logits [b, V]. ``attn``: the bucket's
@@ -210,6 +222,14 @@ class QwenAdapter(Adapter):
 
     def prefill_forward(self, state, batch):
         return self.model.prefill_forward(state, batch)
+
+    scores_prompts = True
+
+    def prefill_hidden(self, state, batch):
+        return self.model.prefill_hidden(state, batch)
+
+    def logits(self, state, hidden):
+        return self.model.lm_head(hidden)
 
     def decode(self, state, ids, bufs, attn=None, kc=DEFAULT):
         return self.model.decode(state, ids, bufs, attn, kc)

@@ -295,8 +295,10 @@ class Admission:
 
     def _lookup(self, pend: Pending, touch: bool) -> tuple[Checkpoint | None, np.ndarray]:
         """The deepest checkpoint on ``pend``'s prompt whose pages are cached (``touch``: it counts as used), and
-        those pages."""
+        those pages; none for a request that asks for its prompt's logprobs (every position computed)."""
         prompt = pend.request.prompt
+        if pend.request.sampling.prompt_logprobs is not None:
+            return None, _NO_PAGES
         run = self.refs.cached_run(pend.keys)
         ck = self.checkpoints.deepest(prompt, pend.keys, len(run), len(prompt) - 1, touch)
         if ck is None:

@@ -96,7 +96,8 @@ class Engine:
                                self.admission.n_pages, ps, cfg.prefill_graphs, cfg.prefill_graph_tokens, H, self.device,
                                cfg.timing, kernels, prefill_capture,
                                pass_stream if cfg.prefill.beside else None)  # fmt: skip
-        self.limits = Limits(adapter.name, adapter.vocab_size, cfg.max_seq_len, tuple(adapter.eos_token_ids))
+        self.limits = Limits(adapter.name, adapter.vocab_size, cfg.max_seq_len, tuple(adapter.eos_token_ids),
+                             adapter.scores_prompts)  # fmt: skip
         self.stats, self.early, self._arrivals = EngineStats(), EarlyStep(), itertools.count()
         step_stream = (priority_stream(self.device, DECODE_STREAM_PRIORITY)
                        if cfg.prefill is PrefillPlacement.BESIDE_PRIORITY else None)  # fmt: skip
@@ -353,11 +354,14 @@ class Engine:
                 self._emit(prefilled.ended, prefilled.first_tokens, prefilled.first_lp)
 
     def _prefilled(self, prefilled: Prefilled, seq: int, touched: np.ndarray | None = None) -> None:
-        """A pass landed at step ``seq``: the scheduler counts its chunks, the prompts it ended have issued their
-        first token, and the rows it (and a mixed step's host fill, ``touched``) wrote are stale in the store."""
+        """A pass landed at step ``seq``: the scheduler counts its chunks, the prompt tokens it scored are recorded,
+        the prompts it ended have issued their first token, and the rows it (and a mixed step's host fill,
+        ``touched``) wrote are stale in the store."""
         self.stats.add(prefilled.counts)
         self.admission.landed(prefilled.chunks)
         self.scheduler.prefilled_chunks(prefilled.chunks, seq)
+        if prefilled.scored:
+            self.table.scored(prefilled.scored)
         self.table.started(prefilled.ended)
         handles = handles_of(prefilled.chunks)
         self.arm.prefilled(handles if touched is None else np.concatenate([touched, handles]), seq)

@@ -50,6 +50,16 @@ class PassCounts(Counts):
 
 
 @attrs.frozen(eq=False)
+class Scored:
+    """A chunk's prompt tokens scored (``SamplingParams.prompt_logprobs``): those at prompt positions ``at`` ..
+    ``at`` + m - 1, each given the tokens before it (log_softmax of the logits one position earlier, float32)."""
+
+    handle: int
+    at: int
+    logprobs: TokenLogprobs  # [m]
+
+
+@attrs.frozen(eq=False)
 class Prefilled:
     """A landed pass: its chunks, the handles whose prompts it ended and their first tokens ([m] int64 each), the
     tokens of the decode rows that rode in it, and what it cost; with the drawn tokens' logprobs when a drawn row's
@@ -62,6 +72,7 @@ class Prefilled:
     counts: PassCounts
     first_lp: TokenLogprobs | None = None  # [m]
     decoded_lp: TokenLogprobs | None = None  # [r]
+    scored: tuple[Scored, ...] = ()  # the prompt tokens it scored, for the chunks whose requests ask
 
 
 @attrs.frozen(eq=False)
@@ -79,6 +90,7 @@ class PassInFlight:
     t0: int  # perf_counter_ns at launch
     host_ns: int  # the host's time enqueueing it
     logprobs: bool = False
+    scored: tuple[tuple[int, int, tuple[torch.Tensor, ...]], ...] = ()  # (handle, at, its [m] logprobs on the device)
 
     def ready(self) -> bool:
         """Whether ``Prefill.land`` would return without waiting for the device."""
@@ -86,6 +98,7 @@ class PassInFlight:
 
 
 Saves = Sequence[tuple[int, int]]  # a chunk's recurrent-state saves: (stream position, slot) each
+SCORE_ROWS = 256  # prompt positions scored at once: [256, V] float32 logits (254 MB at Qwen3.5's vocabulary)
 _NONE = np.zeros(0, np.int64)  # no handles, no tokens (read-only)
 _NONE.flags.writeable = False
 
@@ -201,12 +214,13 @@ class Prefill:
             gpu_ms = self._timer[0].elapsed_time(self._timer[1])
         drawn = self._drawn_np[: p.n_drawn].copy()
         m = p.ended.size
+        scored = tuple(Scored(h, at, TokenLogprobs(*(t.cpu().numpy() for t in lp))) for h, at, lp in p.scored)
         counts = PassCounts(1, len(p.chunks), sum(c.n for c in p.chunks), time.perf_counter_ns() - p.t0, p.host_ns,
                             gpu_ms)  # fmt: skip
         if not p.logprobs:
-            return Prefilled(p.chunks, p.ended, drawn[:m], drawn[m:], counts)
+            return Prefilled(p.chunks, p.ended, drawn[:m], drawn[m:], counts, scored=scored)
         lp = self._drawn_lp_np[: p.n_drawn].copy()
-        return Prefilled(p.chunks, p.ended, drawn[:m], drawn[m:], counts, lp[:m], lp[m:])
+        return Prefilled(p.chunks, p.ended, drawn[:m], drawn[m:], counts, lp[:m], lp[m:], scored)
 
     def launch_beside(self, chunks: tuple[Chunk, ...], requests: list[Request], saves: Sequence[Saves] = (),
                       after: torch.cuda.Event | None = None) -> PassInFlight:  # fmt: skip
@@ -229,7 +243,7 @@ class Prefill:
         timer = self._timer
         if timer is not None:
             timer[0].record()
-        ended, contexts, drawn, lp, host_ns = self._pass(chunks, requests, rows, row_ids, rows_logprobs, saves)
+        ended, contexts, drawn, lp, host_ns, scored = self._pass(chunks, requests, rows, row_ids, rows_logprobs, saves)
         if timer is not None:
             timer[1].record()
         n = 0 if drawn is None else drawn.numel()
@@ -242,7 +256,7 @@ class Prefill:
         if self.device.type == "cuda":
             done = torch.cuda.Event()
             done.record()
-        return PassInFlight(tuple(chunks), contexts, ended, n, done, t0, host_ns, lp is not None)
+        return PassInFlight(tuple(chunks), contexts, ended, n, done, t0, host_ns, lp is not None, scored)
 
     def _input(self, h: int, ids: np.ndarray, start: int, read_lens: dict[str, int] | None = None,
                saves: tuple[tuple[int, int], ...] = ()) -> PrefillInput:  # fmt: skip
@@ -262,15 +276,17 @@ class Prefill:
 
     def _pass(self, chunks: tuple[Chunk, ...], requests: list[Request], rows: np.ndarray, row_ids: np.ndarray,
               rows_logprobs: bool, saves: Sequence[Saves] = (),
-              ) -> tuple[np.ndarray, tuple[dict, ...], torch.Tensor | None, tuple | None, int]:  # fmt: skip
+              ) -> tuple[np.ndarray, tuple[dict, ...], torch.Tensor | None, tuple | None, int, tuple]:  # fmt: skip
         """The pass, enqueued; returns the ended prompts' handles, each chunk's context (tokens by READ pool, encoded
         by a first chunk; empty otherwise), the tokens drawn on the device ([m + r] int64: the ended prompts' first
         tokens, then the decode rows'; None when nothing was drawn), their logprobs when a drawn row's request asks
-        for them (``sampler.logprobs``: [m + r], [m + r, 5], [m + r, 5]; else None), and the host time it took."""
+        for them (``sampler.logprobs``: [m + r], [m + r, 5], [m + r, 5]; else None), the host time it took, and the
+        prompt tokens it scored for the chunks whose requests ask (``_score``; a pass with such a chunk runs eagerly,
+        at its exact shape, to keep every token's hidden state)."""
         t0 = time.perf_counter_ns()
         st = self.streams
         if not chunks and not rows.size:
-            return _NONE, (), None, None, 0
+            return _NONE, (), None, None, 0, ()
         inputs, contexts = [], []
         for i, (chunk, req) in enumerate(zip(chunks, requests, strict=True)):
             h, start, n = chunk.handle, chunk.start, chunk.n
@@ -288,7 +304,15 @@ class Prefill:
         for h, tok in zip(rows.tolist(), row_ids.tolist(), strict=True):  # one token each: at most max_running
             inputs.append(self._input(h, np.array([tok], np.int64), int(lengths[h])))
         tokens = sum(len(x.ids) for x in inputs)
-        if self.graphs is None:
+        scoring = [i for i, req in enumerate(requests) if req.sampling.prompt_logprobs is not None]
+        scored = ()
+        if scoring:
+            batch = self.adapter.prefill_inputs(self.model_state, inputs, kc=self.kernels)
+            with torch.inference_mode():
+                hidden = self.adapter.prefill_hidden(self.model_state, batch)  # [N, hidden]
+                logits = self.adapter.logits(self.model_state, hidden[batch.last])  # [S - 2, V]
+                scored = self._score(hidden, [len(x.ids) for x in inputs], chunks, requests, scoring)
+        elif self.graphs is None:
             logits = self.adapter.prefill_last(self.model_state, inputs, kc=self.kernels)  # [R, V]
         else:
             bucket = next((b for b in self.buckets if b >= tokens), None)
@@ -298,16 +322,39 @@ class Prefill:
         hs = np.array([chunks[i].handle for i in ends], np.int64)
         drawn_at = ends + list(range(len(chunks), len(inputs)))  # the ended chunks, then the decode rows
         if not drawn_at:
-            return hs, tuple(contexts), None, None, time.perf_counter_ns() - t0
+            return hs, tuple(contexts), None, None, time.perf_counter_ns() - t0, scored
         cells_h = st.sampler[np.concatenate([hs, rows])]  # [m + r, len(SamplerCell)]
         picked = logits[device_array(np.array(drawn_at, np.int64), self.device)]  # [m + r, V]
         asks = rows_logprobs or any(requests[i].sampling.logprobs is not None for i in ends)
         plain = not cells_h[:, SamplerCell.TEMPERATURE].any() and not cells_h[:, SamplerCell.MIN_POSITION].any()
         if not asks and plain:  # every drawn row greedy, none asking for logprobs, none under a min_tokens: the
             drawn = picked.argmax(-1)  # argmax, as a greedy decode graph takes it (H200, 32 rows: 25 us, the
-            return hs, tuple(contexts), drawn, None, time.perf_counter_ns() - t0  # sampler 380; bench.sampler)
+            return hs, tuple(contexts), drawn, None, time.perf_counter_ns() - t0, scored  # sampler 380; bench.sampler)
         pos = [inputs[i].pos_offset + inputs[i].start + len(inputs[i].ids) - 1 for i in drawn_at]
         drawn, candidates = self.sampler.draw(picked, device_array(cells_h, self.device),
                                               device_array(np.array(pos, np.int64), self.device))  # fmt: skip
         lp = logprobs(picked, drawn, candidates) if asks else None
-        return hs, tuple(contexts), drawn, lp, time.perf_counter_ns() - t0
+        return hs, tuple(contexts), drawn, lp, time.perf_counter_ns() - t0, scored
+
+    def _score(self, hidden: torch.Tensor, lens: list[int], chunks: tuple[Chunk, ...], requests: list[Request],
+               scoring: list[int]) -> tuple[tuple[int, int, tuple[torch.Tensor, ...]], ...]:  # fmt: skip
+        """The prompt tokens that chunks ``scoring`` (indices) predict, scored on the device: chunk i's token j (prompt
+        position start + j) gives prompt token start + j + 1 its logprob and the MAX_LOGPROBS most likely there
+        (``hidden``: the pass's [N, hidden], the chunks' tokens back to back, ``lens`` long; the prompt's last token
+        predicts the first generated one, which the sampler draws). Returns (handle, first position scored, ([m]
+        float32, [m, 5] int64, [m, 5] float32)) a chunk that predicts any."""
+        out, starts = [], np.cumsum([0, *lens])
+        for i in scoring:
+            c, prompt = chunks[i], requests[i].prompt
+            m = min(c.n, len(prompt) - c.start - 1)
+            if m <= 0:
+                continue
+            targets = device_array(np.asarray(prompt[c.start + 1 : c.start + 1 + m], np.int64), self.device)
+            parts = []
+            for a in range(0, m, SCORE_ROWS):  # ([SCORE_ROWS, V] logits at a time)
+                h = hidden[int(starts[i]) + a : int(starts[i]) + min(a + SCORE_ROWS, m)]
+                ls = torch.log_softmax(self.adapter.logits(self.model_state, h).float(), dim=-1)  # [rows, V]
+                top = ls.topk(MAX_LOGPROBS, dim=-1)
+                parts.append((ls.gather(1, targets[a : a + h.shape[0], None])[:, 0], top.indices, top.values))
+            out.append((c.handle, c.start + 1, tuple(torch.cat(t) for t in zip(*parts, strict=True))))
+        return tuple(out)

@@ -38,7 +38,10 @@ class SamplingParams:
     k most likely tokens' at its position (OpenAI's logprobs / top_logprobs), log_softmax of the raw logits in
     float32 (temperature 1: before temperature, top-k and top-p). ``min_tokens``: no stop token (its own, or an
     end-of-sequence token it does not ignore) is drawn before this many tokens (at most ``BANNED_STOPS`` of them:
-    the sampler masks them in the graph), as vLLM's and OpenAI-compatible servers' ``min_tokens``."""
+    the sampler masks them in the graph), as vLLM's and OpenAI-compatible servers' ``min_tokens``.
+    ``prompt_logprobs``: None, or k in [0, ``MAX_LOGPROBS``]: each prompt token after the first comes with its
+    log-probability given the tokens before it and the k most likely tokens' there (what an eval harness scores a
+    text by: OpenAI's ``echo`` with ``logprobs``); such a request computes its whole prompt (no prefix cache)."""
 
     max_tokens: int = 16
     temperature: float = 0.0
@@ -49,6 +52,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     min_tokens: int = 0
+    prompt_logprobs: int | None = None
 
 
 def stop_set(sp: SamplingParams, eos: Sequence[int]) -> tuple[int, ...]:
@@ -77,6 +81,9 @@ class Result:
     itl_s: float = attrs.field(default=float("nan"), eq=False)  # mean gap between consecutive tokens
     logprobs: tuple[float, ...] = ()  # each token's log-probability (asked for: SamplingParams.logprobs; else empty)
     top_logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()  # each token's k (id, logprob), most likely first
+    # prompt tokens 1 .. P-1 given those before each (asked for: SamplingParams.prompt_logprobs; else empty)
+    prompt_logprobs: tuple[float, ...] = ()
+    prompt_top_logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()
 
 
 @attrs.frozen(eq=False)
@@ -94,6 +101,9 @@ class StepOutput:
     logprob: np.ndarray | None = None  # [n] float32
     top_ids: np.ndarray | None = None  # [n, MAX_LOGPROBS] int64, most likely first
     top_logprobs: np.ndarray | None = None  # [n, MAX_LOGPROBS] float32
+    # the prompts that ended since the last step and asked for their logprobs (SamplingParams.prompt_logprobs): each
+    # request's id and its prompt tokens 1 .. P-1's logprobs ([P - 1]; NaN / -1 past the alternatives it asked for)
+    prompt_logprobs: tuple[tuple[str, TokenLogprobs], ...] = ()
 
     def new_tokens(self) -> dict[str, list[int]]:
         """The tokens by request, each request's in order (a client's view; a Python loop over the tokens)."""
@@ -140,13 +150,14 @@ class InvalidRequest(ValueError):
 
 @attrs.frozen
 class Limits:
-    """What the serving engine accepts: its model's name and vocabulary, its context, and its end-of-sequence
-    tokens."""
+    """What the serving engine accepts: its model's name and vocabulary, its context, its end-of-sequence tokens,
+    and whether it scores prompts (``SamplingParams.prompt_logprobs``)."""
 
     model: str
     vocab_size: int
     max_seq_len: int
     eos_token_ids: tuple[int, ...] = ()
+    scores_prompts: bool = False
 
 
 def validate(req: Request, limits: Limits) -> None:
@@ -181,6 +192,13 @@ def validate(req: Request, limits: Limits) -> None:
     if sp.logprobs is not None and (not _is_int(sp.logprobs) or not 0 <= sp.logprobs <= MAX_LOGPROBS):
         raise InvalidRequest("logprobs", f"must be None or an integer in [0, {MAX_LOGPROBS}] (the top alternatives "
                                          f"each token comes with), got {sp.logprobs!r}")  # fmt: skip
+    if sp.prompt_logprobs is not None and (not _is_int(sp.prompt_logprobs)
+                                           or not 0 <= sp.prompt_logprobs <= MAX_LOGPROBS):  # fmt: skip
+        raise InvalidRequest("prompt_logprobs", f"must be None or an integer in [0, {MAX_LOGPROBS}] (the top "
+                                                f"alternatives each prompt token comes with), got "
+                                                f"{sp.prompt_logprobs!r}")  # fmt: skip
+    if sp.prompt_logprobs is not None and not limits.scores_prompts:
+        raise InvalidRequest("prompt_logprobs", f"{limits.model} does not score prompts")
     if not _is_int(sp.min_tokens) or not 0 <= sp.min_tokens <= sp.max_tokens:
         raise InvalidRequest("min_tokens", f"must be an integer in [0, max_tokens = {sp.max_tokens}], got "
                                            f"{sp.min_tokens!r}")  # fmt: skip

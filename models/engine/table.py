@@ -76,6 +76,8 @@ class RequestTable:
         self._out_tokens: list[np.ndarray] = []
         self._out_lp: list[tuple[int, TokenLogprobs]] = []  # (index in _out_ids, its emit's logprobs), if any had them
         self._finished: list[Result] = []
+        self.prompt_lp: dict[int, TokenLogprobs] = {}  # [P] by handle, for the requests asking (position 0: none)
+        self._out_prompt_lp: list[tuple[str, TokenLogprobs]] = []  # the outbox's prompts scored whole
         self.emitted = 0  # tokens emitted in all
         self.digest = 0  # sum of each emitted token id times its index in its request + 1, mod 2^61 (ranks compare)
 
@@ -122,6 +124,10 @@ class RequestTable:
             self.stop = np.pad(self.stop, ((0, 0), (0, len(stops) - self.stop.shape[1])), constant_values=-1)
         self.stop[h] = -1
         self.stop[h, : len(stops)] = stops
+        if sp.prompt_logprobs is not None:
+            P = len(pend.request.prompt)
+            self.prompt_lp[h] = TokenLogprobs(np.full(P, np.nan, np.float32), np.full((P, MAX_LOGPROBS), -1, np.int64),
+                                              np.full((P, MAX_LOGPROBS), np.nan, np.float32))  # fmt: skip
 
     def launched(self, rows: np.ndarray, tokens: int = 1) -> np.ndarray:
         """A step was launched with ``rows``: each has ``tokens`` more tokens issued. Returns [n] bool: the row's last
@@ -130,9 +136,23 @@ class RequestTable:
         self.issued[rows] = issued
         return issued >= self.room[rows]
 
+    def scored(self, scored) -> None:
+        """A pass scored these prompt tokens (``prefill.Scored`` each): recorded in their requests."""
+        for s in scored:
+            lp, m = self.prompt_lp[s.handle], s.logprobs.logprob.size
+            lp.logprob[s.at : s.at + m] = s.logprobs.logprob
+            lp.top_ids[s.at : s.at + m] = s.logprobs.top_ids
+            lp.top_logprobs[s.at : s.at + m] = s.logprobs.top_logprobs
+
     def started(self, ended: np.ndarray) -> None:
-        """A pass ended these handles' prompts: each has issued its first token."""
+        """A pass ended these handles' prompts: each has issued its first token; those whose requests asked for
+        their prompt's logprobs put them in the outbox (tokens 1 .. P-1; -1 / NaN past the alternatives asked for)."""
         self.issued[ended] = 1
+        if self.prompt_lp:
+            for h in ended.tolist():
+                if h in self.prompt_lp:
+                    k = self.live[h].request.sampling.prompt_logprobs
+                    self._out_prompt_lp.append((self.rid_of[h], _shown(self.prompt_lp[h][1:], k)))
 
     def mode(self, rows: np.ndarray) -> SamplingMode:
         """How a step of ``rows`` draws, so which graph it replays: LOGPROBS when a row asks for logprobs, SAMPLE
@@ -253,7 +273,12 @@ class RequestTable:
             self.sampling[h] = False
             self.samplers -= 1
         lps, tops = self._logprobs_of(h, n)
-        return Result(rid, int(self.prompt_len[h]), tuple(self.out[h, :n].tolist()), reason, ttft, itl, lps, tops)
+        plps, ptops = (), ()
+        prompt_lp = self.prompt_lp.pop(h, None)
+        if prompt_lp is not None:
+            plps, ptops = _listed(prompt_lp[1:], pend.request.sampling.prompt_logprobs)
+        return Result(rid, int(self.prompt_len[h]), tuple(self.out[h, :n].tolist()), reason, ttft, itl, lps, tops,
+                      plps, ptops)  # fmt: skip
 
     def _logprobs_of(self, h: int, n: int) -> tuple[tuple, tuple]:
         """Handle h's first n tokens' logprobs and top (id, logprob) pairs, if its request asked for them (else
@@ -263,9 +288,7 @@ class RequestTable:
             return (), ()
         self.logprobs[h] = -1
         self.asking -= 1
-        ids, vals = self.out_top_ids[h, :n, :k].tolist(), self.out_top_lp[h, :n, :k].tolist()
-        tops = tuple(tuple(zip(i, v, strict=True)) for i, v in zip(ids, vals, strict=True))
-        return tuple(self.out_lp[h, :n].tolist()), tops
+        return _listed(TokenLogprobs(self.out_lp[h, :n], self.out_top_ids[h, :n], self.out_top_lp[h, :n]), k)
 
     def hand_over(self, result: Result) -> None:
         """A finished request's result goes to the outbox."""
@@ -293,7 +316,7 @@ class RequestTable:
     # -- the outbox ------------------------------------------------------------------------------------------------
     def has_output(self) -> bool:
         """Tokens or results wait in the outbox (an abort's, between steps)."""
-        return bool(self._out_ids or self._finished)
+        return bool(self._out_ids or self._finished or self._out_prompt_lp)
 
     def take_output(self, ran: bool) -> StepOutput:
         """What was emitted and finished since the last call, handed over."""
@@ -308,6 +331,9 @@ class RequestTable:
             out = StepOutput(ids, tokens, tuple(self._finished), ran, lp.logprob, lp.top_ids, lp.top_logprobs)
         else:
             out = StepOutput(ids, tokens, tuple(self._finished), ran)
+        if self._out_prompt_lp:
+            out = attrs.evolve(out, prompt_logprobs=tuple(self._out_prompt_lp))
+            self._out_prompt_lp = []
         self._out_ids, self._out_tokens, self._out_lp, self._finished = [], [], [], []
         return out
 
@@ -323,3 +349,16 @@ class RequestTable:
             at = slice(int(ends[i]) - lp.logprob.size, int(ends[i]))
             out.logprob[at], out.top_ids[at], out.top_logprobs[at] = lp.logprob, lp.top_ids, lp.top_logprobs
         return out
+
+
+def _shown(lp: TokenLogprobs, k: int) -> TokenLogprobs:
+    """``lp`` with -1 / NaN past the k alternatives a request asked for."""
+    hide = np.arange(MAX_LOGPROBS)[None, :] >= k  # [1, 5]
+    return TokenLogprobs(lp.logprob.copy(), np.where(hide, -1, lp.top_ids), np.where(hide, np.float32(np.nan),
+                                                                                     lp.top_logprobs))  # fmt: skip
+
+
+def _listed(lp: TokenLogprobs, k: int) -> tuple[tuple[float, ...], tuple[tuple[tuple[int, float], ...], ...]]:
+    """A Result's logprobs: each token's, and its k most likely (id, logprob) pairs."""
+    ids, vals = lp.top_ids[:, :k].tolist(), lp.top_logprobs[:, :k].tolist()
+    return tuple(lp.logprob.tolist()), tuple(tuple(zip(i, v, strict=True)) for i, v in zip(ids, vals, strict=True))

@@ -276,6 +276,12 @@ class Qwen35Model(nn.Module):
         h = self._prefill_pass(state, batch)
         return self.lm_head(self.model.norm(h[batch.last]))  # [S - 2, V]
 
+    @torch.inference_mode()
+    def prefill_hidden(self, state: Qwen35State, batch: PrefillBatch) -> torch.Tensor:
+        """The pass over ``batch`` as ``prefill_forward`` runs it: every token's final hidden state, normed [N,
+        hidden] (``lm_head`` of a row is its logits; ``prefill_forward``'s are those of ``batch.last``)."""
+        return self.model.norm(self._prefill_pass(state, batch))
+
     def _prefill_pass(self, state: Qwen35State, batch: PrefillBatch) -> torch.Tensor:
         """The layers over the flat stream: row-wise work over all N tokens; the conv, delta rule and attention per
         sequence (varlen kernels). Returns the final hidden states [N, hidden] (before the last norm)."""
