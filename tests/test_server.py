@@ -230,6 +230,43 @@ def test_logprobs_are_a_torch_log_softmax_of_the_models_logits(server, api, ckpt
     assert bytes(sum((c.bytes for c in content), [])).decode(errors="replace") == chat.choices[0].message.content
 
 
+def test_echo_with_logprobs_scores_the_prompt_as_an_eval_harness_asks(server, api, ckpt, tok):
+    """lm-eval's loglikelihood request (token-id prompts in a batch, ``echo``, ``logprobs: 1``, ``max_tokens: 1``):
+    each prompt token after the first has log_softmax of transformers' logits one position earlier (the first has
+    null), then the drawn token's; streamed, the echo chunk carries the same; ``max_tokens: 0`` gives the prompt
+    alone (no token, no completion tokens counted), its tokens' logprobs the same."""
+    import torch
+    import transformers
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(ckpt).eval()
+    prompts = [tok.encode(PROMPT), tok.encode("paged attention reads a block table")]
+    r = api.completions.create(model="qwen", prompt=prompts, echo=True, logprobs=1, max_tokens=1, temperature=0,
+                               seed=1234)  # fmt: skip
+    zero = api.completions.create(model="qwen", prompt=prompts, echo=True, logprobs=1, max_tokens=0)
+    assert zero.usage.completion_tokens == 0 and zero.usage.prompt_tokens == sum(map(len, prompts))
+    for ids, c, z in zip(prompts, r.choices, zero.choices, strict=True):
+        with torch.no_grad():
+            want = torch.log_softmax(hf(torch.tensor([ids])).logits[0].float(), -1)  # [P, V]
+        lp = c.logprobs
+        assert len(lp.token_logprobs) == len(ids) + 1 and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+        got = torch.tensor(lp.token_logprobs[1:-1])
+        assert torch.allclose(got, want[:-1].gather(1, torch.tensor(ids[1:])[:, None])[:, 0], atol=1e-4)
+        assert lp.token_logprobs[-1] == pytest.approx(want[-1].max().item(), abs=1e-4)  # greedy: the argmax
+        best = want[:-1].argmax(-1).tolist()
+        assert [next(iter(t)) for t in lp.top_logprobs[1:-1]] == [tok.piece(b) for b in best]
+        assert c.text == tok.decode(ids) + lp.tokens[-1] and lp.text_offset[-1] == len(tok.decode(ids))
+        assert z.text == tok.decode(ids) and z.finish_reason == "length"
+        assert z.logprobs.token_logprobs == lp.token_logprobs[:-1] and z.logprobs.tokens == lp.tokens[:-1]
+    chunks = [ch.choices[0] for ch in api.completions.create(model="qwen", prompt=prompts[0], echo=True, logprobs=1,
+                                                              max_tokens=1, temperature=0, stream=True)
+              if ch.choices]  # fmt: skip
+    assert chunks[0].text == tok.decode(prompts[0])  # (alone, not in a pass of two: a GEMM of other rows rounds
+    streamed = sum((c.logprobs.token_logprobs for c in chunks if c.logprobs), [])  # a row's last bits otherwise)
+    assert chunks[0].logprobs.token_logprobs[0] is None and len(streamed) == len(prompts[0]) + 1
+    assert streamed[1:] == pytest.approx(r.choices[0].logprobs.token_logprobs[1:], abs=1e-5)
+    assert chunks[0].logprobs.tokens == r.choices[0].logprobs.tokens[:-1]
+
+
 def test_a_client_that_disconnects_mid_stream_frees_its_request(server):
     before = server.metrics()
     body = {"prompt": PROMPT, "max_tokens": 480, "temperature": 0, "ignore_eos": True, "stream": True}
@@ -276,7 +313,7 @@ BAD = [
     ("completions", {"prompt": "x", "stop": [""]}, 400, "stop"),
     ("completions", {"prompt": "x", "seed": 2**40}, 400, "seed"),
     ("completions", {"prompt": "x", "logprobs": 6}, 400, "logprobs"),
-    ("completions", {"prompt": "x", "logprobs": 1, "echo": True}, 400, "echo"),
+    ("completions", {"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),  # (0 only with echo)
     ("chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, 400, "top_logprobs"),
     ("completions", {"prompt": "x", "max_tokens": 2, "min_tokens": 3}, 400, "min_tokens"),
     ("completions", {"prompt": "x", "min_tokens": 2, "stop_token_ids": list(range(5, 17))}, 400, "min_tokens"),

@@ -35,7 +35,7 @@ from models.server.protocol import (
     now,
     unsupported,
 )
-from models.server.responses import Choice, EventStream, Release, events, until_done, whole
+from models.server.responses import Choice, Echo, EventStream, Release, events, until_done, whole
 from models.server.text import ChoiceText
 from models.server.tokenizer_queue import TokenizerQueue
 
@@ -306,30 +306,37 @@ def _sampling(state: ServerState, body: SamplingFields, prompt_len: int, chat: b
     which = "max_completion_tokens" if chat and body.max_completion_tokens is not None else "max_tokens"
     if max_tokens is None:
         max_tokens = context - prompt_len if chat else min(COMPLETIONS_DEFAULT_MAX_TOKENS, context - prompt_len)
-    if max_tokens < 1:
-        raise HTTPError(400, f"{which} must be at least 1, got {max_tokens}", which)
+    echo_only = _echo_only(body, chat)
+    if max_tokens < 1 and not echo_only:
+        raise HTTPError(400, f"{which} must be at least 1, got {max_tokens}"
+                             + ("" if chat else " (0 only with echo: the prompt alone)"), which)  # fmt: skip
+    max_tokens = max(max_tokens, 1)  # (echo only: the engine draws one token, which the response leaves out)
     if prompt_len + max_tokens > context:
         raise HTTPError(400, f"the context is {context} tokens, but the prompt is {prompt_len} tokens and "
                              f"{which} asks for {max_tokens} more", which)  # fmt: skip
     if body.min_tokens > max_tokens:
         raise HTTPError(400, f"min_tokens ({body.min_tokens}) is more than {which} ({max_tokens})", "min_tokens")
     logprobs = _logprobs_asked(body, chat)
+    prompt_logprobs = logprobs if not chat and body.echo else None  # (echo's prompt tokens come with theirs)
     temperature = body.temperature if body.temperature is not None else float(gen.get("temperature", 1.0))
     top_p = body.top_p if body.top_p is not None else float(gen.get("top_p", 1.0))
     top_k = body.top_k if body.top_k is not None else int(gen.get("top_k", 0) or 0)
     seed = body.seed + index if body.seed is not None else random.randrange(2**31)
     return dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=max(top_k, 0), seed=seed,
                 stop_token_ids=list(body.stop_token_ids or ()), ignore_eos=body.ignore_eos, logprobs=logprobs,
-                min_tokens=body.min_tokens)
+                min_tokens=body.min_tokens, prompt_logprobs=prompt_logprobs)
+
+
+def _echo_only(body: SamplingFields, chat: bool) -> bool:
+    """A completion asking for its prompt back and no tokens (``echo`` with ``max_tokens: 0``: what an eval harness
+    sends to score a text by its prompt logprobs)."""
+    return not chat and body.echo and body.max_tokens == 0
 
 
 def _logprobs_asked(body: SamplingFields, chat: bool) -> int | None:
     """The engine's ``logprobs`` (alternatives a token comes with, or None) for completions' ``logprobs: k`` or
     chat's ``logprobs: true`` with ``top_logprobs: k``."""
     if not chat:
-        if body.logprobs is not None and body.echo:
-            raise HTTPError(400, "echo with logprobs would need the prompt's logprobs, which this server does not "
-                                 "compute", "echo")  # fmt: skip
         return body.logprobs
     if body.top_logprobs is not None and not body.logprobs:
         raise HTTPError(400, "top_logprobs needs logprobs: true", "top_logprobs")
@@ -353,10 +360,10 @@ async def _serve(state: ServerState, body: SamplingFields, prompts: list[list[in
         for i, (p, sp) in enumerate(zip((p for p in prompts for _ in range(n)), settings, strict=True)):
             stream = client.add(f"{rid}-{i}", p, sp, arrived=arrived)
             choices.append(Choice(i, len(p), stream, ChoiceText(state.tokenizer, stops), arrived,
-                                  asked=sp["logprobs"]))  # fmt: skip
+                                  asked=sp["logprobs"], echo_only=_echo_only(body, chat)))  # fmt: skip
     except EngineFailed:
         raise HTTPError(503, "the engine failed; the server cannot serve", headers={"Retry-After": "60"}) from None
-    echo = [state.tokenizer.decode(p) for p in prompts] if not chat and body.echo else None
+    echo = [Echo(state.tokenizer.decode(p), p) for p in prompts] if not chat and body.echo else None
     release = Release(state, choices)
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage

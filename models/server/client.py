@@ -33,6 +33,16 @@ def _logprobs(streams: dict[str, RequestStream], rids: list[str], lp: tuple[byte
             s.logprobs.append((float(logprob[i]), top_ids[i], top_lps[i]))
 
 
+def _prompt_logprobs(streams: dict[str, RequestStream], scored: list) -> None:
+    """A STEP message's prompt logprobs to their streams: (logprob [P-1], top ids [P-1, 5], top logprobs [P-1, 5])."""
+    for rid, lp, ids, tops in scored:
+        s = streams.get(rid)
+        if s is not None:
+            n = len(lp) // 4
+            s.prompt_logprobs = (np.frombuffer(lp, np.float32), np.frombuffer(ids, np.int32).reshape(n, -1),
+                                 np.frombuffer(tops, np.float32).reshape(n, -1))  # fmt: skip
+
+
 class EngineFailed(RuntimeError):
     """The engine core could not start, or stopped with an error (its traceback is the message)."""
 
@@ -47,6 +57,9 @@ class RequestStream:
     token_times: list[float] = attrs.Factory(list)
     logprobs: list[tuple[float, np.ndarray, np.ndarray]] = attrs.Factory(list)  # per token, when it asked: (logprob,
     # top ids [5], top logprobs [5])
+    # its prompt's tokens 1 .. P-1, when it asked (SamplingParams.prompt_logprobs): logprob [P-1], top ids and top
+    # logprobs [P-1, 5]; they come with its first token
+    prompt_logprobs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
     finish: str | None = None
     error: str | None = None
     error_field: str | None = None
@@ -235,7 +248,7 @@ class EngineClient:
         streams = self.streams
         kind = msg[0]
         if kind == Kind.STEP:
-            _, rids, tokens, finished, load, lp, sent, intakes = msg
+            _, rids, tokens, finished, load, lp, prompt_lp, sent, intakes = msg
             now = time.perf_counter()
             self._lags.append(now - sent)  # (one monotonic clock on the host: CLOCK_MONOTONIC in both processes)
             self._intakes += intakes
@@ -248,6 +261,8 @@ class EngineClient:
                     touched.add(s)
             if lp is not None:
                 _logprobs(streams, rids, lp)
+            if prompt_lp:
+                _prompt_logprobs(streams, prompt_lp)
             for rid, reason in finished:
                 s = streams.get(rid)
                 if s is not None:

@@ -6,9 +6,10 @@ of one multipart message. The front end sends ADD (request id, prompt ids, sampl
 None), ABORT (request id) and SHUTDOWN. The engine sends PROGRESS while it starts (each stage with the wall-clock time
 it began), READY with what it serves (``ServedModel``), then a STEP message for every step that gave tokens or results:
 the request id of each new token and the token, the finished requests with their finish reasons, the engine's load and
-step counters, and (when a token of the step asked) the tokens' logprobs: float32 logprob [n], int32 top ids and float32
-top logprobs [n, 5], as bytes. A request the engine refuses comes back as REJECTED (its field and message); FAILED
-carries a fatal error's traceback before the process exits.
+step counters, (when a token of the step asked) the tokens' logprobs: float32 logprob [n], int32 top ids and float32
+top logprobs [n, 5], as bytes, and the prompts' logprobs of the requests that asked whose first token is in the step
+(each its request id and the same three arrays over its prompt tokens 1 .. P-1). A request the engine refuses comes
+back as REJECTED (its field and message); FAILED carries a fatal error's traceback before the process exits.
 
 Between steps the loop takes every message waiting, then steps; with nothing to run it blocks on its inbox (waking every
 second to see whether the front end still lives). Nothing else runs in this process: no tokenizer, no HTTP.
@@ -196,12 +197,15 @@ def serve(engine, inbox: zmq.Socket, outbox: zmq.Socket, parent: int) -> None:
                 lp = None if out.logprob is None else (out.logprob.astype(np.float32).tobytes(),
                                                        out.top_ids.astype(np.int32).tobytes(),
                                                        out.top_logprobs.astype(np.float32).tobytes())  # fmt: skip
+                prompt_lp = [(rid, p.logprob.astype(np.float32).tobytes(), p.top_ids.astype(np.int32).tobytes(),
+                              p.top_logprobs.astype(np.float32).tobytes())
+                             for rid, p in out.prompt_logprobs]  # fmt: skip
                 outbox.send(pack(Kind.STEP, out.request_ids.tolist(), out.tokens.tolist(),
                                  [(r.request_id, r.finish_reason.value) for r in out.finished],
                                  (load.waiting, load.running, load.pages_used, load.pages_total, st.steps,
                                   st.decode_steps, st.decode_ns, st.decode_beside_pass, st.prefix_hits,
                                   st.prefix_cached_tokens, collector.seconds),
-                                 lp, time.perf_counter(), intakes))  # fmt: skip  (sent: the front end's delivery lag)
+                                 lp, prompt_lp, time.perf_counter(), intakes))  # fmt: skip  (sent: the delivery lag)
                 intakes = []
 
 

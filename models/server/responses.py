@@ -12,6 +12,7 @@ from json.encoder import encode_basestring  # a str as a JSON string, not ASCII-
 from typing import TYPE_CHECKING
 
 import attrs
+import numpy as np
 from fastapi.responses import Response
 
 from models.engine.requests import FinishReason
@@ -23,6 +24,14 @@ if TYPE_CHECKING:
     from fastapi import Request
 
     from models.server.app import ServerState
+
+
+@attrs.frozen(eq=False)
+class Echo:
+    """A completion's prompt, which its text starts with (``echo``): its text and token ids."""
+
+    text: str
+    ids: list[int]
 
 
 @attrs.define(eq=False)
@@ -40,11 +49,13 @@ class Choice:
     read: int = 0  # tokens of the stream taken into ``text``
     offsets: list[int] = attrs.Factory(list)  # each token's first character in ``text`` (logprobs' text_offset)
     asked: int | None = None  # the alternatives each token's logprobs list (None: no logprobs)
+    echo_only: bool = False  # its prompt alone (echo, max_tokens 0): the engine's token is left out
 
 
-def _logprobs(state: ServerState, c: Choice, lo: int, hi: int, chat: bool) -> dict | None:
+def _logprobs(state: ServerState, c: Choice, lo: int, hi: int, chat: bool, shift: int = 0) -> dict | None:
     """The choice's tokens lo .. hi-1 with their logprobs, in OpenAI's shape (chat's ``content`` list, or
-    completions' parallel lists); None when the request did not ask."""
+    completions' parallel lists, each text offset + ``shift``: the echoed prompt's length); None when the request did
+    not ask."""
     lps = c.stream.logprobs
     if not lps:
         return None
@@ -64,7 +75,29 @@ def _logprobs(state: ServerState, c: Choice, lo: int, hi: int, chat: bool) -> di
     return {"tokens": [tok.piece(ids[i]) for i in idx], "token_logprobs": [lps[i][0] for i in idx],
             "top_logprobs": [{tok.piece(j): float(v) for j, v in zip(lps[i][1][:k].tolist(), lps[i][2][:k].tolist(),
                                                                         strict=True)} for i in idx],
-            "text_offset": [c.offsets[i] for i in idx]}  # fmt: skip
+            "text_offset": [c.offsets[i] + shift for i in idx]}  # fmt: skip
+
+
+def _echo_logprobs(state: ServerState, c: Choice, echo: Echo) -> dict:
+    """The echoed prompt's tokens with their logprobs in completions' parallel lists (the first token has none: null,
+    as OpenAI gives it), each text offset its pieces' length before it."""
+    tok, k = state.tokenizer, c.asked or 0
+    pieces = [tok.piece(t) for t in echo.ids]
+    offsets = np.cumsum([0] + [len(p) for p in pieces[:-1]]).tolist()
+    lp, top_ids, top_lps = c.stream.prompt_logprobs
+    tops = [{tok.piece(j): float(v) for j, v in zip(i[:k].tolist(), t[:k].tolist(), strict=True)}
+            for i, t in zip(top_ids, top_lps, strict=True)]  # fmt: skip
+    return {"tokens": pieces, "token_logprobs": [None, *lp.tolist()], "top_logprobs": [None, *tops],
+            "text_offset": offsets}
+
+
+def _with_echo(state: ServerState, c: Choice, echo: Echo, lp: dict | None) -> dict:
+    """The echoed prompt's logprobs, then ``lp``'s (the choice's tokens', shifted past the prompt's text)."""
+    out = _echo_logprobs(state, c, echo)
+    if lp is not None:
+        for key, values in lp.items():
+            out[key] += values
+    return out
 
 
 @attrs.define(eq=False)
@@ -133,6 +166,14 @@ def _advance(state: ServerState, c: Choice) -> str:
     """Take the choice's new tokens into its text; returns the text they release. Marks the choice done when the
     engine finished it or a stop string did (then aborting it in the engine)."""
     s = c.stream
+    if c.echo_only:  # (its prompt alone: done once the engine has scored it, its token left out)
+        if s.finish in ("rejected", "failed"):
+            raise HTTPError(400 if s.finish == "rejected" else 500, s.error or "the engine failed", s.error_field)
+        if s.tokens or s.finish is not None:
+            _done(state, c, FinishReason.LENGTH.value)
+            if s.finish is None:
+                state.client.abort(s.rid)
+        return ""
     out = []
     while c.read < len(s.tokens) and not c.text.stopped:
         c.offsets.append(c.text.length)
@@ -211,15 +252,18 @@ def _prompt_tokens(choices: list[Choice], n: int) -> list[int]:
     return [c.prompt_len for c in choices[::n]]
 
 
-def whole(state: ServerState, rid: str, choices: list[Choice], chat: bool, echo: list[str] | None, n: int,
+def whole(state: ServerState, rid: str, choices: list[Choice], chat: bool, echo: list[Echo] | None, n: int,
            token_ids: bool = False) -> dict:  # fmt: skip
     """The response of a request that did not stream."""
     out = []
     for c in choices:
         text = c.text.text
-        if echo is not None:
-            text = echo[c.index // n] + text
         lp = _logprobs(state, c, 0, c.text.tokens, chat)
+        if echo is not None:
+            e = echo[c.index // n]
+            text = e.text + text
+            if c.asked is not None:
+                lp = _with_echo(state, c, e, _logprobs(state, c, 0, c.text.tokens, chat, len(e.text)))
         if chat:
             out.append({"index": c.index, "message": {"role": "assistant", "content": text}, "logprobs": lp,
                         "finish_reason": c.finish_reason})  # fmt: skip
@@ -238,7 +282,7 @@ def _sse(obj: dict) -> str:
     return f"data: {_to_json(obj)}\n\n"
 
 
-async def events(state: ServerState, rid: str, choices: list[Choice], chat: bool, echo: list[str] | None, n: int,
+async def events(state: ServerState, rid: str, choices: list[Choice], chat: bool, echo: list[Echo] | None, n: int,
                   include_usage: bool, closed: asyncio.Event, token_ids: bool = False) -> AsyncIterator[str]:
     """The response as server-sent events: one chunk per choice per wake-up with new text, a chunk with each choice's
     finish reason, then (``include_usage``) the usage, then ``[DONE]``; nothing more once ``closed`` (the client
@@ -273,8 +317,9 @@ async def events(state: ServerState, rid: str, choices: list[Choice], chat: bool
             yield _sse({"id": rid, "object": obj, "created": created, "model": state.model, "choices": [
                 {"index": c.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                  "finish_reason": None}], **extra})  # fmt: skip
-        elif echo is not None:
-            yield chunk(c, echo[c.index // n], None)
+        elif echo is not None and c.asked is None:
+            yield chunk(c, echo[c.index // n].text, None)
+    unechoed = {c.index for c in choices} if echo is not None and choices[0].asked is not None else set()
     while not all(c.done for c in choices):
         await _wait_any(choices)
         if closed.is_set():
@@ -283,9 +328,13 @@ async def events(state: ServerState, rid: str, choices: list[Choice], chat: bool
             if c.done:
                 continue
             c.stream.wake.clear()
+            if c.index in unechoed and c.stream.prompt_logprobs is not None:  # (they come with its first token)
+                unechoed.discard(c.index)
+                yield chunk(c, echo[c.index // n].text, None, _echo_logprobs(state, c, echo[c.index // n]))
             lo = c.text.tokens
             text = _advance(state, c)
-            lp = _logprobs(state, c, lo, c.text.tokens, chat) if c.text.tokens > lo else None
+            shift = len(echo[c.index // n].text) if echo is not None else 0
+            lp = _logprobs(state, c, lo, c.text.tokens, chat, shift) if c.text.tokens > lo else None
             ids = list(c.stream.tokens[lo : c.text.tokens]) if token_ids else None
             if text or lp is not None or ids:
                 yield chunk(c, text, None, lp, ids)
