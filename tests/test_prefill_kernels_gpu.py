@@ -11,7 +11,7 @@ import torch
 from test_prefill_graphs import _pools, _randomize_cuda
 
 from kernels.choices import KernelChoices
-from models.engine import EngineConfig, PrefillPlacement, build_adapter
+from models.engine import EngineConfig, Planning, PrefillPlacement, build_adapter
 from models.engine.compare import random_requests, run_arms
 from models.qwen3_5 import PrefillChunk
 
@@ -122,3 +122,34 @@ def test_passes_beside_decode_steps_give_nearly_the_tokens_of_passes_in_the_step
         print(f"decode steps beside a pass: {st.decode_beside_pass} of {st.decode_steps}")
         assert st.decode_beside_pass > 0 and st.mixed_steps == 0 and st.mismatches == 0
         assert firsts >= 15 and same >= 12
+
+
+def test_prompt_logprobs_on_the_prefill_kernels_are_the_torch_paths():
+    """Scored prompts (``SamplingParams.prompt_logprobs``) of 20-600 tokens under a budget of 512, with prefill graphs
+    (a pass holding one runs eagerly, at its exact shape, on the kernels) against the engine on the torch references:
+    every scored token's logprob within 2% of the largest magnitude (bf16 logits of ~900, as above), the most likely
+    token at each position the same at >= 99% of them, and the same greedy first tokens."""
+    from models.layers.decode_attention import Backend
+
+    adapter = _adapter()
+    reqs = [attrs.evolve(r, sampling=attrs.evolve(r.sampling, prompt_logprobs=1 if i % 4 else None))
+            for i, r in enumerate(random_requests(adapter, 12, prompt_len=(20, 600), gen_len=(2, 2), seed=3))]
+    cfg = EngineConfig(device="cuda", dtype=torch.bfloat16, attention=Backend.XQA, max_running=8, page_size=16,
+                       max_seq_len=640, token_budget=512, prefill_graphs=4, prefill_graph_tokens=2048,
+                       prefix_cache=True, prefill=PrefillPlacement.IN_STEP)  # fmt: skip
+    kern = run_arms(adapter, cfg, reqs, arms=(Planning.RESIDENT,))[Planning.RESIDENT]
+    ref = run_arms(adapter, attrs.evolve(cfg, kernels=KernelChoices(prefill_kernels=False)), reqs,
+                   arms=(Planning.RESIDENT,))[Planning.RESIDENT]  # fmt: skip
+    got, want, top_same, n = [], [], 0, 0
+    for req, a, b in zip(reqs, kern.results, ref.results, strict=True):
+        assert a.tokens[0] == b.tokens[0]
+        if req.sampling.prompt_logprobs is None:
+            assert a.prompt_logprobs == ()
+            continue
+        assert len(a.prompt_logprobs) == len(b.prompt_logprobs) == len(req.prompt) - 1
+        got += a.prompt_logprobs
+        want += b.prompt_logprobs
+        top_same += sum(x[0][0] == y[0][0] for x, y in zip(a.prompt_top_logprobs, b.prompt_top_logprobs, strict=True))
+        n += len(a.prompt_top_logprobs)
+    _assert_close_to_scale("prompt logprobs", torch.tensor(got), torch.tensor(want), 2e-2)
+    assert top_same >= 0.99 * n, f"{top_same} of {n} positions' most likely token equal"
