@@ -267,6 +267,73 @@ def test_echo_with_logprobs_scores_the_prompt_as_an_eval_harness_asks(server, ap
     assert chunks[0].logprobs.tokens == r.choices[0].logprobs.tokens[:-1]
 
 
+def _random_fields(rng, chat: bool) -> dict:
+    """One request's sampling fields drawn at random: lengths, greedy or seeded, stops, n, logprobs, echo."""
+    p = dict(max_tokens=int(rng.choice([1, 2, 5, 16, 30])), temperature=float(rng.choice([0, 0.8])),
+             seed=int(rng.integers(100)))
+    if rng.random() < 0.4:
+        p["stop"] = [" the", ["fox", "é"], "o", ["\n", "a"]][rng.integers(4)]
+    if rng.random() < 0.3:
+        p["n"] = int(rng.choice([2, 3]))
+    extra = {k: v for k, v, q in (("ignore_eos", True, 0.3), ("min_tokens", 1, 0.2),
+                                   ("stop_token_ids", [int(rng.integers(300))], 0.2)) if rng.random() < q}  # fmt: skip
+    if chat and rng.random() < 0.3:
+        p |= dict(logprobs=True, top_logprobs=int(rng.choice([0, 2])))
+    if not chat and rng.random() < 0.3:
+        p["logprobs"] = int(rng.choice([0, 2]))
+    if not chat and rng.random() < 0.3:
+        p["echo"] = True
+    return p | ({"extra_body": extra} if extra else {})
+
+
+def test_random_requests_stream_what_they_answer_whole(server):
+    """40 requests of random fields (stops, n, logprobs, echo, min_tokens, seeds), chat and completions, all at once:
+    each streamed gives its whole response's text, finish reasons, usage and logprobs (within 1e-4: the two runs
+    batch with other requests, and a GEMM over other rows rounds a row's last bits otherwise)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    words = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "café", "naïve", "日本語", "😀", "paged",
+             "attention", "block", "table"]
+
+    async def one(client, chat: bool, fields: dict, text: str):
+        create = client.chat.completions.create if chat else client.completions.create
+        kw = dict(messages=[{"role": "user", "content": text}]) if chat else dict(prompt=text)
+        whole = await create(model="qwen", **kw, **fields)
+        texts, reasons, lps, used = {}, {}, {}, None
+        async for chunk in await create(model="qwen", **kw, **fields, stream=True,
+                                        stream_options={"include_usage": True}):  # fmt: skip
+            used = chunk.usage or used
+            for c in chunk.choices:
+                texts[c.index] = texts.get(c.index, "") + ((c.delta.content if chat else c.text) or "")
+                reasons[c.index] = c.finish_reason or reasons.get(c.index)
+                if c.logprobs:
+                    lps.setdefault(c.index, []).extend([e.logprob for e in c.logprobs.content] if chat
+                                                       else c.logprobs.token_logprobs)  # fmt: skip
+        assert (used.prompt_tokens, used.completion_tokens) == (whole.usage.prompt_tokens,
+                                                                whole.usage.completion_tokens), fields  # fmt: skip
+        for c in whole.choices:
+            assert texts[c.index] == (c.message.content if chat else c.text), fields
+            assert reasons[c.index] == c.finish_reason, fields
+            lp = c.logprobs
+            want = [] if not lp else [e.logprob for e in lp.content] if chat else lp.token_logprobs
+            got = lps.get(c.index, [])
+            assert [x is None for x in got] == [x is None for x in want], fields
+            assert [x for x in got if x is not None] == pytest.approx([x for x in want if x is not None], abs=1e-4)
+
+    async def all_of_them():
+        async with openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0,
+                                      timeout=60) as client:  # fmt: skip
+            jobs = []
+            for _ in range(40):
+                chat = bool(rng.random() < 0.4)
+                text = " ".join(rng.choice(words, int(rng.integers(1, 30))))
+                jobs.append(one(client, chat, _random_fields(rng, chat), text))
+            await asyncio.wait_for(asyncio.gather(*jobs), 120)
+
+    asyncio.run(all_of_them())
+
+
 def test_a_client_that_disconnects_mid_stream_frees_its_request(server):
     before = server.metrics()
     body = {"prompt": PROMPT, "max_tokens": 480, "temperature": 0, "ignore_eos": True, "stream": True}
