@@ -65,6 +65,13 @@ def fake_app(seen: list):
         gap = SLOW_TOKEN_S if n == SLOW_OUT else TOKEN_S
 
         async def stream():
+            if body.get("echo"):  # the prompt at once, its first token's logprob null (OpenAI's echo)
+                rest = len(prompt) - 1
+                echo = {"index": 0, "text": " ".join(map(str, prompt)), "finish_reason": None,
+                        "logprobs": {"tokens": [str(t) for t in prompt], "token_logprobs": [None] + [-1.0] * rest,
+                                     "top_logprobs": [None] + [{"x": -1.0}] * rest,
+                                     "text_offset": list(range(len(prompt)))}}  # fmt: skip
+                yield f"data: {json.dumps({'id': 'cmpl-1', 'object': 'text_completion', 'choices': [echo]})}\n\n"
             await asyncio.sleep(first)
             for i in range(n):
                 if i:
@@ -182,13 +189,15 @@ def test_a_target_of_each_kind_counts_exactly_the_requests_that_meet_it(server, 
 
 
 def test_the_requests_are_the_in_process_arms_requests(server, tmp_path):
-    """Two rounds of drawn traffic with sampled requests and stop tokens: the timed requests carry the prompt ids,
-    lengths and sampling the in-process arms serve (the same seeds, the served model's vocabulary), in arrival order;
-    the warm-up and the untimed prerun carry other prompt ids."""
+    """Two rounds of drawn traffic with sampled requests, stop tokens and scored prompts: the timed requests carry the
+    prompt ids, lengths and sampling the in-process arms serve (the same seeds, the served model's vocabulary; a
+    scored prompt as echo with logprobs 1), in arrival order; the warm-up and the untimed prerun carry other prompt
+    ids."""
     url, seen = server
     seen.clear()
     argv = ["--num-requests", "6", "--rate", "200", "--prompt-len", "uniform:20,30", "--gen-len", "uniform:2,6",
-            "--sampled-frac", "0.5", "--stop-frac", "0.5", "--rounds", "2", "--warmup", "2", "--no-progress"]
+            "--sampled-frac", "0.5", "--stop-frac", "0.5", "--scored-frac", "0.5", "--rounds", "2", "--warmup", "2",
+            "--no-progress"]  # fmt: skip
     runs = traffic.main(["--url", url, *argv, "--out", str(tmp_path / "out")])
     assert [r["failed"] for r in runs] == [0, 0]
     args = traffic.parser().parse_args([*argv, "--model", MODEL, "--out", "x"])
@@ -208,8 +217,21 @@ def test_the_requests_are_the_in_process_arms_requests(server, tmp_path):
             assert b["stream_options"] == {"include_usage": True} and b["model"] == MODEL
             assert b.get("seed") == (sp.seed if sp.temperature > 0 else None)
             assert b.get("stop_token_ids", []) == list(sp.stop_token_ids)
+            scored = sp.prompt_logprobs is not None
+            assert (b.get("echo", False), b.get("logprobs")) == (scored, 1 if scored else None)
         assert runs[rnd]["output_lens"] == work.output_len.tolist()
     assert any(b.get("stop_token_ids") for b in bodies) and any(b["temperature"] > 0 for b in bodies)
+    assert any(b.get("echo") for b in bodies) and not all(b.get("echo") for b in bodies)
+
+
+def test_an_echoed_prompt_is_not_timed_as_a_token(server, tmp_path):
+    """``--scored-frac 1``: every request asks for its prompt back with logprobs; the server sends the echo at once and
+    the first token after its delay: each TTFT is the first token's, and the gaps are the tokens'."""
+    url, _ = server
+    argv = ["--num-requests", "4", "--rate", "inf", "--prompt-len", "uniform:5,9", "--gen-len", "fixed:3",
+            "--scored-frac", "1", "--rounds", "1", "--warmup", "0", "--no-prerun", "--no-progress"]
+    (r,) = traffic.main(["--url", url, *argv, "--out", str(tmp_path / "o")])
+    assert r["failed"] == 0 and min(r["ttft_ms"]) >= FIRST_S * 1e3 and len(r["itl_ms"]) == 4 * 2
 
 
 def test_prompts_sent_as_text_are_their_ids_decoded_and_count_what_they_encode_to(server, tmp_path):

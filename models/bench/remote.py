@@ -11,7 +11,8 @@ Its times, from the moment it is sent, are read with ``time.perf_counter()`` as 
 events of one read share its time; a read's lines are split on bytes and only ``data:`` lines are parsed):
 
 * TTFT: until the first chunk carrying a token: a choice with text, with token ids, or with no finish reason yet (a
-  token that decodes to no text still counts, as in vLLM; a closing chunk holding only a finish reason does not);
+  token that decodes to no text still counts, as in vLLM; a closing chunk holding only a finish reason does not, nor
+  does an echoed prompt's, whose first token's logprob is null);
 * ITL: the gaps between the chunks carrying tokens, after the first;
 * E2EL: until the last chunk carrying a token;
 * TPOT: (E2EL - TTFT) / (output tokens - 1), the output tokens from the usage chunk's ``completion_tokens``, else
@@ -169,6 +170,10 @@ def body(request: Request, model: str, token_ids: bool = False, text: str | None
             d["top_k"] = sp.top_k
     if sp.stop_token_ids:
         d["stop_token_ids"] = list(sp.stop_token_ids)
+    if sp.logprobs is not None:
+        d["logprobs"] = sp.logprobs
+    if sp.prompt_logprobs is not None:  # (echo with logprobs: the prompt's tokens come with theirs)
+        d["echo"] = True
     return json.dumps(d, separators=(",", ":")).encode()
 
 
@@ -270,6 +275,9 @@ async def stream_one(client: LoadClient, payload: bytes, out: Outcome, arrival: 
                             ids = (ids or []) + list(c["token_ids"])
                         token = bool(event.get("choices")) and bool(c.get("text") or c.get("token_ids")
                                                                     or c.get("finish_reason") is None)  # fmt: skip
+                        lp = c.get("logprobs") or {}
+                        if lp.get("token_logprobs") and lp["token_logprobs"][0] is None:
+                            token = False  # an echoed prompt (its first token has no logprob), not a token
                     if token:
                         if first is None:
                             first = now

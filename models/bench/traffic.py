@@ -9,7 +9,8 @@ Arrivals: ``--rate R`` requests/s (Poisson; ``inf``: all at t=0), ``--num-reques
 ``--gen-len`` as distributions (``fixed:512``, ``uniform:32,1536``, ``lognormal:median=256,sigma=0.9,min=32,max=1536``);
 or ``--trace FILE.jsonl`` (one ``{"arrival_s", "prompt_len", "output_len"}`` a line) to replay your own traffic.
 ``--sampled-frac`` of the requests sample (``--temperature``, ``--top-p``, ``--top-k``), ``--stop-frac`` carry stop
-tokens (random ids: with random weights they rarely fire; the requests end at their length).
+tokens (random ids: with random weights they rarely fire; the requests end at their length), ``--scored-frac`` score
+their prompts as an eval harness's loglikelihood requests do (``--gen-len fixed:1 --scored-frac 1``: such traffic).
 
 Traffic that repeats itself, for a prefix cache (``--shape``; default ``independent``: every prompt its own random
 tokens): ``system-prompt``: every prompt begins with one shared prefix of ``--system-len`` random tokens (default 2000;
@@ -165,6 +166,10 @@ def parser(prog: str = "python -m models.bench.traffic", description: str = __do
     g.add_argument("--top-k", type=int, default=50, help="sampled requests' top-k (0 = off)")
     g.add_argument("--stop-frac", type=fraction, default=0.0, help="fraction of requests with stop tokens (default 0)")
     g.add_argument("--stop-tokens", type=positive_int, default=4, help="stop tokens such a request carries")
+    g.add_argument("--scored-frac", type=fraction, default=0.0,
+                   help="fraction of requests that score their prompt, as an eval harness's loglikelihood requests do "
+                        "(each prompt token's logprob and its output's, k = 1; through --url: echo with logprobs 1, "
+                        "the echo chunk not timed as a token); default 0")  # fmt: skip
     e = ap.add_argument_group("engine (as in models.bench.serve)")
     e.add_argument("--model", default="qwen3_5-0.8b", help="a text model: " + ", ".join(
         m for m in MODEL_CONFIGS if m.startswith("qwen")) + " (random weights); with --url, the vocabulary and "
@@ -323,7 +328,7 @@ def draw_traffic(args: argparse.Namespace, max_running: int) -> Traffic:
     """Every round's workload and the warm-up's (``max_running``: the warm-up's size by default, and how many of the
     longest prompts it also runs), each drawn from its own seed, or a ``WorkloadError`` naming the argument."""
     sampling = Sampling(args.sampled_frac, args.temperature, args.top_p, args.top_k, args.stop_frac,
-                        args.stop_tokens)  # fmt: skip
+                        args.stop_tokens, args.scored_frac)  # fmt: skip
     n_rounds = getattr(args, "rounds", 1)
     rngs = [np.random.default_rng([args.seed, r]) for r in range(n_rounds)]
     warm_rng = np.random.default_rng([args.seed, n_rounds])
@@ -680,7 +685,8 @@ def plot(runs: list[dict], labels: list[str], out: Path, timeline: bool = True) 
         if log:
             ax.set_xscale("log")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.lines:  # (no token gaps at all: outputs of one token, as scoring traffic's)
+            ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(out / f"{name.lower()}_cdf.png", dpi=110)
         plt.close(fig)

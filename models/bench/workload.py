@@ -214,6 +214,7 @@ class Sampling:
     top_k: int = 50
     stop_frac: float = 0.0
     stop_tokens: int = 4  # stop tokens a request with them carries (random ids)
+    scored_frac: float = 0.0  # requests that score their prompt (an eval harness's: prompt logprobs, k = 1)
 
 
 def _none(n: int, fill, dtype) -> np.ndarray:
@@ -234,12 +235,13 @@ class Workload:
     prefix_len: np.ndarray = None  # [n] int64: that prefix's tokens (0: none)
     after: np.ndarray = None  # [n] int64: the request (index) whose prompt + output it continues (-1: none)
     think_s: np.ndarray = None  # [n] float64: after that one finished, this long before it is sent
+    scored: np.ndarray = None  # [n] bool: scores its prompt (its tokens' logprobs, and its output's: k = 1)
     shape: str = ""  # how the traffic repeats itself, for ``describe`` ("" independent prompts)
 
     def __attrs_post_init__(self) -> None:
         n = self.arrival_s.size
         for name, fill, dtype in (("prefix_id", -1, np.int64), ("prefix_len", 0, np.int64), ("after", -1, np.int64),
-                                  ("think_s", 0.0, np.float64)):  # fmt: skip
+                                  ("think_s", 0.0, np.float64), ("scored", False, bool)):  # fmt: skip
             if getattr(self, name) is None:
                 object.__setattr__(self, name, _none(n, fill, dtype))
 
@@ -281,10 +283,12 @@ class Workload:
     def build(cls, arrival_s, prompt_len, output_len, sampling: Sampling, rng: np.random.Generator,
               shape: str = "", **more) -> Workload:  # fmt: skip
         """The workload of these arrivals and lengths (``more``: prefix_id, prefix_len, after, think_s), which of
-        its requests sample and carry stop tokens drawn from ``rng``."""
+        its requests sample, carry stop tokens and (drawn only when some do) score their prompts drawn from
+        ``rng``."""
         n = arrival_s.size
-        return cls(arrival_s, prompt_len, output_len, rng.random(n) < sampling.sampled_frac,
-                   rng.random(n) < sampling.stop_frac, shape=shape, **more)  # fmt: skip
+        sampled, stops = rng.random(n) < sampling.sampled_frac, rng.random(n) < sampling.stop_frac
+        scored = rng.random(n) < sampling.scored_frac if sampling.scored_frac else None
+        return cls(arrival_s, prompt_len, output_len, sampled, stops, scored=scored, shape=shape, **more)
 
     def requests(self, vocab: int, sampling: Sampling, seed: int, prefix: str) -> list[Request]:
         """The requests: random prompt tokens, ids ``{prefix}{i}``, per-request sampling seeds (same for a seed). A
@@ -303,6 +307,8 @@ class Workload:
                                 stop_token_ids=stops)  # fmt: skip
             if self.sampled[i]:
                 sp = attrs.evolve(sp, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
+            if self.scored[i]:
+                sp = attrs.evolve(sp, logprobs=1, prompt_logprobs=1)
             out.append(Request(prompt, sp, request_id=f"{prefix}{i}"))
         return out
 
@@ -318,6 +324,8 @@ class Workload:
         own = "prompts" if not self.shape else "own prompt tokens"
         out = (f"{self.n} requests {span}; {own} {spread(self.prompt_len)}; outputs {spread(self.output_len)}; "
                f"{int(self.sampled.sum())} sampled, {int(self.stops.sum())} with stop tokens")
+        if self.scored.any():
+            out += f", {int(self.scored.sum())} scoring their prompts"
         if self.shape:
             out += f"; {self.shape}; whole prompts {spread(self.prompt_bound)}"
             if self.chats:
