@@ -231,7 +231,8 @@ def test_an_echoed_prompt_is_not_timed_as_a_token(server, tmp_path):
     argv = ["--num-requests", "4", "--rate", "inf", "--prompt-len", "uniform:5,9", "--gen-len", "fixed:3",
             "--scored-frac", "1", "--rounds", "1", "--warmup", "0", "--no-prerun", "--no-progress"]
     (r,) = traffic.main(["--url", url, *argv, "--out", str(tmp_path / "o")])
-    assert r["failed"] == 0 and min(r["ttft_ms"]) >= FIRST_S * 1e3 and len(r["itl_ms"]) == 4 * 2
+    assert r["failed"] == 0 and len(r["itl_ms"]) == 4 * 2, r
+    assert min(r["ttft_ms"]) >= FIRST_S * 1e3 - 1, r["ttft_ms"]  # (the fake's timers: a millisecond's grain)
 
 
 def test_prompts_sent_as_text_are_their_ids_decoded_and_count_what_they_encode_to(server, tmp_path):
