@@ -33,7 +33,15 @@ from models.engine import (
     Request,
     SamplingParams,
 )
-from models.engine.audio import AudioError, decoder_prompt, feature_extractor, log_mel, read_wav
+from models.engine.audio import (
+    SAMPLE_RATE,
+    AudioError,
+    decoder_prompt,
+    feature_extractor,
+    log_mel,
+    read_wav,
+    windows,
+)
 from models.engine.checkpoint import WHISPER, CheckpointError, load_adapter, read_checkpoint
 from models.engine.requests import CANDIDATES
 from models.engine.serving import serving_config
@@ -48,7 +56,9 @@ def parser() -> OneLineParser:
     src = ap.add_argument_group("what to generate from (one of)")
     src.add_argument("--prompt", help="a text prompt (with --chat: the user's message)")
     src.add_argument("-n", "--prompts-file", type=Path, help="a file of prompts, one a line, run together")
-    src.add_argument("--audio", type=Path, nargs="+", help="16 kHz WAV files to transcribe (a Whisper checkpoint)")
+    src.add_argument("--audio", type=Path, nargs="+",
+                     help="16 kHz WAV files to transcribe (a Whisper checkpoint); one longer than the encoder's window "
+                          "(30 s) is cut into windows at pauses, each printed with its span")
     ap.add_argument("--chat", action="store_true", help="send each prompt as a user message through the checkpoint's "
                                                         "chat template")  # fmt: skip
     ap.add_argument("--system", help="with --chat: a system message before each user message")
@@ -133,6 +143,15 @@ class Progress:
                 print(f"    {note}", file=sys.stderr, flush=True)
 
 
+def _windows(name: str, wave, window: int) -> list[tuple[str, object]]:
+    """A file's audio in the encoder's windows (``audio.windows``), each named: the file's name alone when it fits one,
+    else with each window's span in seconds."""
+    pieces = windows(wave, window)
+    if len(pieces) == 1:
+        return [(name, pieces[0][1])]
+    return [(f"{name} {a / SAMPLE_RATE:.2f}-{(a + p.size) / SAMPLE_RATE:.2f} s", p) for a, p in pieces]
+
+
 def _requests(args, ap, ckpt, tok: Tokenizer) -> list[Request]:
     sp = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                         seed=args.seed, ignore_eos=args.ignore_eos)  # fmt: skip
@@ -145,8 +164,9 @@ def _requests(args, ap, ckpt, tok: Tokenizer) -> list[Request]:
         fe = feature_extractor(ckpt.path, cfg.num_mel_bins)
         prompt = decoder_prompt(ckpt.generation, cfg.decoder_start_token_id, args.language or "en",
                                 args.task or "transcribe", args.timestamps)  # fmt: skip
-        return [Request(prompt, sp, features=log_mel(read_wav(f), fe, cfg.n_frames), request_id=f"{i}:{f.name}")
-                for i, f in enumerate(args.audio)]  # fmt: skip
+        return [Request(prompt, sp, features=log_mel(piece, fe, cfg.n_frames), request_id=rid)
+                for i, f in enumerate(args.audio) for rid, piece in _windows(f"{i}:{f.name}", read_wav(f),
+                                                                             cfg.n_frames * fe.hop_length)]  # fmt: skip
     if args.audio is not None:
         ap.error(f"{ckpt.name} is a text model ({ckpt.architecture}): give --prompt or --prompts-file")
     given = [flag for dest, flag in WHISPER_OPTIONS if getattr(args, dest) not in (None, False)]

@@ -382,6 +382,31 @@ def test_generate_runs_a_file_of_prompts_and_a_chat(dirs, capsys, tmp_path):
     assert err == ""  # --quiet: no progress, no summary
 
 
+def test_windows_cut_audio_in_its_pauses_and_join_back_to_it():
+    """Pieces of at most a window, joining to the waveform; each cut in the middle of the quietest 10 ms of its window's
+    last second (at most half a window): a 40 ms pause there takes it, and without pauses the cuts still fit."""
+    import numpy as np
+
+    from models.engine.audio import CUT_FRAME, SAMPLE_RATE, windows
+
+    rng = np.random.default_rng(0)
+    speech = lambda s: (0.3 * rng.standard_normal(int(s * SAMPLE_RATE))).astype(np.float32)  # noqa: E731
+    gap = np.zeros(640, np.float32)  # 40 ms
+    x = np.concatenate([speech(29.5), gap, speech(29.3), gap, speech(20.0)])  # pauses at 29.50 and 58.84 s
+    window = 30 * SAMPLE_RATE
+    pieces = windows(x, window)
+    assert np.array_equal(np.concatenate([p for _, p in pieces]), x)
+    assert [a for a, _ in pieces] == [0, *np.cumsum([p.size for _, p in pieces])[:-1].tolist()]
+    assert all(p.size <= window for _, p in pieces) and len(pieces) == 3
+    for (a, p), pause in zip(pieces, (29.5, 29.5 + 0.04 + 29.3), strict=False):  # each cut inside its pause
+        assert pause * SAMPLE_RATE < a + p.size < pause * SAMPLE_RATE + 640, (a + p.size) / SAMPLE_RATE
+    steady = windows(speech(95.0), window)  # no pause: cut where the noise is least, within the last second
+    assert len(steady) == 4 and all(window - SAMPLE_RATE < p.size <= window for _, p in steady[:-1])
+    assert [p.size for _, p in windows(x[:window], window)] == [window]  # one window: not cut
+    assert all(p.size <= 48 * 160 for _, p in windows(speech(1.0), 48 * 160))  # (a tiny window: half of it searched)
+    assert CUT_FRAME == 160
+
+
 def test_generate_transcribes_a_wav_file(dirs, capsys):
     wav = write_wav(dirs["root"] / "speech.wav", tone(0.3, 300.0))
     out, err = _generate(capsys, "--model-dir", dirs["whisper"], "--audio", wav, "--max-tokens", "8")

@@ -537,11 +537,20 @@ def test_max_waiting_answers_503_and_sigterm_drains(ckpt):
 
 
 def test_a_whisper_server_transcribes_a_wav_upload_as_generate_does(tmp_path, capsys):
+    import numpy as np
+
     from models.generate import main
 
     path, wav = save_whisper(tmp_path / "whisper"), write_wav(tmp_path / "a.wav", tone(0.4))
     assert main(["--model-dir", str(path), "--audio", str(wav), "--max-tokens", "60", "--quiet"]) == 0
     want = capsys.readouterr().out.strip()
+    gap = lambda ms: np.zeros(16 * ms, np.float32)  # noqa: E731
+    long = write_wav(tmp_path / "long.wav", np.concatenate([tone(0.3), gap(50), tone(0.35, 300), gap(100),
+                                                            tone(0.4, 500)]))  # fmt: skip
+    assert main(["--model-dir", str(path), "--audio", str(long), "--max-tokens", "60", "--quiet"]) == 0
+    blocks = capsys.readouterr().out.split("### [")[1:]  # "0:long.wav A-B s] reason, n tokens\ntext\n" each
+    start = lambda b: float(b.split()[1].split("-")[0])  # noqa: E731
+    windows_want = [b.split("\n", 1)[1].strip() for b in sorted(blocks, key=start)]
     s = Server(path, "--in-process")
     try:
         api = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0, timeout=60)
@@ -551,6 +560,14 @@ def test_a_whisper_server_transcribes_a_wav_upload_as_generate_does(tmp_path, ca
         with open(wav, "rb") as f:
             text = api.audio.transcriptions.create(model="whisper", file=f, response_format="text")
         assert text.strip() == want
+        # a file of three of the encoder's windows (0.48 s each) with pauses: cut there, each window transcribed as
+        # generate transcribes it, the texts joined
+        with open(long, "rb") as f:
+            verbose = api.audio.transcriptions.create(model="whisper", file=f, response_format="verbose_json")
+        spans = [(round(g.start, 2), round(g.end, 2)) for g in verbose.segments]
+        assert spans == [(0.0, 0.3), (0.3, 0.71), (0.71, 1.07), (1.07, 1.2)], spans
+        assert [g.text for g in verbose.segments] == windows_want and verbose.duration == pytest.approx(1.2)
+        assert verbose.text == " ".join(t for t in windows_want if t)
         bad = httpx.post(s.url + "/v1/audio/transcriptions", files={"file": ("x.wav", b"not a wav")}, timeout=10)
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "file"
         text_only = httpx.post(s.url + "/v1/completions", json={"prompt": "x"}, timeout=10)

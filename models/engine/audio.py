@@ -4,8 +4,11 @@
 defaults and a warning), and the decoder prompt a transcription starts from (start, language and task tokens, from
 ``generation_config.json``).
 
-One window only: the encoder reads ``2 * max_source_positions`` mel frames (30 s for the released models); longer
-audio is refused, not cut (long-form transcription stitches windows, which this engine does not do).
+The encoder reads one window of ``2 * max_source_positions`` mel frames (30 s for the released models). Longer audio
+is cut into windows first (``windows``: each cut at the quietest 10 ms of the second before the window's end, so
+that a cut falls in a pause where there is one, as vLLM cuts it), each transcribed on its own and their texts joined;
+no text carries over from one window into the next (Whisper's long-form decoding conditions each window on the text
+before it, which this engine does not do).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SAMPLE_RATE = 16_000
+CUT_FRAME = SAMPLE_RATE // 100  # 10 ms: the frames a cut between windows is placed among (the quietest)
 PROCESSOR, PREPROCESSOR = "processor_config.json", "preprocessor_config.json"
 NESTED = ("feature_extractor", "audio_processor")  # the keys transformers nests a processor's extractor under
 
@@ -116,6 +120,28 @@ def feature_extractor(path: str | Path | None, num_mel_bins: int):
     return fe
 
 
+def windows(waveform: np.ndarray, window: int, search: int = SAMPLE_RATE) -> list[tuple[int, np.ndarray]]:
+    """The waveform in consecutive pieces of at most ``window`` samples, joining back to it: each but the last cut in
+    the middle of the quietest 10 ms frame (least energy) among the last ``search`` samples of its window (at most half
+    a window), so that a cut falls in a pause where there is one. Returns (first sample, piece) each."""
+    x = np.asarray(waveform, dtype=np.float32)
+    search = min(search, window // 2)
+    frames = search // CUT_FRAME
+    out, start = [], 0
+    while x.size - start > window:
+        end = start + window
+        if frames:
+            lo = end - frames * CUT_FRAME
+            energy = np.square(x[lo:end]).reshape(frames, CUT_FRAME).sum(1)  # [frames]
+            cut = lo + int(np.argmin(energy)) * CUT_FRAME + CUT_FRAME // 2
+        else:  # (a window under two frames: cut at its end)
+            cut = end
+        out.append((start, x[start:cut]))
+        start = cut
+    out.append((start, x[start:]))
+    return out
+
+
 def log_mel(waveform: np.ndarray, extractor, n_frames: int) -> torch.Tensor:
     """[n_mels, n_frames] float32 log-mel features of one 16 kHz waveform, padded to the encoder's window."""
     x = np.asarray(waveform, dtype=np.float32)
@@ -124,7 +150,7 @@ def log_mel(waveform: np.ndarray, extractor, n_frames: int) -> torch.Tensor:
     window = n_frames * extractor.hop_length
     if x.size > window:
         raise AudioError(f"{x.size / SAMPLE_RATE:.1f} s of audio; the encoder reads {window / SAMPLE_RATE:.1f} s at "
-                         "once (split longer audio into windows)")  # fmt: skip
+                         "once (``windows`` cuts longer audio)")  # fmt: skip
     out = extractor(x, sampling_rate=SAMPLE_RATE, return_tensors="pt", padding="max_length", max_length=window,
                     truncation=True)  # fmt: skip
     return out.input_features[0].float()

@@ -167,10 +167,11 @@ def build_app(state: ServerState) -> FastAPI:
 
 
 async def _transcribe(state: ServerState, request: Request) -> Response:
-    """OpenAI's transcription endpoint: a multipart form with ``file`` (a 16 kHz PCM WAV file of at most the encoder's
-    window), ``language`` (default en), ``temperature`` (default 0) and ``response_format`` (json, text or
-    verbose_json); the text the model decodes until its end token or its context."""
-    from models.engine.audio import AudioError, decode_wav, decoder_prompt, log_mel
+    """OpenAI's transcription endpoint: a multipart form with ``file`` (a 16 kHz PCM WAV file), ``language`` (default
+    en), ``temperature`` (default 0) and ``response_format`` (json, text or verbose_json, whose segments are the
+    windows); the text the model decodes until its end token or its context, of each of the encoder's windows the
+    audio is cut into (``audio.windows``: all sent at once), joined."""
+    from models.engine.audio import SAMPLE_RATE, AudioError, decode_wav, decoder_prompt, log_mel, windows
 
     audio = state.audio
     if audio is None:
@@ -200,7 +201,8 @@ async def _transcribe(state: ServerState, request: Request) -> Response:
     data = await upload.read()
     try:
         wave = decode_wav(io.BytesIO(data), upload.filename or "file")
-        features = await asyncio.to_thread(log_mel, wave, audio.extractor, audio.n_frames)
+        pieces = windows(wave, audio.n_frames * audio.extractor.hop_length)
+        features = await asyncio.to_thread(lambda: [log_mel(p, audio.extractor, audio.n_frames) for _, p in pieces])
     except AudioError as e:
         raise HTTPError(400, str(e), "file") from None
     try:
@@ -211,22 +213,28 @@ async def _transcribe(state: ServerState, request: Request) -> Response:
     sampling = dict(max_tokens=context - len(prompt), temperature=temperature, top_p=1.0, top_k=0,
                     seed=random.randrange(2**31), stop_token_ids=[], ignore_eos=False)  # fmt: skip
     rid = f"trsc-{uuid.uuid4().hex}"
+    choices = []
     try:
-        stream = state.client.add(rid, prompt, sampling, features, arrived=arrived)
+        for i, f in enumerate(features):
+            stream = state.client.add(f"{rid}-{i}", prompt, sampling, f, arrived=arrived)
+            choices.append(Choice(i, len(prompt), stream, ChoiceText(state.tokenizer, []), arrived))
     except EngineFailed:
         raise HTTPError(503, "the engine failed; the server cannot serve", headers={"Retry-After": "60"}) from None
-    choice = Choice(0, len(prompt), stream, ChoiceText(state.tokenizer, []), arrived)
-    release = Release(state, [choice])
+    release = Release(state, choices)
     try:
-        await until_done(state, [choice], request)
+        await until_done(state, choices, request)
     finally:
         release()
-    text = choice.text.text.strip()
+    texts = [c.text.text.strip() for c in choices]
+    text = " ".join(t for t in texts if t)
     if fmt == "text":
         return PlainTextResponse(text)
     if fmt == "verbose_json":
-        return JSONResponse({"task": "transcribe", "language": language, "duration": len(wave) / 16_000,
-                             "text": text, "segments": []})  # fmt: skip
+        segments = [{"id": i, "start": start / SAMPLE_RATE, "end": (start + p.size) / SAMPLE_RATE, "text": t,
+                     "tokens": list(c.stream.tokens[: c.text.tokens])}
+                    for i, ((start, p), t, c) in enumerate(zip(pieces, texts, choices, strict=True))]  # fmt: skip
+        return JSONResponse({"task": "transcribe", "language": language, "duration": wave.size / SAMPLE_RATE,
+                             "text": text, "segments": segments})  # fmt: skip
     return JSONResponse({"text": text})
 
 
