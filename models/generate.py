@@ -57,8 +57,8 @@ def parser() -> OneLineParser:
     src.add_argument("--prompt", help="a text prompt (with --chat: the user's message)")
     src.add_argument("-n", "--prompts-file", type=Path, help="a file of prompts, one a line, run together")
     src.add_argument("--audio", type=Path, nargs="+",
-                     help="16 kHz WAV files to transcribe (a Whisper checkpoint); one longer than the encoder's window "
-                          "(30 s) is cut into windows at pauses, each printed with its span")
+                     help="PCM WAV files to transcribe, any rate (a Whisper checkpoint); one longer than the "
+                          "encoder's window (30 s) is cut into windows at pauses, each printed with its span")
     ap.add_argument("--chat", action="store_true", help="send each prompt as a user message through the checkpoint's "
                                                         "chat template")  # fmt: skip
     ap.add_argument("--system", help="with --chat: a system message before each user message")

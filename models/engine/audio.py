@@ -1,8 +1,8 @@
-"""Audio in, for Whisper: a 16 kHz waveform (an array or a WAV file) to the log-mel features its encoder reads
-(transformers' ``WhisperFeatureExtractor`` with the checkpoint's settings: ``processor_config.json``'s
-``feature_extractor``, as transformers 5 saves a processor, else ``preprocessor_config.json``; with neither, Whisper's
-defaults and a warning), and the decoder prompt a transcription starts from (start, language and task tokens, from
-``generation_config.json``).
+"""Audio in, for Whisper: a 16 kHz waveform (an array, or a PCM WAV file of any rate, ``resample``d) to the log-mel
+features its encoder reads (transformers' ``WhisperFeatureExtractor`` with the checkpoint's settings:
+``processor_config.json``'s ``feature_extractor``, as transformers 5 saves a processor, else
+``preprocessor_config.json``; with neither, Whisper's defaults and a warning), and the decoder prompt a
+transcription starts from (start, language and task tokens, from ``generation_config.json``).
 
 The encoder reads one window of ``2 * max_source_positions`` mel frames (30 s for the released models). Longer audio
 is cut into windows first (``windows``: each cut at the quietest 10 ms of the second before the window's end, so
@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import math
 import wave
 from pathlib import Path
 from typing import BinaryIO
@@ -36,8 +37,9 @@ class AudioError(ValueError):
 
 
 def read_wav(path: str | Path) -> np.ndarray:
-    """A 16 kHz PCM WAV file as float32 samples in [-1, 1], channels averaged. AudioError: no such file, one the OS
-    will not read (a directory, no permission: its reason), or not a PCM WAV file."""
+    """A PCM WAV file as float32 samples in [-1, 1] at 16 kHz (``resample``d from its own rate), channels averaged.
+    AudioError: no such file, one the OS will not read (a directory, no permission: its reason), or not a PCM WAV
+    file."""
     try:
         f = open(path, "rb")  # noqa: SIM115 (decode_wav's with closes it)
     except OSError as e:
@@ -57,16 +59,32 @@ def decode_wav(f: BinaryIO, path: str) -> np.ndarray:
         raise AudioError(f"{path}: {e.strerror or e}") from None
     except (wave.Error, EOFError) as e:
         raise AudioError(f"{path}: not a PCM WAV file ({e})") from None
-    if rate != SAMPLE_RATE:
-        raise AudioError(f"{path}: {rate} Hz; Whisper takes {SAMPLE_RATE} Hz audio (resample it first, e.g. "
-                         f"ffmpeg -i IN -ar {SAMPLE_RATE} -ac 1 OUT.wav)")  # fmt: skip
     if width == 1:
         x = (np.frombuffer(raw, np.uint8).astype(np.float32) - 128.0) / 128.0
     elif width in (2, 4):
         x = np.frombuffer(raw, np.int16 if width == 2 else np.int32).astype(np.float32) / float(2 ** (8 * width - 1))
     else:
         raise AudioError(f"{path}: {8 * width}-bit samples; 8, 16 and 32-bit PCM are read")
-    return x.reshape(-1, channels).mean(axis=1)
+    return resample(x.reshape(-1, channels).mean(axis=1), rate, SAMPLE_RATE)
+
+
+def resample(x: np.ndarray, src: int, dst: int, zeros: int = 6, rolloff: float = 0.99) -> np.ndarray:
+    """float32 samples at ``src`` Hz as ``dst`` Hz (unchanged when equal): each output sample the input under a
+    Hann-windowed sinc low-pass at ``rolloff`` of the lower rate's Nyquist (``zeros`` zero crossings a side), evaluated
+    at its position in the input; with up / down = dst / src in lowest terms, the up output phases are the rows of one
+    strided convolution. ceil(len * dst / src) samples."""
+    if src == dst:
+        return x
+    g = math.gcd(src, dst)
+    up, down = dst // g, src // g
+    fc = 0.5 * min(1.0, up / down) * rolloff  # the cutoff, cycles an input sample
+    half = math.ceil(zeros / (2 * fc))  # the kernel's half width, input samples
+    t = (np.arange(2 * half + down)[None, :] - half) - np.arange(up)[:, None] * (down / up)  # [up, K] from each
+    w = 2 * fc * np.sinc(2 * fc * t) * np.where(np.abs(t) < half, np.cos(np.pi * t / (2 * half)) ** 2, 0.0)  # phase
+    xp = torch.from_numpy(np.pad(np.asarray(x, np.float32), (half, half + down)))[None, None]  # [1, 1, L + K - down]
+    y = torch.nn.functional.conv1d(xp, torch.from_numpy(w.astype(np.float32))[:, None], stride=down)  # [1, up, Q]
+    n = -(-len(x) * up // down)
+    return y[0].T.reshape(-1)[:n].numpy()
 
 
 def _settings(path: Path) -> tuple[Path, dict] | None:

@@ -167,10 +167,10 @@ def build_app(state: ServerState) -> FastAPI:
 
 
 async def _transcribe(state: ServerState, request: Request) -> Response:
-    """OpenAI's transcription endpoint: a multipart form with ``file`` (a 16 kHz PCM WAV file), ``language`` (default
-    en), ``temperature`` (default 0) and ``response_format`` (json, text or verbose_json, whose segments are the
-    windows); the text the model decodes until its end token or its context, of each of the encoder's windows the
-    audio is cut into (``audio.windows``: all sent at once), joined."""
+    """OpenAI's transcription endpoint: a multipart form with ``file`` (a PCM WAV file, resampled to 16 kHz),
+    ``language`` (default en), ``temperature`` (default 0) and ``response_format`` (json, text or verbose_json, whose
+    segments are the windows); the text the model decodes until its end token or its context, of each of the
+    encoder's windows the audio is cut into (``audio.windows``: all sent at once), joined."""
     from models.engine.audio import SAMPLE_RATE, AudioError, decode_wav, decoder_prompt, log_mel, windows
 
     audio = state.audio
