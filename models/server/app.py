@@ -199,10 +199,14 @@ async def _transcribe(state: ServerState, request: Request) -> Response:
         raise HTTPError(400, f"temperature must be in [0, 2], got {temperature}", "temperature")
     language = form.get("language") or "en"
     data = await upload.read()
-    try:
-        wave = decode_wav(io.BytesIO(data), upload.filename or "file")
+
+    def features_of(name: str) -> tuple:  # (wave, its windows, their features): resampled and cut off the loop
+        wave = decode_wav(io.BytesIO(data), name)
         pieces = windows(wave, audio.n_frames * audio.extractor.hop_length)
-        features = await asyncio.to_thread(lambda: [log_mel(p, audio.extractor, audio.n_frames) for _, p in pieces])
+        return wave, pieces, [log_mel(p, audio.extractor, audio.n_frames) for _, p in pieces]
+
+    try:
+        wave, pieces, features = await asyncio.to_thread(features_of, upload.filename or "file")
     except AudioError as e:
         raise HTTPError(400, str(e), "file") from None
     try:
