@@ -286,6 +286,26 @@ def _random_fields(rng, chat: bool) -> dict:
     return p | ({"extra_body": extra} if extra else {})
 
 
+def test_the_tokenizer_endpoints_are_the_checkpoints_tokenizer(server, tok):
+    """vLLM's /tokenize (a text, with and without its special tokens; chat messages through the template),
+    /detokenize and /tokenizer_info, as lm-eval's remote tokenizer reads them; bad input is a 400 naming the field."""
+    post = lambda path, body: httpx.post(server.url + path, json=body, timeout=10)  # noqa: E731
+    r = post("/tokenize", {"prompt": PROMPT}).json()
+    assert r["tokens"] == tok.encode(PROMPT) and r["count"] == len(r["tokens"]) and r["max_model_len"] == 512
+    assert post("/tokenize", {"prompt": PROMPT, "add_special_tokens": False}).json()["tokens"] == (
+        tok.encode_many([PROMPT], special=False)[0])  # fmt: skip
+    msgs = [{"role": "user", "content": "hello"}]
+    assert post("/tokenize", {"messages": msgs}).json()["tokens"] == tok.chat(msgs)
+    assert post("/detokenize", {"tokens": r["tokens"]}).json() == {"prompt": tok.decode(r["tokens"])}
+    info = httpx.get(server.url + "/tokenizer_info", timeout=10).json()
+    assert info["eos_token"] == tok.hf.eos_token and info["chat_template"] == tok.hf.chat_template
+    for path, body, param in (("/tokenize", {}, "prompt"), ("/tokenize", {"prompt": "x", "messages": msgs}, "prompt"),
+                              ("/detokenize", {"tokens": [10**6]}, "tokens"), ("/detokenize", {"tokens": [-1]},
+                              "tokens.0"), ("/tokenize", {"prompt": "x", "model": "gpt-9"}, "model")):  # fmt: skip
+        bad = post(path, body)
+        assert bad.status_code in (400, 404) and bad.json()["error"]["param"] == param, (path, body, bad.text)
+
+
 def test_random_requests_stream_what_they_answer_whole(server):
     """40 requests of random fields (stops, n, logprobs, echo, min_tokens, seeds), chat and completions, all at once:
     each streamed gives its whole response's text, finish reasons, usage and logprobs (within 1e-4: the two runs

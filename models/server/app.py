@@ -29,8 +29,10 @@ from models.server.metrics import Metrics
 from models.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
+    DetokenizeRequest,
     HTTPError,
     SamplingFields,
+    TokenizeRequest,
     error_body,
     now,
     unsupported,
@@ -146,18 +148,41 @@ def build_app(state: ServerState) -> FastAPI:
         arrived = time.perf_counter()
         body = await _parsed(request, ChatCompletionRequest)
         _check(state, body)
-        messages = [_message(m, i) for i, m in enumerate(body.messages)]
-        try:
-            text = state.tokenizer.chat_text(messages)
-        except TokenizerError as e:
-            raise HTTPError(400, str(e), "messages") from None
-        except Exception as e:  # the template's own checks (a role it does not take, a raise_exception)
-            raise HTTPError(400, f"the chat template refused the messages: {e}", "messages") from None
-        ids = (await state.prompts.encode([text], special=False))[0]
+        ids = await _chat_ids(state, body.messages)
         return await _serve(state, body, [ids], request, chat=True, arrived=arrived)
 
     app.add_route("/v1/completions", completions, methods=["POST"])
     app.add_route("/v1/chat/completions", chat_completions, methods=["POST"])
+
+    # vLLM's tokenizer endpoints (an eval harness's "remote" tokenizer: lm-eval's tokenizer_backend=remote)
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        body = await _parsed(request, TokenizeRequest)
+        _check_model(state, body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise HTTPError(400, "give a prompt (text) or messages, one of the two", "prompt")
+        if body.prompt is not None:
+            ids = (await state.prompts.encode([body.prompt], special=body.add_special_tokens))[0]
+        else:
+            ids = await _chat_ids(state, body.messages)
+        return {"count": len(ids), "max_model_len": state.client.served.max_seq_len, "tokens": ids}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        body = await _parsed(request, DetokenizeRequest)
+        _check_model(state, body.model)
+        vocab = state.client.served.vocab_size
+        bad = next((t for t in body.tokens if t >= vocab), None)
+        if bad is not None:
+            raise HTTPError(400, f"token {bad} is outside the vocabulary [0, {vocab})", "tokens")
+        return {"prompt": state.tokenizer.decode(body.tokens)}
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info():
+        hf = state.tokenizer.hf
+        return {"tokenizer_class": type(hf).__name__, "eos_token": hf.eos_token, "bos_token": hf.bos_token,
+                "pad_token": hf.pad_token, "chat_template": getattr(hf, "chat_template", None),
+                "model_max_length": state.client.served.max_seq_len}  # fmt: skip
 
     @app.post("/v1/audio/transcriptions")
     async def transcriptions(request: Request):
@@ -257,6 +282,25 @@ async def _parsed(request: Request, model: type[SamplingFields]) -> SamplingFiel
         raise RequestValidationError(e.errors(include_url=False)) from None
 
 
+def _check_model(state: ServerState, model: str | None) -> None:
+    """A request naming a model names this server's (404 otherwise)."""
+    if model is not None and model != state.model:
+        raise HTTPError(404, f"the model {model!r} does not exist; this server serves {state.model!r}", "model")
+
+
+async def _chat_ids(state: ServerState, messages) -> list[int]:
+    """Chat messages' ids through the checkpoint's chat template, ready for the reply (encoded off the loop); 400
+    naming ``messages`` where there is no template or it refuses them."""
+    plain = [_message(m, i) for i, m in enumerate(messages)]
+    try:
+        text = state.tokenizer.chat_text(plain)
+    except TokenizerError as e:
+        raise HTTPError(400, str(e), "messages") from None
+    except Exception as e:  # the template's own checks (a role it does not take, a raise_exception)
+        raise HTTPError(400, f"the chat template refused the messages: {e}", "messages") from None
+    return (await state.prompts.encode([text], special=False))[0]
+
+
 def _check(state: ServerState, body: SamplingFields) -> None:
     """Refuse what no prompt can fix: shutdown, a model this server does not serve, an unsupported field."""
     if state.draining:
@@ -265,8 +309,7 @@ def _check(state: ServerState, body: SamplingFields) -> None:
         raise HTTPError(503, "the engine failed; the server cannot serve", headers={"Retry-After": "60"})
     if state.audio is not None:
         raise HTTPError(404, f"{state.model} is a speech recognition model: use /v1/audio/transcriptions")
-    if body.model is not None and body.model != state.model:
-        raise HTTPError(404, f"the model {body.model!r} does not exist; this server serves {state.model!r}", "model")
+    _check_model(state, body.model)
     bad = unsupported(body)
     if bad is not None:
         raise HTTPError(400, bad[1], bad[0])

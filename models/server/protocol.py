@@ -117,6 +117,25 @@ class ChatCompletionRequest(SamplingFields):
     response_format: dict | None = None
 
 
+class TokenizeRequest(BaseModel):
+    """vLLM's /tokenize: a text (its special tokens added unless ``add_special_tokens`` is false) or chat messages
+    (through the chat template, ready for the reply); exactly one."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = None
+    prompt: str | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
+    add_special_tokens: bool = True
+
+
+class DetokenizeRequest(BaseModel):
+    """vLLM's /detokenize: token ids to their text."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = None
+    tokens: list[NonNegInt]
+
+
 NEUTRAL = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "logit_bias": None, "suffix": None, "best_of": None,
            "tools": None, "response_format": None}  # fmt: skip
 KNOWN_EXTRA = {"parallel_tool_calls", "tool_choice", "service_tier", "store", "metadata", "reasoning_effort"}
