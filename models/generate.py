@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+import attrs
 import torch
 
 from models.cli import OneLineParser, int32, positive_int, temperature, token_budget, top_k, top_p
@@ -37,13 +38,16 @@ from models.engine.audio import (
     SAMPLE_RATE,
     AudioError,
     decoder_prompt,
+    detected,
+    detection_prompt,
     feature_extractor,
+    languages,
     log_mel,
     read_wav,
     windows,
 )
 from models.engine.checkpoint import WHISPER, CheckpointError, load_adapter, read_checkpoint
-from models.engine.requests import CANDIDATES
+from models.engine.requests import CANDIDATES, MAX_LOGPROBS
 from models.engine.serving import serving_config
 from models.engine.text import Tokenizer, TokenizerError
 from models.layers.decode_attention import Backend
@@ -73,7 +77,8 @@ def parser() -> OneLineParser:
     s.add_argument("--ignore-eos", action="store_true", help="do not stop on the checkpoint's end-of-sequence tokens")
     w = ap.add_argument_group("Whisper")
     # (defaults None: a text checkpoint refuses these options only where they were given; Whisper's are resolved there)
-    w.add_argument("--language", default=None, help="spoken language of a multilingual checkpoint (default en)")
+    w.add_argument("--language", default=None,
+                   help="spoken language of a multilingual checkpoint (default: detected on each file's first window)")
     w.add_argument("--task", default=None, choices=["transcribe", "translate"],
                    help="transcribe, or translate into English (default transcribe)")
     w.add_argument("--timestamps", action="store_true", help="let the model emit timestamp tokens")
@@ -150,6 +155,24 @@ def _windows(name: str, wave, window: int) -> list[tuple[str, object]]:
     if len(pieces) == 1:
         return [(name, pieces[0][1])]
     return [(f"{name} {a / SAMPLE_RATE:.2f}-{(a + p.size) / SAMPLE_RATE:.2f} s", p) for a, p in pieces]
+
+
+def _spoken_languages(engine: Engine, requests: list[Request], ckpt, args, progress: Progress) -> list[Request]:
+    """Each file's spoken language, detected on its first window as Whisper detects it (``audio.detected``: the most
+    likely language token after the start token; en where the model names none), in its requests' prompts."""
+    gen, start = ckpt.generation, ckpt.config.decoder_start_token_id
+    firsts: dict[str, Request] = {}  # a file's index -> its first window's request
+    for r in requests:
+        firsts.setdefault(r.request_id.split(":", 1)[0], r)
+    probe = SamplingParams(max_tokens=1, ignore_eos=True, logprobs=MAX_LOGPROBS)
+    results = engine.run([Request(detection_prompt(gen, start), probe, features=r.features, request_id=f"language {i}")
+                          for i, r in firsts.items()])  # fmt: skip
+    found = {i: detected(res.top_logprobs[0], languages(gen)) for i, res in zip(firsts, results, strict=True)}
+    progress("spoken language detected (no --language)",
+             tuple(f"{args.audio[int(i)].name}: {code or 'en (the model names none)'}" for i, code in found.items()))
+    return [attrs.evolve(r, prompt=decoder_prompt(gen, start, found[r.request_id.split(":", 1)[0]] or "en",
+                                                  args.task or "transcribe", args.timestamps))
+            for r in requests]  # fmt: skip
 
 
 def _requests(args, ap, ckpt, tok: Tokenizer) -> list[Request]:
@@ -242,6 +265,8 @@ def _generate(args, ap, progress: Progress) -> int:
                               token_budget=args.token_budget)  # fmt: skip
         progress("building the engine (graphs, kernels)", plan.notes)
         engine = Engine(adapter, plan.config)
+        if ckpt.architecture == WHISPER and args.language is None and languages(ckpt.generation):
+            requests = _spoken_languages(engine, requests, ckpt, args, progress)
         ids = [engine.submit(r) for r in requests]
     except (CheckpointError, InvalidRequest, ValueError) as e:
         ap.error(str(e))
@@ -275,7 +300,7 @@ def _generate(args, ap, progress: Progress) -> int:
         summary = (f"[{result.finish_reason.value}, {len(result.tokens)} tokens, TTFT {result.ttft_s * 1e3:.0f} ms, "
                    f"{wall:.2f} s]")  # fmt: skip
     else:
-        summary = f"[{len(requests)} requests, {engine.stats.tokens} tokens, {wall:.2f} s]"
+        summary = f"[{len(requests)} requests, {sum(len(r.tokens) for r in results)} tokens, {wall:.2f} s]"
     if not args.quiet:
         print(summary, file=sys.stderr)
     return 0

@@ -407,6 +407,15 @@ def test_audio_at_another_rate_is_resampled_to_16_khz(dirs, src):
                                            16000)).max() < 1e-4  # fmt: skip
 
 
+def test_the_spoken_language_is_the_most_likely_language_token_after_the_start_token():
+    from models.engine.audio import detected, detection_prompt, languages
+
+    gen = {"decoder_start_token_id": 7, "lang_to_id": {"<|en|>": 2, "<|de|>": 3}}
+    assert languages(gen) == {2: "en", 3: "de"} and languages({}) == {} and detection_prompt(gen, 1) == [7]
+    assert detected(((40, -0.1), (3, -2.0), (2, -2.5)), languages(gen)) == "de"  # the first language among them
+    assert detected(((40, -0.1), (41, -2.0)), languages(gen)) is None
+
+
 def test_windows_cut_audio_in_its_pauses_and_join_back_to_it():
     """Pieces of at most a window, joining to the waveform; each cut in the middle of the quietest 10 ms of its window's
     last second (at most half a window): a 40 ms pause there takes it, and without pauses the cuts still fit."""

@@ -19,7 +19,7 @@ import sys
 import time
 
 import pytest
-from checkpoints import save_qwen, save_whisper, tone, write_wav
+from checkpoints import WHISPER_SPECIALS, save_qwen, save_whisper, tone, write_wav
 
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
@@ -556,19 +556,51 @@ def test_max_waiting_answers_503_and_sigterm_drains(ckpt):
         s.stop()
 
 
+def _speaks_german(path, wav) -> None:
+    """Edit a tiny Whisper checkpoint so that on ``wav`` its most likely token after the start token is <|de|>: that
+    token's embedding row (the output projection's, tied) moved along the decoder's last hidden state there."""
+    import torch
+    import transformers
+
+    from models.engine.audio import feature_extractor, log_mel, read_wav
+
+    model = transformers.WhisperForConditionalGeneration.from_pretrained(path).eval()
+    de = WHISPER_SPECIALS.index("<|de|>")
+    features = log_mel(read_wav(wav), feature_extractor(path, 16), 2 * model.config.max_source_positions)[None]
+    with torch.no_grad():
+        h = model.model(input_features=features, decoder_input_ids=torch.tensor([[1]])).last_hidden_state[0, -1]
+        logits = model.proj_out(h)
+        model.model.decoder.embed_tokens.weight[de] += (logits.max() - logits[de] + 5) * h / h.dot(h)
+        assert model.proj_out(h).argmax() == de
+    model.save_pretrained(path)
+
+
 def test_a_whisper_server_transcribes_a_wav_upload_as_generate_does(tmp_path, capsys):
+    """A checkpoint that hears German in the test tone: without a language, generate and the server both detect it
+    (the transcription is the one asked in German); then the texts, the formats, a long file's windows."""
     import numpy as np
 
     from models.generate import main
 
     path, wav = save_whisper(tmp_path / "whisper"), write_wav(tmp_path / "a.wav", tone(0.4))
-    assert main(["--model-dir", str(path), "--audio", str(wav), "--max-tokens", "60", "--quiet"]) == 0
-    want = capsys.readouterr().out.strip()
+    _speaks_german(path, wav)
+    assert main(["--model-dir", str(path), "--audio", str(wav), "--max-tokens", "60", "--language", "de",
+                 "--quiet"]) == 0  # fmt: skip
+    german = capsys.readouterr().out.strip()
+    assert main(["--model-dir", str(path), "--audio", str(wav), "--max-tokens", "60", "--language", "en",
+                 "--quiet"]) == 0  # fmt: skip
+    assert capsys.readouterr().out.strip() != german  # (so the text says which language the prompt named)
+    assert main(["--model-dir", str(path), "--audio", str(wav), "--max-tokens", "60"]) == 0
+    out, err = capsys.readouterr()
+    want = out.strip()
+    assert want == german and "a.wav: de" in err
     gap = lambda ms: np.zeros(16 * ms, np.float32)  # noqa: E731
     long = write_wav(tmp_path / "long.wav", np.concatenate([tone(0.3), gap(50), tone(0.35, 300), gap(100),
                                                             tone(0.4, 500)]))  # fmt: skip
-    assert main(["--model-dir", str(path), "--audio", str(long), "--max-tokens", "60", "--quiet"]) == 0
-    blocks = capsys.readouterr().out.split("### [")[1:]  # "0:long.wav A-B s] reason, n tokens\ntext\n" each
+    assert main(["--model-dir", str(path), "--audio", str(long), "--max-tokens", "60"]) == 0
+    out, err = capsys.readouterr()
+    detected_long = err.split("long.wav: ")[1][:2]  # (its first window's language)
+    blocks = out.split("### [")[1:]  # "0:long.wav A-B s] reason, n tokens\ntext\n" each
     start = lambda b: float(b.split()[1].split("-")[0])  # noqa: E731
     windows_want = [b.split("\n", 1)[1].strip() for b in sorted(blocks, key=start)]
     s = Server(path, "--in-process")
@@ -580,6 +612,9 @@ def test_a_whisper_server_transcribes_a_wav_upload_as_generate_does(tmp_path, ca
         with open(wav, "rb") as f:
             text = api.audio.transcriptions.create(model="whisper", file=f, response_format="text")
         assert text.strip() == want
+        with open(wav, "rb") as f:
+            assert api.audio.transcriptions.create(model="whisper", file=f, response_format="verbose_json",
+                                                   language="en").language == "en"  # (given: not detected)
         # a file of three of the encoder's windows (0.48 s each) with pauses: cut there, each window transcribed as
         # generate transcribes it, the texts joined
         with open(long, "rb") as f:
@@ -587,6 +622,7 @@ def test_a_whisper_server_transcribes_a_wav_upload_as_generate_does(tmp_path, ca
         spans = [(round(g.start, 2), round(g.end, 2)) for g in verbose.segments]
         assert spans == [(0.0, 0.3), (0.3, 0.71), (0.71, 1.07), (1.07, 1.2)], spans
         assert [g.text for g in verbose.segments] == windows_want and verbose.duration == pytest.approx(1.2)
+        assert verbose.language == detected_long
         assert verbose.text == " ".join(t for t in windows_want if t)
         bad = httpx.post(s.url + "/v1/audio/transcriptions", files={"file": ("x.wav", b"not a wav")}, timeout=10)
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "file"

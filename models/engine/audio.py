@@ -18,6 +18,7 @@ import json
 import logging
 import math
 import wave
+from collections.abc import Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -172,6 +173,25 @@ def log_mel(waveform: np.ndarray, extractor, n_frames: int) -> torch.Tensor:
     out = extractor(x, sampling_rate=SAMPLE_RATE, return_tensors="pt", padding="max_length", max_length=window,
                     truncation=True)  # fmt: skip
     return out.input_features[0].float()
+
+
+def languages(generation: dict) -> dict[int, str]:
+    """A multilingual checkpoint's language tokens, id -> code ("en"), from ``generation_config.json``'s
+    ``lang_to_id`` (empty for an English-only checkpoint: nothing to detect)."""
+    return {int(i): k.strip("<|>") for k, i in (generation.get("lang_to_id") or {}).items()}
+
+
+def detection_prompt(generation: dict, decoder_start: int) -> list[int]:
+    """The decoder prompt whose next token is the spoken language (Whisper's language detection): the start token
+    alone. Drawn with logprobs (``detected``), one token."""
+    return [int(generation.get("decoder_start_token_id", decoder_start))]
+
+
+def detected(top: Sequence[tuple[int, float]], langs: dict[int, str]) -> str | None:
+    """The spoken language: the most likely language token among the alternatives of the token after the start
+    token ((id, logprob) pairs, most likely first: a request's ``top_logprobs``), as its code; None when none of them
+    is a language token (Whisper puts one first; a model that does not says nothing of the language)."""
+    return next((langs[i] for i, _ in top if i in langs), None)
 
 
 def decoder_prompt(generation: dict, decoder_start: int, language: str | None = "en", task: str = "transcribe",

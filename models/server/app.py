@@ -22,6 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import ValidationError
 
+from models.engine.requests import MAX_LOGPROBS
 from models.engine.text import Tokenizer, TokenizerError
 from models.server.client import EngineClient, EngineFailed
 from models.server.heap import CollectorClock
@@ -53,11 +54,12 @@ class AudioFront:
     n_frames: int  # mel frames the encoder reads
     generation: dict  # generation_config.json: the language and task tokens
     decoder_start: int
+    languages: dict[int, str] = attrs.Factory(dict)  # a multilingual checkpoint's language tokens (audio.languages)
 
     @classmethod
     def of(cls, model_dir) -> AudioFront | None:
         """A Whisper directory's, or None for a text model."""
-        from models.engine.audio import feature_extractor
+        from models.engine.audio import feature_extractor, languages
         from models.engine.checkpoint import WHISPER, read_checkpoint
 
         ckpt = read_checkpoint(model_dir)
@@ -65,7 +67,7 @@ class AudioFront:
             return None
         cfg = ckpt.config
         return cls(feature_extractor(model_dir, cfg.num_mel_bins), cfg.n_frames, ckpt.generation,
-                   cfg.decoder_start_token_id)  # fmt: skip
+                   cfg.decoder_start_token_id, languages(ckpt.generation))  # fmt: skip
 
 
 @attrs.define
@@ -193,9 +195,10 @@ def build_app(state: ServerState) -> FastAPI:
 
 async def _transcribe(state: ServerState, request: Request) -> Response:
     """OpenAI's transcription endpoint: a multipart form with ``file`` (a PCM WAV file, resampled to 16 kHz),
-    ``language`` (default en), ``temperature`` (default 0) and ``response_format`` (json, text or verbose_json, whose
-    segments are the windows); the text the model decodes until its end token or its context, of each of the
-    encoder's windows the audio is cut into (``audio.windows``: all sent at once), joined."""
+    ``language`` (default: detected on the first window, ``_spoken_language``), ``temperature`` (default 0) and
+    ``response_format`` (json, text or verbose_json, whose segments are the windows); the text the model decodes until
+    its end token or its context, of each of the encoder's windows the audio is cut into (``audio.windows``: all sent
+    at once), joined."""
     from models.engine.audio import SAMPLE_RATE, AudioError, decode_wav, decoder_prompt, log_mel, windows
 
     audio = state.audio
@@ -222,7 +225,7 @@ async def _transcribe(state: ServerState, request: Request) -> Response:
         raise HTTPError(400, f"temperature {form.get('temperature')!r} is not a number", "temperature") from None
     if not 0 <= temperature <= 2:
         raise HTTPError(400, f"temperature must be in [0, 2], got {temperature}", "temperature")
-    language = form.get("language") or "en"
+    language = form.get("language") or None
     data = await upload.read()
 
     def features_of(name: str) -> tuple:  # (wave, its windows, their features): resampled and cut off the loop
@@ -234,6 +237,8 @@ async def _transcribe(state: ServerState, request: Request) -> Response:
         wave, pieces, features = await asyncio.to_thread(features_of, upload.filename or "file")
     except AudioError as e:
         raise HTTPError(400, str(e), "file") from None
+    if language is None:
+        language = await _spoken_language(state, features[0], arrived) if audio.languages else "en"
     try:
         prompt = decoder_prompt(audio.generation, audio.decoder_start, language, "transcribe", False)
     except AudioError as e:
@@ -265,6 +270,36 @@ async def _transcribe(state: ServerState, request: Request) -> Response:
         return JSONResponse({"task": "transcribe", "language": language, "duration": wave.size / SAMPLE_RATE,
                              "text": text, "segments": segments})  # fmt: skip
     return JSONResponse({"text": text})
+
+
+async def _spoken_language(state: ServerState, features, arrived: float) -> str:
+    """A window's spoken language, as Whisper detects it: the most likely language token after the start token
+    (``audio.detected``, among the 5 alternatives the sampler gives); en where the model names none."""
+    from models.engine.audio import detected, detection_prompt
+
+    audio, rid = state.audio, f"lang-{uuid.uuid4().hex}"
+    sampling = dict(max_tokens=1, temperature=0.0, top_p=1.0, top_k=0, seed=0, stop_token_ids=[], ignore_eos=True,
+                    logprobs=MAX_LOGPROBS)  # fmt: skip
+    try:
+        stream = state.client.add(rid, detection_prompt(audio.generation, audio.decoder_start), sampling, features,
+                                  arrived=arrived)  # fmt: skip
+    except EngineFailed:
+        raise HTTPError(503, "the engine failed; the server cannot serve", headers={"Retry-After": "60"}) from None
+    try:
+        while stream.finish is None:
+            await stream.wake.wait()
+            stream.wake.clear()
+    finally:  # (its one token drawn, or the request cancelled meanwhile)
+        if stream.finish is None:
+            state.client.abort(rid)
+        else:
+            state.client.forget(rid)
+    if stream.finish in ("rejected", "failed"):
+        raise HTTPError(400 if stream.finish == "rejected" else 500, stream.error or "the engine failed", "file")
+    if not stream.logprobs:
+        return "en"
+    _, ids, lps = stream.logprobs[0]
+    return detected(list(zip(ids.tolist(), lps.tolist(), strict=True)), audio.languages) or "en"
 
 
 async def _parsed(request: Request, model: type[SamplingFields]) -> SamplingFields:
