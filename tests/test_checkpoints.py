@@ -414,6 +414,9 @@ def test_the_spoken_language_is_the_most_likely_language_token_after_the_start_t
     assert languages(gen) == {2: "en", 3: "de"} and languages({}) == {} and detection_prompt(gen, 1) == [7]
     assert detected(((40, -0.1), (3, -2.0), (2, -2.5)), languages(gen)) == "de"  # the first language among them
     assert detected(((40, -0.1), (41, -2.0)), languages(gen)) is None
+    assert decoder_prompt({}, 1, None, "transcribe") == [1]  # English-only: the start token (and no-timestamps)
+    with pytest.raises(AudioError, match="an English-only checkpoint .* only transcribes"):
+        decoder_prompt({}, 1, None, "translate")
 
 
 def test_windows_cut_audio_in_its_pauses_and_join_back_to_it():

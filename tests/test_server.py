@@ -594,6 +594,9 @@ def test_a_whisper_server_transcribes_a_wav_upload_as_generate_does(tmp_path, ca
     out, err = capsys.readouterr()
     want = out.strip()
     assert want == german and "a.wav: de" in err
+    assert main(["--model-dir", str(path), "--audio", str(wav), "--max-tokens", "60", "--task", "translate",
+                 "--quiet"]) == 0  # fmt: skip
+    translated = capsys.readouterr().out.strip()
     gap = lambda ms: np.zeros(16 * ms, np.float32)  # noqa: E731
     long = write_wav(tmp_path / "long.wav", np.concatenate([tone(0.3), gap(50), tone(0.35, 300), gap(100),
                                                             tone(0.4, 500)]))  # fmt: skip
@@ -612,6 +615,8 @@ def test_a_whisper_server_transcribes_a_wav_upload_as_generate_does(tmp_path, ca
         with open(wav, "rb") as f:
             text = api.audio.transcriptions.create(model="whisper", file=f, response_format="text")
         assert text.strip() == want
+        with open(wav, "rb") as f:  # (German detected, translated into English)
+            assert api.audio.translations.create(model="whisper", file=f).text == translated != want
         with open(wav, "rb") as f:
             assert api.audio.transcriptions.create(model="whisper", file=f, response_format="verbose_json",
                                                    language="en").language == "en"  # (given: not detected)

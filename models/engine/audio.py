@@ -208,6 +208,8 @@ def decoder_prompt(generation: dict, decoder_start: int, language: str | None = 
         if task not in tasks:
             raise AudioError(f"task {task!r} is not one of the checkpoint's ({', '.join(sorted(tasks))})")
         out += [int(langs[key]), int(tasks[task])]
+    elif task != "transcribe":
+        raise AudioError(f"task {task!r}: an English-only checkpoint (no language tokens) only transcribes")
     no_ts = generation.get("no_timestamps_token_id")
     if no_ts is not None and not timestamps:
         out.append(int(no_ts))

@@ -188,13 +188,18 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.post("/v1/audio/transcriptions")
     async def transcriptions(request: Request):
-        return await _transcribe(state, request)
+        return await _transcribe(state, request, "transcribe")
+
+    @app.post("/v1/audio/translations")
+    async def translations(request: Request):
+        return await _transcribe(state, request, "translate")
 
     return app
 
 
-async def _transcribe(state: ServerState, request: Request) -> Response:
-    """OpenAI's transcription endpoint: a multipart form with ``file`` (a PCM WAV file, resampled to 16 kHz),
+async def _transcribe(state: ServerState, request: Request, task: str) -> Response:
+    """OpenAI's transcription endpoint (``task`` transcribe; translate: its translation endpoint, into English, the
+    spoken language given or detected as here): a multipart form with ``file`` (a PCM WAV file, resampled to 16 kHz),
     ``language`` (default: detected on the first window, ``_spoken_language``), ``temperature`` (default 0) and
     ``response_format`` (json, text or verbose_json, whose segments are the windows); the text the model decodes until
     its end token or its context, of each of the encoder's windows the audio is cut into (``audio.windows``: all sent
@@ -237,10 +242,13 @@ async def _transcribe(state: ServerState, request: Request) -> Response:
         wave, pieces, features = await asyncio.to_thread(features_of, upload.filename or "file")
     except AudioError as e:
         raise HTTPError(400, str(e), "file") from None
+    if task != "transcribe" and not audio.languages:
+        raise HTTPError(400, f"{state.model} is English-only (no language tokens): it transcribes, it does not "
+                             "translate")  # fmt: skip
     if language is None:
         language = await _spoken_language(state, features[0], arrived) if audio.languages else "en"
     try:
-        prompt = decoder_prompt(audio.generation, audio.decoder_start, language, "transcribe", False)
+        prompt = decoder_prompt(audio.generation, audio.decoder_start, language, task, False)
     except AudioError as e:
         raise HTTPError(400, str(e), "language") from None
     context = state.client.served.max_seq_len
@@ -267,7 +275,7 @@ async def _transcribe(state: ServerState, request: Request) -> Response:
         segments = [{"id": i, "start": start / SAMPLE_RATE, "end": (start + p.size) / SAMPLE_RATE, "text": t,
                      "tokens": list(c.stream.tokens[: c.text.tokens])}
                     for i, ((start, p), t, c) in enumerate(zip(pieces, texts, choices, strict=True))]  # fmt: skip
-        return JSONResponse({"task": "transcribe", "language": language, "duration": wave.size / SAMPLE_RATE,
+        return JSONResponse({"task": task, "language": language, "duration": wave.size / SAMPLE_RATE,
                              "text": text, "segments": segments})  # fmt: skip
     return JSONResponse({"text": text})
 
