@@ -629,6 +629,16 @@ def test_a_whisper_server_transcribes_a_wav_upload_as_generate_does(tmp_path, ca
         assert [g.text for g in verbose.segments] == windows_want and verbose.duration == pytest.approx(1.2)
         assert verbose.language == detected_long
         assert verbose.text == " ".join(t for t in windows_want if t)
+        for field, value in (("prompt", "earlier words"), ("stream", "true"), ("timestamp_granularities[]", "word"),
+                             ("frobnicate", "1")):  # (refused by name, not ignored)
+            with open(wav, "rb") as f:
+                r = httpx.post(s.url + "/v1/audio/transcriptions", files={"file": ("a.wav", f)}, data={field: value},
+                               timeout=10)  # fmt: skip
+            assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+        with open(wav, "rb") as f:  # (values that ask for nothing are taken)
+            r = httpx.post(s.url + "/v1/audio/transcriptions", files={"file": ("a.wav", f)},
+                           data={"prompt": "", "stream": "false"}, timeout=10)  # fmt: skip
+        assert r.status_code == 200 and r.json()["text"] == want
         bad = httpx.post(s.url + "/v1/audio/transcriptions", files={"file": ("x.wav", b"not a wav")}, timeout=10)
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "file"
         text_only = httpx.post(s.url + "/v1/completions", json={"prompt": "x"}, timeout=10)

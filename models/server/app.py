@@ -224,6 +224,7 @@ async def _transcribe(state: ServerState, request: Request, task: str) -> Respon
                         "model")  # fmt: skip
     if fmt not in ("json", "text", "verbose_json"):
         raise HTTPError(400, f"response_format {fmt!r}: json, text or verbose_json", "response_format")
+    _refuse_unsupported_form(form)
     try:
         temperature = float(form.get("temperature", 0.0))
     except ValueError:
@@ -278,6 +279,23 @@ async def _transcribe(state: ServerState, request: Request, task: str) -> Respon
         return JSONResponse({"task": task, "language": language, "duration": wave.size / SAMPLE_RATE,
                              "text": text, "segments": segments})  # fmt: skip
     return JSONResponse({"text": text})
+
+
+AUDIO_FIELDS = ("file", "model", "response_format", "temperature", "language")
+AUDIO_UNSUPPORTED = {"prompt": "a previous text to condition on is not supported (Whisper's <|startofprev|>)",
+                     "stream": "a transcription is answered whole, not streamed",
+                     "timestamp_granularities[]": "no timestamps are given (verbose_json's segments are its windows)"}
+AUDIO_NEUTRAL = {"prompt": ("",), "stream": ("false", "False", "0")}  # values that ask for nothing
+
+
+def _refuse_unsupported_form(form) -> None:
+    """A transcription's form field this server cannot honour is refused by name, never ignored (a neutral value,
+    such as an empty prompt, is taken)."""
+    for name in form:
+        if name in AUDIO_FIELDS or form.get(name) in AUDIO_NEUTRAL.get(name, ()):
+            continue
+        why = AUDIO_UNSUPPORTED.get(name, f"not a field of this endpoint (it takes {', '.join(AUDIO_FIELDS)})")
+        raise HTTPError(400, f"{name}: {why}", name)
 
 
 async def _spoken_language(state: ServerState, features, arrived: float) -> str:
