@@ -80,10 +80,14 @@ def _logprobs(state: ServerState, c: Choice, lo: int, hi: int, chat: bool, shift
 
 def _echo_logprobs(state: ServerState, c: Choice, echo: Echo) -> dict:
     """The echoed prompt's tokens with their logprobs in completions' parallel lists (the first token has none: null,
-    as OpenAI gives it), each text offset its pieces' length before it."""
+    as OpenAI gives it; all null where the engine gave none, a request that ended before its prompt did), each text
+    offset its pieces' length before it."""
     tok, k = state.tokenizer, c.asked or 0
     pieces = [tok.piece(t) for t in echo.ids]
     offsets = np.cumsum([0] + [len(p) for p in pieces[:-1]]).tolist()
+    if c.stream.prompt_logprobs is None:
+        return {"tokens": pieces, "token_logprobs": [None] * len(pieces), "top_logprobs": [None] * len(pieces),
+                "text_offset": offsets}  # fmt: skip
     lp, top_ids, top_lps = c.stream.prompt_logprobs
     tops = [{tok.piece(j): float(v) for j, v in zip(i[:k].tolist(), t[:k].tolist(), strict=True)}
             for i, t in zip(top_ids, top_lps, strict=True)]  # fmt: skip
@@ -257,13 +261,12 @@ def whole(state: ServerState, rid: str, choices: list[Choice], chat: bool, echo:
     """The response of a request that did not stream."""
     out = []
     for c in choices:
-        text = c.text.text
-        lp = _logprobs(state, c, 0, c.text.tokens, chat)
-        if echo is not None:
-            e = echo[c.index // n]
+        text, e = c.text.text, None if echo is None else echo[c.index // n]
+        lp = _logprobs(state, c, 0, c.text.tokens, chat, 0 if e is None else len(e.text))
+        if e is not None:
             text = e.text + text
             if c.asked is not None:
-                lp = _with_echo(state, c, e, _logprobs(state, c, 0, c.text.tokens, chat, len(e.text)))
+                lp = _with_echo(state, c, e, lp)
         if chat:
             out.append({"index": c.index, "message": {"role": "assistant", "content": text}, "logprobs": lp,
                         "finish_reason": c.finish_reason})  # fmt: skip
