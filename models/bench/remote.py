@@ -4,7 +4,8 @@
 A request is ``POST {url}/v1/completions`` with its prompt as token ids (``--prompt-text``: as text, ``as_text``),
 ``max_tokens`` its drawn output length, ``ignore_eos`` (vLLM's extension: it generates exactly that many tokens unless
 a stop token of its own fires), greedy (``temperature`` 0) or its sampling (``temperature``, ``top_p``, ``top_k``,
-``seed``), its ``stop_token_ids`` if it carries them, and ``stream`` with ``stream_options.include_usage``. Bodies are
+``seed``), its ``stop_token_ids`` if it carries them, ``echo`` with ``logprobs`` if it scores its prompt
+(``--scored-frac``), and ``stream`` with ``stream_options.include_usage``. Bodies are
 encoded before a round starts; each is sent at its arrival (its offset from the round's start), and how late the client
 sent it is reported (send lag).
 Its times, from the moment it is sent, are read with ``time.perf_counter()`` as each network read arrives (the
