@@ -2,7 +2,8 @@
 features its encoder reads (transformers' ``WhisperFeatureExtractor`` with the checkpoint's settings:
 ``processor_config.json``'s ``feature_extractor``, as transformers 5 saves a processor, else
 ``preprocessor_config.json``; with neither, Whisper's defaults and a warning), and the decoder prompt a
-transcription starts from (start, language and task tokens, from ``generation_config.json``).
+transcription starts from (start, language and task tokens, from ``generation_config.json``), its language where
+none is given detected as Whisper detects it: the most likely language token after the start token (``detected``).
 
 The encoder reads one window of ``2 * max_source_positions`` mel frames (30 s for the released models). Longer audio
 is cut into windows first (``windows``: each cut at the quietest 10 ms of the second before the window's end, so
