@@ -524,6 +524,30 @@ def test_the_collector_clock_counts_collections_until_it_is_closed():
     assert counted > 0 and clock.seconds == counted
 
 
+def test_an_api_key_guards_the_api_and_leaves_health_and_metrics_open(ckpt, monkeypatch):
+    """``--api-key`` (here from $RESPLAN_API_KEY): the API answers 401 in OpenAI's error object without the key or
+    with another, serves with it (the server's own warm-up requests carried it: no warning); /health and /metrics
+    need none."""
+    monkeypatch.setenv("RESPLAN_API_KEY", "sekrit")
+    s = Server(ckpt, "--in-process")
+    try:
+        for key in ("wrong", None):
+            r = httpx.post(s.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=10,
+                           headers={"Authorization": f"Bearer {key}"} if key else {})  # fmt: skip
+            assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error", r.text
+        assert httpx.get(s.url + "/v1/models", timeout=10).status_code == 401
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=s.url + "/v1", api_key="wrong", max_retries=0).models.list()
+        api = openai.OpenAI(base_url=s.url + "/v1", api_key="sekrit", max_retries=0, timeout=60)
+        chunks = list(api.completions.create(model="qwen", prompt=PROMPT, max_tokens=3, stream=True))
+        assert chunks and api.models.list().data[0].id == "qwen"
+        assert httpx.get(s.url + "/health", timeout=10).status_code == 200
+        assert httpx.get(s.url + "/metrics", timeout=10).status_code == 200
+    finally:
+        out = s.stop()
+    assert "warning" not in out, out
+
+
 def test_max_waiting_answers_503_and_sigterm_drains(ckpt):
     """A server with room for 2 running and 2 waiting requests: a burst of 12 gets some 503s with Retry-After, the
     others finish; then SIGTERM with a long request running: a new request gets 503, the running one finishes whole,

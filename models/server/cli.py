@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -31,6 +32,7 @@ from models.server.heap import freeze_heap
 DRAIN_TIMEOUT_S = 60.0
 KEEP_ALIVE_S = 15.0  # an idle HTTP connection is closed after this (clients' pools keep theirs about 5 s)
 WARM_UP_TIMEOUT_S = 120.0  # the start-up's requests to itself
+API_KEY_ENV = "RESPLAN_API_KEY"  # --api-key's default (a key on the command line shows in the process list)
 
 
 def parser() -> OneLineParser:
@@ -47,6 +49,9 @@ def parser() -> OneLineParser:
     ap.add_argument("--drain-timeout", type=float, default=DRAIN_TIMEOUT_S,
                     help=f"seconds a shutdown waits for running requests (default {DRAIN_TIMEOUT_S:.0f})")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar while starting")
+    ap.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
+                    help=f"a key every API request must carry as 'Authorization: Bearer KEY' (401 otherwise; /health "
+                         f"and /metrics stay open); default: ${API_KEY_ENV}, else none")  # fmt: skip
     e = ap.add_argument_group("engine (defaults: the fastest measured engine on CUDA, see above)")
     e.add_argument("--device", default=None, help="cuda or cpu (default: cuda where there is one)")
     e.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
@@ -233,12 +238,16 @@ def main(argv: list[str] | None = None) -> int:
 
     state = ServerState(client, tokenizer, args.served_model_name or served.name, args.max_waiting, audio, ready=False)
     app = build_app(state)
+    if args.api_key:
+        from models.server.auth import KeyCheck
+
+        app = KeyCheck(app, args.api_key)
     server = _DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                                             timeout_graceful_shutdown=5, timeout_keep_alive=KEEP_ALIVE_S),
                              state, args.drain_timeout)  # fmt: skip
 
     async def on_listening(port: int) -> None:
-        await warm_front_end(state, args.host, port)
+        await warm_front_end(state, args.host, port, args.api_key)
         state.ready = True  # (/health: 200 from now on)
         progress("front end: warmed up through HTTP", time.time() - client.launched_at)
         progress.close()
@@ -255,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-async def warm_front_end(state, host: str, port: int) -> None:
+async def warm_front_end(state, host: str, port: int, api_key: str | None = None) -> None:
     """One streamed request of each kind the server takes, sent to itself over HTTP before it says "ready", so that
     no client's request pays for a first use (the routes' validators, the tokenizer's and the chat template's first
     call, the tokenizer queue's thread, the engine's first step after its warm-up); the metrics start after it. A
@@ -270,11 +279,12 @@ async def warm_front_end(state, host: str, port: int) -> None:
                                      "stream": True})] if state.tokenizer.has_chat_template else []),
     ]  # fmt: skip
     target = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+    key = f"Authorization: Bearer {api_key}\r\n" if api_key else ""
     for path, body in bodies:
         data = json.dumps(body).encode()
         try:
             reader, writer = await asyncio.open_connection(target, port)
-            writer.write(f"POST {path} HTTP/1.1\r\nHost: {target}\r\nContent-Type: application/json\r\n"
+            writer.write(f"POST {path} HTTP/1.1\r\nHost: {target}\r\nContent-Type: application/json\r\n{key}"
                          f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data)  # fmt: skip
             reply = await asyncio.wait_for(reader.read(-1), WARM_UP_TIMEOUT_S)
             writer.close()
