@@ -32,6 +32,7 @@ SLOW_PROMPT, SLOW_OUT = 40, 7
 HTTP_500, CUT, BROKEN = 13, 17, 19  # prompt lengths the server fails: a 500, a stream without [DONE], a dropped one
 NO_IDS = 23  # a prompt length the server answers without token ids even when asked (return_token_ids)
 ENDED: list = []  # (perf_counter time, prompt) of every stream the server ended, its last event sent
+AUTHORIZATION: list = []  # every completion request's Authorization header (None: none)
 
 
 def token_id(prompt: list[int], i: int) -> int:
@@ -55,6 +56,7 @@ def fake_app(seen: list):
     async def completions(request: fastapi.Request):
         body = await request.json()
         seen.append((time.perf_counter(), body))
+        AUTHORIZATION.append(request.headers.get("authorization"))
         n, prompt = body["max_tokens"], body["prompt"]
         if isinstance(prompt, str):  # (--prompt-text with a word-level tokenizer: a word a token)
             prompt = prompt.split()
@@ -222,6 +224,54 @@ def test_the_requests_are_the_in_process_arms_requests(server, tmp_path):
         assert runs[rnd]["output_lens"] == work.output_len.tolist()
     assert any(b.get("stop_token_ids") for b in bodies) and any(b["temperature"] > 0 for b in bodies)
     assert any(b.get("echo") for b in bodies) and not all(b.get("echo") for b in bodies)
+
+
+def test_an_api_key_in_the_environment_goes_with_every_request(server, tmp_path, monkeypatch):
+    """$OPENAI_API_KEY (as vllm bench serve reads it): every request the load generator sends carries it as a bearer
+    key; without it, none carries any."""
+    url, _ = server
+    argv = ["--url", url, "--num-requests", "3", "--rate", "inf", "--prompt-len", "fixed:4", "--gen-len", "fixed:2",
+            "--rounds", "1", "--warmup", "1", "--no-progress", "--out", str(tmp_path / "o")]
+    monkeypatch.setenv("OPENAI_API_KEY", "sekrit")
+    AUTHORIZATION.clear()
+    traffic.main(argv)
+    assert AUTHORIZATION and set(AUTHORIZATION) == {"Bearer sekrit"}
+    monkeypatch.delenv("OPENAI_API_KEY")
+    AUTHORIZATION.clear()
+    traffic.main(argv)
+    assert AUTHORIZATION and set(AUTHORIZATION) == {None}
+
+
+def test_a_server_that_wants_a_key_is_told_in_one_line(tmp_path, capsys):
+    """A server whose API answers 401 without a key: the load generator says to set $OPENAI_API_KEY."""
+    app = fastapi.FastAPI()
+
+    @app.get("/health")
+    async def health():
+        return {}
+
+    @app.get("/v1/models")
+    async def models():
+        return JSONResponse({"error": {"message": "a key", "type": "authentication_error"}}, status_code=401)
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    srv = uvicorn.Server(uvicorn.Config(app, log_level="critical"))
+    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not srv.started and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with pytest.raises(SystemExit):
+            traffic.main(["--url", f"http://127.0.0.1:{sock.getsockname()[1]}", "--num-requests", "1",
+                          "--out", str(tmp_path / "o")])  # fmt: skip
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "answers 401: it wants an API key (set OPENAI_API_KEY)" in err, err
+    finally:
+        srv.should_exit = True
+        thread.join(5)
+        sock.close()
 
 
 def test_an_echoed_prompt_is_not_timed_as_a_token(server, tmp_path):

@@ -94,7 +94,9 @@ class Response:
 class Pool:
     """Kept-alive connections to one server (``url``: http:// or https://, host and optional port and path prefix)."""
 
-    def __init__(self, url: str, max_connections: int | None, timeout_s: float, keepalive_s: float = 2.0) -> None:
+    def __init__(self, url: str, max_connections: int | None, timeout_s: float, keepalive_s: float = 2.0,
+                 headers: dict[str, str] | None = None) -> None:  # fmt: skip
+        """``headers``: sent with every request (an API key's Authorization)."""
         u = urllib.parse.urlsplit(url)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError(f"{url!r} is not an http:// or https:// URL")
@@ -106,6 +108,7 @@ class Pool:
         self._ssl = ssl.create_default_context() if self.https else None
         self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter, float]] = []  # (..., idle since)
         self._slots = asyncio.Semaphore(max_connections) if max_connections else None
+        self._headers = b"".join(b"%s: %s\r\n" % (k.encode(), v.encode()) for k, v in (headers or {}).items())
 
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         return await _within(asyncio.open_connection(self.host, self.port, ssl=self._ssl), self.timeout_s)
@@ -135,9 +138,9 @@ class Pool:
             conn = self._idle.pop()[:2] if self._idle else await self._connect()
             reader, writer = conn
             writer.write(b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n"
-                         b"Accept: text/event-stream, application/json\r\n\r\n%s"
+                         b"Accept: text/event-stream, application/json\r\n%s\r\n%s"
                          % ((self.prefix + path).encode(), self.authority, content_type.encode(), len(body),
-                            body))  # fmt: skip
+                            self._headers, body))  # fmt: skip
             try:
                 head = await _within(reader.readuntil(b"\r\n\r\n"), self.timeout_s)
             except asyncio.IncompleteReadError:

@@ -49,6 +49,7 @@ import functools
 import gc
 import json
 import math
+import os
 import re
 import sys
 import time
@@ -117,13 +118,20 @@ class Server:
     max_model_len: int | None  # vLLM's /v1/models field; None where the server does not give it
 
 
+def bearer() -> dict[str, str]:
+    """The API key's header when $OPENAI_API_KEY holds one (as ``vllm bench serve`` sends it; a server started with
+    ``--api-key``), else none."""
+    key = os.environ.get("OPENAI_API_KEY")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 def connect(url: str, served_model: str | None, timeout_s: float) -> Server:
     """Wait until ``url`` answers (GET /health 200, or /v1/models 200 where it has no /health) for at most
     ``timeout_s``, then read its model from /v1/models (the first id, or ``served_model``, which it must list)."""
     httpx = _httpx()
     deadline = time.monotonic() + timeout_s
     last = "no answer"
-    with httpx.Client(base_url=url, timeout=5.0, trust_env=False) as client:
+    with httpx.Client(base_url=url, timeout=5.0, trust_env=False, headers=bearer()) as client:
         while True:
             try:
                 r = client.get("/health")
@@ -143,7 +151,10 @@ def connect(url: str, served_model: str | None, timeout_s: float) -> Server:
             models = r.json()["data"] if r.status_code == 200 else None
             listed = {m["id"]: m for m in models} if isinstance(models, list) else None
         except (httpx.HTTPError, ValueError, KeyError, TypeError):
-            listed = None
+            r, listed = None, None
+    if r is not None and r.status_code in (401, 403):
+        which = "another than $OPENAI_API_KEY" if bearer() else "set OPENAI_API_KEY"
+        raise WorkloadError("--url", f"{url} answers {r.status_code}: it wants an API key ({which})")
     if listed is None or not listed:
         if served_model is None:
             raise WorkloadError("--url", f"{url}/v1/models lists no model; name it with --served-model")
@@ -397,8 +408,9 @@ class LoadClient:
         httpx = _httpx()
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections,
                               keepalive_expiry=KEEPALIVE_S)  # fmt: skip
-        self.http = httpx.AsyncClient(base_url=url, limits=limits, timeout=httpx.Timeout(timeout_s), trust_env=False)
-        self.streams = Pool(url, max_connections, timeout_s, KEEPALIVE_S)
+        self.http = httpx.AsyncClient(base_url=url, limits=limits, timeout=httpx.Timeout(timeout_s), trust_env=False,
+                                      headers=bearer())  # fmt: skip
+        self.streams = Pool(url, max_connections, timeout_s, KEEPALIVE_S, bearer())
         self.max_connections = max_connections
 
     async def get(self, path: str):

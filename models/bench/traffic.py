@@ -210,7 +210,8 @@ def parser(prog: str = "python -m models.bench.traffic", description: str = __do
     s = ap.add_argument_group("server (--url: the traffic sent to an OpenAI-compatible server instead of the arms)")
     s.add_argument("--url", type=server_url, default=None,
                    help="the server's root, e.g. http://127.0.0.1:8000: streaming POST /v1/completions, no engine "
-                        "built here (the engine options but --model, and --host-load, are refused with it)")
+                        "built here (the engine options but --model, and --host-load, are refused with it); with "
+                        "$OPENAI_API_KEY set, every request carries it as a bearer key (a server's --api-key)")
     s.add_argument("--served-model", default=None,
                    help="the model the requests name (default: the first id of the server's /v1/models)")
     s.add_argument("--goodput", type=goodput_targets, default=None, metavar="NAME:MS[,NAME:MS...]",
