@@ -7,6 +7,7 @@ end in one line."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import threading
@@ -40,8 +41,9 @@ def token_id(prompt: list[int], i: int) -> int:
     return (len(prompt) * 7 + i * 3) % 100
 
 
-def fake_app(seen: list):
-    """An OpenAI-compatible server streaming one chunk per token after known delays (module constants)."""
+def fake_app(seen: list, key: str | None = None):
+    """An OpenAI-compatible server streaming one chunk per token after known delays (module constants); with
+    ``key``, its model list answers 401 to a request without it."""
     app = fastapi.FastAPI()
 
     @app.get("/health")
@@ -49,7 +51,9 @@ def fake_app(seen: list):
         return {}
 
     @app.get("/v1/models")
-    async def models():
+    async def models(request: fastapi.Request):
+        if key is not None and request.headers.get("authorization") != f"Bearer {key}":
+            return JSONResponse({"error": {"message": "a key", "type": "authentication_error"}}, status_code=401)
         return {"object": "list", "data": [{"id": MODEL, "object": "model", "max_model_len": 4096}]}
 
     @app.post("/v1/completions")
@@ -97,24 +101,32 @@ def fake_app(seen: list):
     return app
 
 
-@pytest.fixture(scope="module")
-def server():
-    """(url, the request bodies it received with their times): the fake server on a free port of 127.0.0.1."""
-    seen: list = []
+@contextlib.contextmanager
+def serving(app):
+    """``app`` on a free port of 127.0.0.1 in a background thread: its URL, until the block ends."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(fake_app(seen), log_level="critical", timeout_graceful_shutdown=1))
+    srv = uvicorn.Server(uvicorn.Config(app, log_level="critical", timeout_graceful_shutdown=1))
     thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
     while not srv.started and time.monotonic() < deadline:
         time.sleep(0.01)
     assert srv.started, "the fake server did not start"
-    yield f"http://127.0.0.1:{port}", seen
-    srv.should_exit = True
-    thread.join(5)
-    sock.close()
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        srv.should_exit = True
+        thread.join(5)
+        sock.close()
+
+
+@pytest.fixture(scope="module")
+def server():
+    """(url, the request bodies it received with their times): the fake server on a free port of 127.0.0.1."""
+    seen: list = []
+    with serving(fake_app(seen)) as url:
+        yield url, seen
 
 
 def write_trace(path, rows):
@@ -244,34 +256,10 @@ def test_an_api_key_in_the_environment_goes_with_every_request(server, tmp_path,
 
 def test_a_server_that_wants_a_key_is_told_in_one_line(tmp_path, capsys):
     """A server whose API answers 401 without a key: the load generator says to set $OPENAI_API_KEY."""
-    app = fastapi.FastAPI()
-
-    @app.get("/health")
-    async def health():
-        return {}
-
-    @app.get("/v1/models")
-    async def models():
-        return JSONResponse({"error": {"message": "a key", "type": "authentication_error"}}, status_code=401)
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    srv = uvicorn.Server(uvicorn.Config(app, log_level="critical"))
-    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 10
-        while not srv.started and time.monotonic() < deadline:
-            time.sleep(0.01)
-        with pytest.raises(SystemExit):
-            traffic.main(["--url", f"http://127.0.0.1:{sock.getsockname()[1]}", "--num-requests", "1",
-                          "--out", str(tmp_path / "o")])  # fmt: skip
-        err = capsys.readouterr().err
-        assert err.count("\n") == 1 and "answers 401: it wants an API key (set OPENAI_API_KEY)" in err, err
-    finally:
-        srv.should_exit = True
-        thread.join(5)
-        sock.close()
+    with serving(fake_app([], key="sekrit")) as url, pytest.raises(SystemExit):
+        traffic.main(["--url", url, "--num-requests", "1", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "answers 401: it wants an API key (set OPENAI_API_KEY)" in err, err
 
 
 def test_an_echoed_prompt_is_not_timed_as_a_token(server, tmp_path):
