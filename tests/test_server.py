@@ -630,9 +630,12 @@ def test_a_whisper_server_transcribes_a_wav_upload_as_generate_does(tmp_path, ca
     blocks = out.split("### [")[1:]  # "0:long.wav A-B s] reason, n tokens\ntext\n" each
     start = lambda b: float(b.split()[1].split("-")[0])  # noqa: E731
     windows_want = [b.split("\n", 1)[1].strip() for b in sorted(blocks, key=start)]
-    s = Server(path, "--in-process")
+    s = Server(path, "--in-process", "--max-audio-mb", "0.05")  # (50 kB: 1.5 s of this WAV)
     try:
         api = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0, timeout=60)
+        with open(write_wav(tmp_path / "big.wav", tone(2.0)), "rb") as f:
+            big = httpx.post(s.url + "/v1/audio/transcriptions", files={"file": ("big.wav", f)}, timeout=10)
+        assert big.status_code == 413 and "at most 0.05 MB (--max-audio-mb)" in big.json()["error"]["message"]
         with open(wav, "rb") as f:
             got = api.audio.transcriptions.create(model="whisper", file=f)
         assert got.text == want

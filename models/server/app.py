@@ -81,6 +81,7 @@ class ServerState:
     ready: bool = True  # False while the server warms itself up: /health answers 503 until it says "ready"
     active: int = 0  # HTTP generation requests being served
     metrics: Metrics | None = None
+    max_audio_mb: float = 25.0  # a transcription's upload at most (OpenAI's and vLLM's 25 MB)
     prompts: TokenizerQueue = attrs.field(init=False)  # text prompts' ids, off the loop
     collector: CollectorClock = attrs.field(init=False)  # this process's garbage collections
 
@@ -232,6 +233,9 @@ async def _transcribe(state: ServerState, request: Request, task: str) -> Respon
     if not 0 <= temperature <= 2:
         raise HTTPError(400, f"temperature must be in [0, 2], got {temperature}", "temperature")
     language = form.get("language") or None
+    if upload.size is not None and upload.size > state.max_audio_mb * 1e6:
+        raise HTTPError(413, f"file: {upload.size / 1e6:.1f} MB; this server takes uploads of at most "
+                             f"{state.max_audio_mb:g} MB (--max-audio-mb)", "file")  # fmt: skip
     data = await upload.read()
 
     def features_of(name: str) -> tuple:  # (wave, its windows, their features): resampled and cut off the loop

@@ -49,6 +49,8 @@ def parser() -> OneLineParser:
     ap.add_argument("--drain-timeout", type=float, default=DRAIN_TIMEOUT_S,
                     help=f"seconds a shutdown waits for running requests (default {DRAIN_TIMEOUT_S:.0f})")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar while starting")
+    ap.add_argument("--max-audio-mb", type=float, default=25.0,
+                    help="a transcription's upload at most, in MB (default 25, OpenAI's; larger: 413)")
     ap.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
                     help=f"a key every API request must carry as 'Authorization: Bearer KEY' (401 otherwise; /health "
                          f"and /metrics stay open); default: ${API_KEY_ENV}, else none")  # fmt: skip
@@ -85,6 +87,8 @@ def _check_options(ap: OneLineParser, args) -> None:
         ap.error("argument --prefill-graphs: must be >= 0")
     if args.kv_memory_gib is not None and args.kv_memory_gib <= 0:
         ap.error("argument --kv-memory-gib: must be > 0")
+    if args.max_audio_mb <= 0:
+        ap.error("argument --max-audio-mb: must be > 0")
     if not (args.model_dir / "config.json").is_file():
         ap.error(f"argument --model-dir: {args.model_dir} holds no config.json (a Hugging Face model directory)")
 
@@ -236,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from models.server.app import ServerState, build_app
 
-    state = ServerState(client, tokenizer, args.served_model_name or served.name, args.max_waiting, audio, ready=False)
+    state = ServerState(client, tokenizer, args.served_model_name or served.name, args.max_waiting, audio, ready=False,
+                        max_audio_mb=args.max_audio_mb)  # fmt: skip
     app = build_app(state)
     if args.api_key:
         from models.server.auth import KeyCheck
