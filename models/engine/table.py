@@ -249,11 +249,7 @@ class RequestTable:
         self.out_lp[rows, g] = lp.logprob
         self.out_top_ids[rows, g] = lp.top_ids
         self.out_top_lp[rows, g] = lp.top_logprobs
-        k = self.logprobs[rows]  # [n]
-        hide = np.arange(MAX_LOGPROBS)[None, :] >= k[:, None]  # [n, 5]
-        shown = TokenLogprobs(np.where(k >= 0, lp.logprob, np.float32(np.nan)), np.where(hide, -1, lp.top_ids),
-                              np.where(hide, np.float32(np.nan), lp.top_logprobs))  # fmt: skip
-        self._out_lp.append((len(self._out_ids), shown))
+        self._out_lp.append((len(self._out_ids), _shown(lp, self.logprobs[rows])))
 
     def finish(self, h: int, reason: FinishReason) -> Result:
         """Handle h's request ends: its result, and its id forgotten. A step in flight that ran it drops its token
@@ -351,11 +347,13 @@ class RequestTable:
         return out
 
 
-def _shown(lp: TokenLogprobs, k: int) -> TokenLogprobs:
-    """``lp`` with -1 / NaN past the k alternatives a request asked for."""
-    hide = np.arange(MAX_LOGPROBS)[None, :] >= k  # [1, 5]
-    return TokenLogprobs(lp.logprob.copy(), np.where(hide, -1, lp.top_ids), np.where(hide, np.float32(np.nan),
-                                                                                     lp.top_logprobs))  # fmt: skip
+def _shown(lp: TokenLogprobs, k: int | np.ndarray) -> TokenLogprobs:
+    """``lp`` (new arrays) with -1 / NaN past the k alternatives its request asked for (``k`` one for all, or [n]
+    one a row; k < 0, asked for none: its logprob NaN too)."""
+    k = np.asarray(k)
+    hide = np.arange(MAX_LOGPROBS) >= k[..., None]  # [5], or [n, 5]
+    return TokenLogprobs(np.where(k >= 0, lp.logprob, np.float32(np.nan)),
+                         np.where(hide, -1, lp.top_ids), np.where(hide, np.float32(np.nan), lp.top_logprobs))
 
 
 def _listed(lp: TokenLogprobs, k: int) -> tuple[tuple[float, ...], tuple[tuple[tuple[int, float], ...], ...]]:
