@@ -360,9 +360,7 @@ class Engine:
         self.stats.add(prefilled.counts)
         self.admission.landed(prefilled.chunks)
         self.scheduler.prefilled_chunks(prefilled.chunks, seq)
-        if prefilled.scored:
-            self.table.scored(prefilled.scored)
-        self.table.started(prefilled.ended)
+        self.table.prefilled(prefilled.ended, prefilled.scored)
         handles = handles_of(prefilled.chunks)
         self.arm.prefilled(handles if touched is None else np.concatenate([touched, handles]), seq)
 

@@ -136,17 +136,15 @@ class RequestTable:
         self.issued[rows] = issued
         return issued >= self.room[rows]
 
-    def scored(self, scored) -> None:
-        """A pass scored these prompt tokens (``prefill.Scored`` each): recorded in their requests."""
+    def prefilled(self, ended: np.ndarray, scored=()) -> None:
+        """A pass landed: the prompt tokens it scored (``prefill.Scored`` each) are recorded in their requests, and
+        the handles whose prompts it ended have each issued their first token; those whose requests asked for their
+        prompt's logprobs put them in the outbox (tokens 1 .. P-1; -1 / NaN past the alternatives asked for)."""
         for s in scored:
             lp, m = self.prompt_lp[s.handle], s.logprobs.logprob.size
             lp.logprob[s.at : s.at + m] = s.logprobs.logprob
             lp.top_ids[s.at : s.at + m] = s.logprobs.top_ids
             lp.top_logprobs[s.at : s.at + m] = s.logprobs.top_logprobs
-
-    def started(self, ended: np.ndarray) -> None:
-        """A pass ended these handles' prompts: each has issued its first token; those whose requests asked for
-        their prompt's logprobs put them in the outbox (tokens 1 .. P-1; -1 / NaN past the alternatives asked for)."""
         self.issued[ended] = 1
         if self.prompt_lp:
             for h in ended.tolist():
