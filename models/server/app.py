@@ -175,7 +175,7 @@ def build_app(state: ServerState) -> FastAPI:
         body = await _parsed(request, DetokenizeRequest)
         _check_model(state, body.model)
         vocab = state.client.served.vocab_size
-        bad = next((t for t in body.tokens if t >= vocab), None)
+        bad = _outside_vocabulary(body.tokens, vocab)
         if bad is not None:
             raise HTTPError(400, f"token {bad} is outside the vocabulary [0, {vocab})", "tokens")
         return {"prompt": state.tokenizer.decode(body.tokens)}
@@ -220,9 +220,7 @@ async def _transcribe(state: ServerState, request: Request, task: str) -> Respon
     upload, fmt = form.get("file"), form.get("response_format", "json")
     if upload is None or isinstance(upload, str):
         raise HTTPError(400, "file: a WAV file is required (multipart field 'file')", "file")
-    if form.get("model") not in (None, state.model):
-        raise HTTPError(404, f"the model {form.get('model')!r} does not exist; this server serves {state.model!r}",
-                        "model")  # fmt: skip
+    _check_model(state, form.get("model"))
     if fmt not in ("json", "text", "verbose_json"):
         raise HTTPError(400, f"response_format {fmt!r}: json, text or verbose_json", "response_format")
     _refuse_unsupported_form(form)
@@ -266,7 +264,7 @@ async def _transcribe(state: ServerState, request: Request, task: str) -> Respon
             stream = state.client.add(f"{rid}-{i}", prompt, sampling, f, arrived=arrived)
             choices.append(Choice(i, len(prompt), stream, ChoiceText(state.tokenizer, []), arrived))
     except EngineFailed:
-        raise HTTPError(503, "the engine failed; the server cannot serve", headers={"Retry-After": "60"}) from None
+        raise _engine_failed() from None
     release = Release(state, choices)
     try:
         await until_done(state, choices, request)
@@ -314,7 +312,7 @@ async def _spoken_language(state: ServerState, features, arrived: float) -> str:
         stream = state.client.add(rid, detection_prompt(audio.generation, audio.decoder_start), sampling, features,
                                   arrived=arrived)  # fmt: skip
     except EngineFailed:
-        raise HTTPError(503, "the engine failed; the server cannot serve", headers={"Retry-After": "60"}) from None
+        raise _engine_failed() from None
     try:
         while stream.finish is None:
             await stream.wake.wait()
@@ -347,6 +345,18 @@ async def _parsed(request: Request, model: type[SamplingFields]) -> SamplingFiel
         raise RequestValidationError(e.errors(include_url=False)) from None
 
 
+def _engine_failed() -> HTTPError:
+    """The 503 every request gets once the engine has failed."""
+    return HTTPError(503, "the engine failed; the server cannot serve", headers={"Retry-After": "60"})
+
+
+def _outside_vocabulary(ids: list[int], vocab: int) -> int | None:
+    """The first of ``ids`` outside [0, vocab), or None (a min and a max first: the usual prompt is all inside)."""
+    if min(ids, default=0) >= 0 and max(ids, default=0) < vocab:
+        return None
+    return next(t for t in ids if not 0 <= t < vocab)
+
+
 def _check_model(state: ServerState, model: str | None) -> None:
     """A request naming a model names this server's (404 otherwise)."""
     if model is not None and model != state.model:
@@ -371,7 +381,7 @@ def _check(state: ServerState, body: SamplingFields) -> None:
     if state.draining:
         raise HTTPError(503, "the server is shutting down", headers={"Retry-After": "5"})
     if state.client.failed is not None:
-        raise HTTPError(503, "the engine failed; the server cannot serve", headers={"Retry-After": "60"})
+        raise _engine_failed()
     if state.audio is not None:
         raise HTTPError(404, f"{state.model} is a speech recognition model: use /v1/audio/transcriptions")
     _check_model(state, body.model)
@@ -407,7 +417,7 @@ async def _completion_prompts(state: ServerState, prompt) -> list[list[int]]:
     for i, ids in enumerate(prompts):
         if not ids:
             raise HTTPError(400, f"prompt {i} is empty (no tokens)", "prompt")
-        bad = None if min(ids) >= 0 and max(ids) < vocab else next(t for t in ids if not 0 <= t < vocab)
+        bad = _outside_vocabulary(ids, vocab)
         if bad is not None:
             raise HTTPError(400, f"prompt {i}: token {bad} is outside the vocabulary [0, {vocab})", "prompt")
     return prompts
@@ -482,7 +492,7 @@ async def _serve(state: ServerState, body: SamplingFields, prompts: list[list[in
             choices.append(Choice(i, len(p), stream, ChoiceText(state.tokenizer, stops), arrived,
                                   asked=sp["logprobs"], echo_only=_echo_only(body, chat)))  # fmt: skip
     except EngineFailed:
-        raise HTTPError(503, "the engine failed; the server cannot serve", headers={"Retry-After": "60"}) from None
+        raise _engine_failed() from None
     echo = [Echo(state.tokenizer.decode(p), p) for p in prompts] if not chat and body.echo else None
     release = Release(state, choices)
     if body.stream:
