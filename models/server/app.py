@@ -210,6 +210,9 @@ async def _transcribe(state: ServerState, request: Request, task: str) -> Respon
     audio = state.audio
     if audio is None:
         raise HTTPError(404, f"{state.model} is a text model: use /v1/completions or /v1/chat/completions")
+    if task != "transcribe" and not audio.languages:  # (before its upload is read)
+        raise HTTPError(400, f"{state.model} is English-only (no language tokens): it transcribes, it does not "
+                             "translate")  # fmt: skip
     if state.draining:
         raise HTTPError(503, "the server is shutting down", headers={"Retry-After": "5"})
     try:
@@ -245,9 +248,6 @@ async def _transcribe(state: ServerState, request: Request, task: str) -> Respon
         wave, pieces, features = await asyncio.to_thread(features_of, upload.filename or "file")
     except AudioError as e:
         raise HTTPError(400, str(e), "file") from None
-    if task != "transcribe" and not audio.languages:
-        raise HTTPError(400, f"{state.model} is English-only (no language tokens): it transcribes, it does not "
-                             "translate")  # fmt: skip
     if language is None:
         language = await _spoken_language(state, features[0], arrived) if audio.languages else "en"
     try:
