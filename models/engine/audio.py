@@ -199,7 +199,7 @@ def decoder_prompt(generation: dict, decoder_start: int, language: str | None = 
                    timestamps: bool = False) -> list[int]:
     """Whisper's decoder prompt: the start token, then for a multilingual checkpoint its language and task tokens,
     then no-timestamps (unless ``timestamps``), from ``generation_config.json``."""
-    out = [int(generation.get("decoder_start_token_id", decoder_start))]
+    out = detection_prompt(generation, decoder_start)
     langs, tasks = generation.get("lang_to_id") or {}, generation.get("task_to_id") or {}
     if langs:
         key = language if language is None or language.startswith("<|") else f"<|{language}|>"
