@@ -59,14 +59,16 @@ def _cells(temps) -> torch.Tensor:
 
 
 # -- the parts ---------------------------------------------------------------------------------------------------------
-def test_logprobs_must_be_none_or_an_integer_up_to_five():
-    limits = Limits(QWEN.name, QWEN.vocab_size, 32)
+@pytest.mark.parametrize("field", ["logprobs", "prompt_logprobs"])
+def test_logprobs_must_be_none_or_an_integer_up_to_five(field):
+    """A token's logprobs and a prompt's (``test_prompt_logprobs.py``) take the same values."""
+    limits = Limits(QWEN.name, QWEN.vocab_size, 32, scores_prompts=True)
     for k in (None, 0, 3, K, np.int64(2)):
-        validate(Request((1, 2), SP(logprobs=k)), limits)
+        validate(Request((1, 2), SP(**{field: k})), limits)
     for k in (-1, K + 1, 1.0, True, "2"):
-        with pytest.raises(InvalidRequest, match="logprobs: must be None or an integer in") as e:
-            validate(Request((1, 2), SP(logprobs=k)), limits)
-        assert e.value.field == "logprobs"
+        with pytest.raises(InvalidRequest, match=f"{field}: must be None or an integer in") as e:
+            validate(Request((1, 2), SP(**{field: k})), limits)
+        assert e.value.field == field
 
 
 def test_logprobs_are_log_softmax_of_the_raw_logits_and_temperature_0_draws_the_argmax():

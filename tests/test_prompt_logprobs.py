@@ -66,14 +66,8 @@ def served() -> dict[str, Served]:
     return {way: _serve(way) for way in WAYS}
 
 
-def test_prompt_logprobs_must_be_none_or_an_integer_up_to_five_on_a_model_that_scores_prompts():
-    limits = Limits(QWEN.name, QWEN.vocab_size, 32, scores_prompts=True)
-    for k in (None, 0, 3, K, np.int64(2)):
-        validate(Request((1, 2), SP(prompt_logprobs=k)), limits)
-    for k in (-1, K + 1, 1.0, True, "2"):
-        with pytest.raises(InvalidRequest, match="prompt_logprobs: must be None or an integer in") as e:
-            validate(Request((1, 2), SP(prompt_logprobs=k)), limits)
-        assert e.value.field == "prompt_logprobs"
+def test_a_model_that_does_not_score_prompts_refuses_prompt_logprobs():
+    """(Their values are checked as a token's logprobs are: ``test_logprobs.py``.)"""
     with pytest.raises(InvalidRequest, match="prompt_logprobs: whisper-x does not score prompts"):
         validate(Request((1, 2), SP(prompt_logprobs=1)), Limits("whisper-x", QWEN.vocab_size, 32))
 
