@@ -10,6 +10,8 @@ from collections.abc import Callable
 
 import torch
 
+from resplan.held import HeldCuda
+
 POOL_STREAMS = 32  # the streams of one priority that torch.cuda.Stream() hands out in turn (c10's kStreamsPerPool)
 
 
@@ -67,6 +69,7 @@ class Graph:
         self.fn = fn
         self.device = device
         self.graph = None
+        self._exec: int | None = None  # the instantiated graph's cudaGraphExec_t, once launched through HeldCuda
         self.stream = stream
         if device.type == "cuda":
             self.stream = stream = stream or default_capture_stream(device)
@@ -112,3 +115,13 @@ class Graph:
             self.fn()
         else:
             self.graph.replay()
+
+    def launch(self, held: HeldCuda, stream: int) -> None:
+        """``replay()`` on the stream whose raw handle is ``stream``, through ``held``: the interpreter kept
+        (resplan.held; the graph must draw nothing from torch's CUDA generators). On a CPU, the eager replay."""
+        if self.graph is None:
+            self.fn()
+            return
+        if self._exec is None:  # (the handle lives as long as the graph: instantiated once, at capture's end)
+            self._exec = self.graph.raw_cuda_graph_exec()
+        held.launch(self._exec, stream)

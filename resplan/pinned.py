@@ -14,7 +14,18 @@ from typing import Generic, TypeVar
 
 import torch
 
+from resplan.held import HeldCuda
+
 T = TypeVar("T")
+
+
+def made_events(events: list[torch.cuda.Event], device: int) -> list[int]:
+    """The raw handles of CUDA ``events``, each made (torch makes an event at its first record: recorded once here, on
+    the device's current stream), for records through resplan.held."""
+    stream = torch.cuda.current_stream(device)
+    for ev in events:
+        ev.record(stream)
+    return [ev.cuda_event for ev in events]
 
 
 def host_zeros(n: int, dtype: torch.dtype, pinned: bool) -> torch.Tensor:
@@ -25,7 +36,8 @@ def host_zeros(n: int, dtype: torch.dtype, pinned: bool) -> torch.Tensor:
 class PinnedRing(Generic[T]):
     """``take()`` the next entry (after its last copies completed), fill it, enqueue the copies, ``done()``."""
 
-    def __init__(self, n: int, make: Callable[[bool], T], cuda: bool) -> None:
+    def __init__(self, n: int, make: Callable[[bool], T], cuda: bool, held: HeldCuda | None = None) -> None:
+        """``held``: mark completions through it (resplan.held: the interpreter kept), not torch's record."""
         if n < 1:
             raise ValueError(f"a ring needs at least one entry, got {n}")
         self.entries: list[T] = [make(cuda) for _ in range(n)]  # make(pinned) builds one entry's buffers
@@ -34,6 +46,8 @@ class PinnedRing(Generic[T]):
         self._device = torch.cuda.current_device() if cuda else None
         self._next = 0
         self.last = 0  # the entry taken last
+        self._held = held if cuda else None
+        self._handles = made_events(self._events, self._device) if self._held is not None else []
 
     def take(self) -> tuple[int, T]:
         """The next entry and its index, once the copies that last used it have completed."""
@@ -47,8 +61,13 @@ class PinnedRing(Generic[T]):
         """The copies that use the last entry taken are enqueued on ``stream`` (None: the current stream): mark their
         completion."""
         ev = self._events[self.last]
-        if ev is not None:
-            ev.record(stream if stream is not None else torch.cuda.current_stream(self._device))
+        if ev is None:
+            return
+        stream = stream if stream is not None else torch.cuda.current_stream(self._device)
+        if self._held is not None:
+            self._held.record(self._handles[self.last], stream.cuda_stream)
+        else:
+            ev.record(stream)
 
     def wait(self, i: int) -> None:
         """Block until the copies marked on entry ``i`` have completed (at once if none were, or off CUDA). An event

@@ -51,3 +51,73 @@ def test_split_k_graphs_survive_replays_of_a_graph_captured_before_them_in_their
         for o in outs:
             torch.testing.assert_close(o, want, atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(sink_small, small * 2.0 + 1.0)
+
+
+def _interpreter_runs_during(calls, n: int = 200) -> int:
+    """How many times a thread that asks for the interpreter every 0.1 ms ran Python while ``calls()`` ran ``n``
+    times in this one, with the switch interval at 1 s (so only a call that lets the interpreter go hands it over)."""
+    import sys
+    import threading
+    import time
+
+    runs, stop, ready = [0], threading.Event(), threading.Event()
+
+    def other() -> None:
+        ready.set()
+        while not stop.is_set():
+            runs[0] += 1
+            time.sleep(1e-4)
+
+    interval = sys.getswitchinterval()
+    t = threading.Thread(target=other, daemon=True)
+    t.start()
+    ready.wait()
+    sys.setswitchinterval(1.0)
+    try:
+        before = runs[0]
+        for _ in range(n):
+            calls()
+        during = runs[0] - before
+    finally:
+        sys.setswitchinterval(interval)
+        stop.set()
+        t.join()
+    return during
+
+
+def test_a_held_launch_and_record_do_what_torchs_do_and_keep_the_interpreter():
+    """Graph.launch through resplan.held runs the captured work on the stream given, as replay() does; a pinned
+    ring's completions recorded through it are waited on as torch's are (the readback is there when its entry comes
+    round); neither lets the interpreter go, where torch's replay does (a thread waiting for it runs meanwhile)."""
+    from resplan.held import HeldCuda
+    from resplan.pinned import PinnedRing
+
+    dev = torch.device("cuda")
+    held = HeldCuda.load()
+    assert held is not None, "torch's CUDA runtime should be a shared library here"
+    x = torch.arange(4096, dtype=torch.float32, device=dev)
+    y = torch.zeros_like(x)
+    graph = Graph(lambda: y.copy_(y * 0.5 + x), dev)
+    stream = _fresh_stream()
+    ring = PinnedRing(2, lambda pinned: torch.zeros(4096, pin_memory=pinned), cuda=True, held=held)
+    expect, seen = torch.zeros_like(x), {}  # seen: entry -> the y its readback holds once its launch is done
+    with torch.cuda.stream(stream):
+        for i in range(6):  # held launches and torch's replays alternated
+            k, host = ring.take()  # waits for the readback made into this entry two launches ago
+            if i >= 2:
+                assert torch.equal(host, seen[k].cpu()), i
+            graph.launch(held, stream.cuda_stream) if i % 2 else graph.replay()
+            expect = expect * 0.5 + x
+            host.copy_(y, non_blocking=True)
+            ring.done(stream)
+            seen[k] = expect.clone()
+    stream.synchronize()
+    assert torch.equal(y, expect)
+
+    with torch.cuda.stream(stream):
+        s = stream.cuda_stream
+        held_runs = _interpreter_runs_during(lambda: (graph.launch(held, s), ring.done(stream)))
+        torch_runs = _interpreter_runs_during(graph.replay)
+    stream.synchronize()
+    assert held_runs == 0, held_runs
+    assert torch_runs > 0, "the probe should see torch's replay hand the interpreter over"

@@ -5,10 +5,11 @@ each row's id from there when the row ran in the last replayed step (``src`` = i
 row that prefilled, or last ran earlier). The host copies ``(ids, src)`` only when they change: a steady step copies
 none. Pinned host buffers come in two sets used by alternate launches: a buffer is rewritten only after the launch
 before last has landed, so one step may be in flight while the next is launched (overlap). A step's graphs come in
-a pair (``graphs.Pair``): the one a launch replays reads its sampled tokens back into that launch's set itself, so
-a launch makes one call that lets the interpreter go (the replay; on a busy host each such call hands it to another
-thread, which may keep it for a millisecond). A LOGPROBS graph also writes every row's logprobs (``logprobs``),
-read back with the tokens on the same event.
+a pair (``graphs.Pair``): the one a launch replays reads its sampled tokens back into that launch's set itself. The
+replay and the record of the readback's event go through ``resplan.held``, so a steady launch makes no call that lets
+the interpreter go (on a busy host each such call hands it to another thread, which may keep it for a millisecond;
+torch's replay and record each let it go). A LOGPROBS graph also writes every row's logprobs (``logprobs``), read
+back with the tokens on the same event.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import torch
 from models.engine.requests import MAX_LOGPROBS, TokenLogprobs
 from models.engine.stats import Counts
 from resplan import Graph
-from resplan.pinned import PinnedRing, host_zeros
+from resplan.held import HeldCuda
+from resplan.pinned import PinnedRing, host_zeros, made_events
 
 
 @attrs.frozen(eq=False)
@@ -109,11 +111,15 @@ class Launcher:
         self._idsrc_steady = {b: bool(np.array_equal(self._idsrc_now[b][1], self._arange[:b])) for b in buckets}
         self._last_key: bytes | None = None  # the last launch's rows (tobytes) while each still has its position
         # two entries, used by alternate launches: an entry's completion is its sampled tokens' readback
-        self._ring = PinnedRing(2, lambda pinned: _HostIO.make(buckets, tokens, pinned), cuda)
+        # (a launch's replay and records keep the interpreter: resplan.held)
+        self._held = HeldCuda.load() if cuda else None
+        self._ring = PinnedRing(2, lambda pinned: _HostIO.make(buckets, tokens, pinned), cuda, self._held)
         # its index (torch.cuda.current_stream(None) looks the device up through is_available: ~5 us a call)
         self._device = (device.index if device.index is not None else torch.cuda.current_device()) if cuda else None
         self._timers = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda
                         else None for _ in range(2)]  # fmt: skip
+        self._timer_handles = ([made_events(list(t), self._device) for t in self._timers]
+                               if self._held is not None else None)  # fmt: skip
         self._tok_pos = np.full(capacity, -1, np.int64)  # each handle's position in tokens_all, -1 when not there
         self._last_rows = np.zeros(0, np.int64)  # the rows of the step that wrote tokens_all
         self._inflight: InFlight | None = None  # the step launched and not landed (overlap)
@@ -170,13 +176,22 @@ class Launcher:
             self.ids[b].copy_(io.ids[b], non_blocking=True)
             if decode:
                 copies, nbytes = 1, 8 * b
-        timer = self._timers[k] if self.timing and decode else None
+        timed = self.timing and decode
         stream = torch.cuda.current_stream(self._device) if self._device is not None else None
-        if timer is not None:
-            timer[0].record(stream)
-        graphs[k].replay()
-        if timer is not None:
-            timer[1].record(stream)
+        if self._held is None:  # (a CPU's eager replay; or torch's calls, which let the interpreter go)
+            timer = self._timers[k] if timed else None
+            if timer is not None:
+                timer[0].record(stream)
+            graphs[k].replay()
+            if timer is not None:
+                timer[1].record(stream)
+        else:
+            s = stream.cuda_stream
+            if timed:
+                self._held.record(self._timer_handles[k][0], s)
+            graphs[k].launch(self._held, s)
+            if timed:
+                self._held.record(self._timer_handles[k][1], s)
         self._ring.done(stream)
         key = rows.tobytes()
         if key != self._last_key:  # (the same rows keep their positions)
