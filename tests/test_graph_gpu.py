@@ -98,6 +98,8 @@ def test_a_held_launch_and_record_do_what_torchs_do_and_keep_the_interpreter():
     x = torch.arange(4096, dtype=torch.float32, device=dev)
     y = torch.zeros_like(x)
     graph = Graph(lambda: y.copy_(y * 0.5 + x), dev)
+    y.zero_()  # (the warm-up ran the step once)
+    torch.cuda.synchronize()
     stream = _fresh_stream()
     ring = PinnedRing(2, lambda pinned: torch.zeros(4096, pin_memory=pinned), cuda=True, held=held)
     expect, seen = torch.zeros_like(x), {}  # seen: entry -> the y its readback holds once its launch is done
