@@ -689,3 +689,27 @@ def test_a_bad_start_is_one_line(tmp_path, capsys, kind):
     words = {"no-config": "holds no config.json", "unknown-architecture": "architectures ['Foo']",
              "port": "must be in [0, 65535]"}[kind]  # fmt: skip
     assert info.value.code == 2 and err.count("\n") == 1 and words in err, err
+
+
+NEUTRAL_BODIES = [  # what load generators and vLLM-minded clients send with nothing to change
+    {"best_of": 1, "temperature": 0.0, "ignore_eos": True, "stream_options": {"include_usage": True}, "stream": True},
+    {"best_of": 2, "n": 2},
+    {"top_k": -1, "repetition_penalty": 1.0, "min_p": 0.0, "presence_penalty": 0, "frequency_penalty": 0},
+    {"logit_bias": {}, "user": "u1"},
+]
+REFUSED_BODIES = [({"best_of": 3}, "best_of"), ({"best_of": 2, "n": 1}, "best_of"), ({"repetition_penalty": 1.1},
+                  "repetition_penalty"), ({"min_p": 0.05}, "min_p"), ({"presence_penalty": 0.5}, "presence_penalty")]
+
+
+@pytest.mark.parametrize("fields", NEUTRAL_BODIES)
+def test_fields_at_their_neutral_values_are_taken(fields):
+    from models.server.protocol import CompletionRequest, unsupported
+
+    assert unsupported(CompletionRequest(prompt="x", **fields)) is None
+
+
+@pytest.mark.parametrize("fields, param", REFUSED_BODIES)
+def test_fields_that_would_change_the_draw_are_refused_by_name(fields, param):
+    from models.server.protocol import CompletionRequest, unsupported
+
+    assert unsupported(CompletionRequest(prompt="x", **fields))[0] == param

@@ -1,10 +1,10 @@
 """The OpenAI API as this server speaks it: request bodies (pydantic models, checked field by field), the error object,
 and the response and stream-chunk bodies.
 
-A request names only what it sets; a field OpenAI defines that this server cannot honour (``logit_bias``, penalties,
-``tools``) is refused with a 400 naming it when the request sets it to anything but its neutral value, never ignored.
-vLLM's extensions that clients send (``top_k``, ``min_tokens``, ``ignore_eos``, ``stop_token_ids``, and for completions
-``return_token_ids``) are taken too.
+A request names only what it sets; a field OpenAI or vLLM defines that this server cannot honour (``logit_bias``,
+penalties, ``min_p``, ``tools``, a ``best_of`` other than 1 or n) is refused with a 400 naming it when the request sets
+it to anything but its neutral value, never ignored. vLLM's extensions that clients send (``top_k``, ``min_tokens``,
+``ignore_eos``, ``stop_token_ids``, and for completions ``return_token_ids``) are taken too.
 """
 
 from __future__ import annotations
@@ -75,6 +75,8 @@ class SamplingFields(BaseModel):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
+    repetition_penalty: float = 1.0  # (vLLM's)
+    min_p: float = 0.0  # (vLLM's)
 
     @field_validator("stop")
     @classmethod
@@ -136,8 +138,8 @@ class DetokenizeRequest(BaseModel):
     tokens: list[NonNegInt]
 
 
-NEUTRAL = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "logit_bias": None, "suffix": None, "best_of": None,
-           "tools": None, "response_format": None}  # fmt: skip
+NEUTRAL = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "logit_bias": None, "repetition_penalty": 1.0,
+           "min_p": 0.0, "suffix": None, "tools": None, "response_format": None}  # fmt: skip
 KNOWN_EXTRA = {"parallel_tool_calls", "tool_choice", "service_tier", "store", "metadata", "reasoning_effort"}
 
 
@@ -146,8 +148,8 @@ def unsupported(req: SamplingFields) -> tuple[str, str] | None:
     for name, neutral in NEUTRAL.items():
         if name in req.model_fields_set and getattr(req, name, neutral) not in (neutral, {}, []):
             return name, f"{name} is not supported by this server"
-    if isinstance(req, CompletionRequest) and req.best_of not in (None, 1, req.n):
-        return "best_of", "best_of is not supported by this server"
+    if isinstance(req, CompletionRequest) and req.best_of not in (None, 1, req.n):  # (benchmark clients send 1)
+        return "best_of", "best_of other than 1 or n is not supported by this server"
     for name in req.model_extra or {}:
         if name not in KNOWN_EXTRA:
             return name, f"unknown field {name!r}"
