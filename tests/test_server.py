@@ -713,3 +713,22 @@ def test_fields_that_would_change_the_draw_are_refused_by_name(fields, param):
     from models.server.protocol import CompletionRequest, unsupported
 
     assert unsupported(CompletionRequest(prompt="x", **fields))[0] == param
+
+
+def test_a_known_field_sent_as_null_keeps_its_default_and_a_required_one_is_missing():
+    """OpenAI's schema makes its optional fields nullable, and clients built from it send nulls."""
+    import pydantic
+
+    from models.server.protocol import ChatCompletionRequest, CompletionRequest, unsupported
+
+    nulls = dict(n=None, stream=None, echo=None, logprobs=None, presence_penalty=None, frequency_penalty=None,
+                 logit_bias=None, stop=None, stream_options=None, max_tokens=None, temperature=None, top_p=None,
+                 seed=None, best_of=None, suffix=None, user=None, top_k=None, min_tokens=None, ignore_eos=None)
+    req = CompletionRequest(prompt="x", **nulls)
+    assert req.model_dump() == CompletionRequest(prompt="x").model_dump() and unsupported(req) is None
+    chat = dict(messages=[{"role": "user", "content": "x"}])
+    assert (ChatCompletionRequest(**chat, logprobs=None, top_logprobs=None, max_completion_tokens=None, tools=None,
+                                  response_format=None).model_dump() == ChatCompletionRequest(**chat).model_dump())
+    with pytest.raises(pydantic.ValidationError, match="prompt"):
+        CompletionRequest(prompt=None)
+    assert unsupported(CompletionRequest(prompt="x", frobnicate=None))[0] == "frobnicate"  # (unknown: still named)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from models.engine.requests import CANDIDATES, INT32_MAX, INT32_MIN
 
@@ -77,6 +77,17 @@ class SamplingFields(BaseModel):
     logit_bias: dict[str, float] | None = None
     repetition_penalty: float = 1.0  # (vLLM's)
     min_p: float = 0.0  # (vLLM's)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_unsent(cls, data: Any) -> Any:
+        """OpenAI's optional fields are nullable (clients built from its schema send ``"n": null``): a known field
+        sent as null is taken as not sent, so it keeps its default. A required one (``prompt``, ``messages``) is then
+        missing."""
+        if isinstance(data, dict) and None in data.values():
+            fields = cls.model_fields
+            return {k: v for k, v in data.items() if v is not None or k not in fields}
+        return data
 
     @field_validator("stop")
     @classmethod
