@@ -697,22 +697,34 @@ NEUTRAL_BODIES = [  # what load generators and vLLM-minded clients send with not
     {"top_k": -1, "repetition_penalty": 1.0, "min_p": 0.0, "presence_penalty": 0, "frequency_penalty": 0},
     {"logit_bias": {}, "user": "u1"},
 ]
+CHAT_NEUTRAL_BODIES = [{"response_format": {"type": "text"}, "tools": [], "tool_choice": "none"}]
+CHAT_REFUSED_BODIES = [({"response_format": {"type": "json_object"}}, "response_format")]
 REFUSED_BODIES = [({"best_of": 3}, "best_of"), ({"best_of": 2, "n": 1}, "best_of"), ({"repetition_penalty": 1.1},
                   "repetition_penalty"), ({"min_p": 0.05}, "min_p"), ({"presence_penalty": 0.5}, "presence_penalty")]
 
 
-@pytest.mark.parametrize("fields", NEUTRAL_BODIES)
-def test_fields_at_their_neutral_values_are_taken(fields):
-    from models.server.protocol import CompletionRequest, unsupported
+def _request(chat: bool, fields: dict):
+    from models.server.protocol import ChatCompletionRequest, CompletionRequest
 
-    assert unsupported(CompletionRequest(prompt="x", **fields)) is None
+    if chat:
+        return ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], **fields)
+    return CompletionRequest(prompt="x", **fields)
 
 
-@pytest.mark.parametrize("fields, param", REFUSED_BODIES)
-def test_fields_that_would_change_the_draw_are_refused_by_name(fields, param):
-    from models.server.protocol import CompletionRequest, unsupported
+@pytest.mark.parametrize("chat, fields", [(False, f) for f in NEUTRAL_BODIES] +
+                         [(True, f) for f in CHAT_NEUTRAL_BODIES])  # fmt: skip
+def test_fields_at_their_neutral_values_are_taken(chat, fields):
+    from models.server.protocol import unsupported
 
-    assert unsupported(CompletionRequest(prompt="x", **fields))[0] == param
+    assert unsupported(_request(chat, fields)) is None
+
+
+@pytest.mark.parametrize("chat, fields, param", [(False, *r) for r in REFUSED_BODIES] +
+                         [(True, *r) for r in CHAT_REFUSED_BODIES])  # fmt: skip
+def test_fields_that_would_change_the_draw_are_refused_by_name(chat, fields, param):
+    from models.server.protocol import unsupported
+
+    assert unsupported(_request(chat, fields))[0] == param
 
 
 def test_a_known_field_sent_as_null_keeps_its_default_and_a_required_one_is_missing():

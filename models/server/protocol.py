@@ -151,13 +151,14 @@ class DetokenizeRequest(BaseModel):
 
 NEUTRAL = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "logit_bias": None, "repetition_penalty": 1.0,
            "min_p": 0.0, "suffix": None, "tools": None, "response_format": None}  # fmt: skip
+TEXT_FORMAT = {"type": "text"}  # response_format's default: plain text
 KNOWN_EXTRA = {"parallel_tool_calls", "tool_choice", "service_tier", "store", "metadata", "reasoning_effort"}
 
 
 def unsupported(req: SamplingFields) -> tuple[str, str] | None:
     """(field, why) for the first field the request sets that this server cannot honour, or None."""
     for name, neutral in NEUTRAL.items():
-        if name in req.model_fields_set and getattr(req, name, neutral) not in (neutral, {}, []):
+        if name in req.model_fields_set and getattr(req, name, neutral) not in (neutral, {}, [], TEXT_FORMAT):
             return name, f"{name} is not supported by this server"
     if isinstance(req, CompletionRequest) and req.best_of not in (None, 1, req.n):  # (benchmark clients send 1)
         return "best_of", "best_of other than 1 or n is not supported by this server"
