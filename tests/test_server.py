@@ -138,6 +138,13 @@ def test_chat_completions_text_equals_generates_and_usage_counts(server, api, ck
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
     assert all(c.usage is None for c in chunks[:-1])
+    counted = list(api.chat.completions.create(  # vLLM's continuous usage: every chunk counts the tokens so far
+        model="qwen", messages=msgs, max_completion_tokens=10, temperature=0, stream=True, extra_body={
+            "ignore_eos": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}))
+    assert "".join(c.choices[0].delta.content or "" for c in counted if c.choices) == want
+    so_far = [c.usage.completion_tokens for c in counted]
+    assert so_far == sorted(so_far) and so_far[0] == 0 and so_far[-1] == 10, so_far
+    assert {c.usage.prompt_tokens for c in counted} == {whole.usage.prompt_tokens}
 
 
 def test_min_tokens_holds_back_the_stop_token_the_model_would_draw_first(server, api, ckpt, tok):
@@ -697,8 +704,10 @@ NEUTRAL_BODIES = [  # what load generators and vLLM-minded clients send with not
     {"top_k": -1, "repetition_penalty": 1.0, "min_p": 0.0, "presence_penalty": 0, "frequency_penalty": 0},
     {"logit_bias": {}, "user": "u1"},
 ]
-CHAT_NEUTRAL_BODIES = [{"response_format": {"type": "text"}, "tools": [], "tool_choice": "none"}]
-CHAT_REFUSED_BODIES = [({"response_format": {"type": "json_object"}}, "response_format")]
+CHAT_NEUTRAL_BODIES = [{"response_format": {"type": "text"}, "tools": [], "tool_choice": "none",
+                        "modalities": ["text"]}]
+CHAT_REFUSED_BODIES = [({"response_format": {"type": "json_object"}}, "response_format"),
+                       ({"modalities": ["text", "audio"]}, "modalities")]
 REFUSED_BODIES = [({"best_of": 3}, "best_of"), ({"best_of": 2, "n": 1}, "best_of"), ({"repetition_penalty": 1.1},
                   "repetition_penalty"), ({"min_p": 0.05}, "min_p"), ({"presence_penalty": 0.5}, "presence_penalty")]
 

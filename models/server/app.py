@@ -33,6 +33,7 @@ from models.server.protocol import (
     DetokenizeRequest,
     HTTPError,
     SamplingFields,
+    StreamOptions,
     TokenizeRequest,
     error_body,
     now,
@@ -496,9 +497,10 @@ async def _serve(state: ServerState, body: SamplingFields, prompts: list[list[in
     echo = [Echo(state.tokenizer.decode(p), p) for p in prompts] if not chat and body.echo else None
     release = Release(state, choices)
     if body.stream:
-        include_usage = body.stream_options is not None and body.stream_options.include_usage
+        options = body.stream_options or StreamOptions()
         closed = asyncio.Event()
-        return EventStream(events(state, rid, choices, chat, echo, n, include_usage, closed, _token_ids(body)),
+        return EventStream(events(state, rid, choices, chat, echo, n, options.include_usage, closed, _token_ids(body),
+                                  options.include_usage and options.continuous_usage_stats),
                            closed, choices, release)  # fmt: skip
     try:
         await until_done(state, choices, request)

@@ -50,6 +50,7 @@ def error_body(message: str, param: str | None = None, code: int = 400,
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # (vLLM's: with include_usage, every chunk carries the usage so far)
 
 
 class SamplingFields(BaseModel):
@@ -128,6 +129,7 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     tools: list | None = None
     response_format: dict | None = None
+    modalities: list[str] | None = None
 
 
 class TokenizeRequest(BaseModel):
@@ -149,16 +151,18 @@ class DetokenizeRequest(BaseModel):
     tokens: list[NonNegInt]
 
 
-NEUTRAL = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "logit_bias": None, "repetition_penalty": 1.0,
-           "min_p": 0.0, "suffix": None, "tools": None, "response_format": None}  # fmt: skip
-TEXT_FORMAT = {"type": "text"}  # response_format's default: plain text
+NEUTRAL = {  # fields this server cannot honour, and the values of each that ask for nothing
+    "presence_penalty": (0.0,), "frequency_penalty": (0.0,), "repetition_penalty": (1.0,), "min_p": (0.0,),
+    "logit_bias": (None, {}), "suffix": (None, ""), "tools": (None, []), "response_format": (None, {"type": "text"}),
+    "modalities": (None, ["text"]),
+}  # fmt: skip
 KNOWN_EXTRA = {"parallel_tool_calls", "tool_choice", "service_tier", "store", "metadata", "reasoning_effort"}
 
 
 def unsupported(req: SamplingFields) -> tuple[str, str] | None:
     """(field, why) for the first field the request sets that this server cannot honour, or None."""
     for name, neutral in NEUTRAL.items():
-        if name in req.model_fields_set and getattr(req, name, neutral) not in (neutral, {}, [], TEXT_FORMAT):
+        if name in req.model_fields_set and getattr(req, name) not in neutral:
             return name, f"{name} is not supported by this server"
     if isinstance(req, CompletionRequest) and req.best_of not in (None, 1, req.n):  # (benchmark clients send 1)
         return "best_of", "best_of other than 1 or n is not supported by this server"
