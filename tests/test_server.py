@@ -753,3 +753,10 @@ def test_a_known_field_sent_as_null_keeps_its_default_and_a_required_one_is_miss
     with pytest.raises(pydantic.ValidationError, match="prompt"):
         CompletionRequest(prompt=None)
     assert unsupported(CompletionRequest(prompt="x", frobnicate=None))[0] == "frobnicate"  # (unknown: still named)
+
+
+def test_the_model_is_listed_and_retrieved_by_its_id_and_another_id_is_a_404(server, api):
+    listed = api.models.list().data
+    assert [m.id for m in listed] == ["qwen"] and api.models.retrieve("qwen").id == "qwen"
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        api.models.retrieve("gpt-9")

@@ -131,11 +131,18 @@ def build_app(state: ServerState) -> FastAPI:
             return JSONResponse(error_body("the engine failed", code=503, kind="server_error"), status_code=503)
         return Response(status_code=503 if state.draining or not state.ready else 200)
 
+    def card() -> dict:
+        return {"id": state.model, "object": "model", "created": now(), "owned_by": "resplan",
+                "max_model_len": state.client.served.max_seq_len}  # fmt: skip
+
     @app.get("/v1/models")
     async def models():
-        served = state.client.served
-        return {"object": "list", "data": [{"id": state.model, "object": "model", "created": now(),
-                                            "owned_by": "resplan", "max_model_len": served.max_seq_len}]}  # fmt: skip
+        return {"object": "list", "data": [card()]}
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str):  # (OpenAI's retrieve: client.models.retrieve)
+        _check_model(state, model)
+        return card()
 
     @app.get("/metrics")
     async def metrics():
