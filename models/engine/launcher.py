@@ -111,11 +111,13 @@ class Launcher:
         self._idsrc_steady = {b: bool(np.array_equal(self._idsrc_now[b][1], self._arange[:b])) for b in buckets}
         self._last_key: bytes | None = None  # the last launch's rows (tobytes) while each still has its position
         # two entries, used by alternate launches: an entry's completion is its sampled tokens' readback
-        # (a launch's replay and records keep the interpreter: resplan.held)
-        self._held = HeldCuda.load() if cuda else None
-        self._ring = PinnedRing(2, lambda pinned: _HostIO.make(buckets, tokens, pinned), cuda, self._held)
         # its index (torch.cuda.current_stream(None) looks the device up through is_available: ~5 us a call)
         self._device = (device.index if device.index is not None else torch.cuda.current_device()) if cuda else None
+        # a launch's replay and records keep the interpreter (resplan.held); the runtime's calls act on its current
+        # device, so an engine built on another one launches through torch's calls
+        held = cuda and self._device == torch.cuda.current_device()
+        self._held = HeldCuda.load() if held else None
+        self._ring = PinnedRing(2, lambda pinned: _HostIO.make(buckets, tokens, pinned), cuda, self._held)
         self._timers = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda
                         else None for _ in range(2)]  # fmt: skip
         self._timer_handles = ([made_events(list(t), self._device) for t in self._timers]
