@@ -113,8 +113,8 @@ class Launcher:
         # two entries, used by alternate launches: an entry's completion is its sampled tokens' readback
         # its index (torch.cuda.current_stream(None) looks the device up through is_available: ~5 us a call)
         self._device = (device.index if device.index is not None else torch.cuda.current_device()) if cuda else None
-        # a launch's replay and records keep the interpreter (resplan.held); the runtime's calls act on its current
-        # device, so an engine built on another one launches through torch's calls
+        # a launch's replay and records keep the interpreter (resplan.held); torch's replay makes the graph's device
+        # current first and the held calls do not, so an engine built off the current device launches through torch's
         held = cuda and self._device == torch.cuda.current_device()
         self._held = HeldCuda.load() if held else None
         self._ring = PinnedRing(2, lambda pinned: _HostIO.make(buckets, tokens, pinned), cuda, self._held)
