@@ -26,3 +26,38 @@ def test_no_runtime_among_the_mappings_is_none():
 def test_a_path_with_spaces_is_read_whole():
     maps = "7f00-7f01 r-xp 00000000 103:02 7 /opt/cuda 13/lib64/libcudart.so.13.0.48\n"
     assert runtime_path(maps) == "/opt/cuda 13/lib64/libcudart.so.13.0.48"
+
+
+def _fake_runtime(rc: int, calls: list):
+    """A stand-in for libcudart: its two calls record their arguments and return ``rc``."""
+    import types
+
+    def launch(graph_exec, stream):
+        calls.append(("launch", graph_exec, stream))
+        return rc
+
+    def record(event, stream):
+        calls.append(("record", event, stream))
+        return rc
+
+    def words(code):
+        return b"an illegal memory access was encountered" if code == 700 else b"no error"
+
+    return types.SimpleNamespace(cudaGraphLaunch=launch, cudaEventRecord=record, cudaGetErrorString=words)
+
+
+def test_held_calls_pass_the_raw_handles_and_raise_the_runtimes_words_on_an_error():
+    import pytest
+
+    from resplan.held import HeldCuda
+
+    calls: list = []
+    ok = HeldCuda(_fake_runtime(0, calls))
+    ok.launch(0x1234, 0x77)
+    ok.record(0x99, 0x77)
+    assert calls == [("launch", 0x1234, 0x77), ("record", 0x99, 0x77)]
+    bad = HeldCuda(_fake_runtime(700, calls))
+    with pytest.raises(RuntimeError, match=r"cudaGraphLaunch failed: an illegal memory access .*\(error 700\)"):
+        bad.launch(1, 2)
+    with pytest.raises(RuntimeError, match=r"cudaEventRecord failed: an illegal memory access"):
+        bad.record(1, 2)
