@@ -663,6 +663,10 @@ def test_a_whisper_server_transcribes_a_wav_upload_as_generate_does(tmp_path, ca
         assert [g.text for g in verbose.segments] == windows_want and verbose.duration == pytest.approx(1.2)
         assert verbose.language == detected_long
         assert verbose.text == " ".join(t for t in windows_want if t)
+        for fmt in ("srt", "vtt"):  # a cue a window with text: its span and text, as verbose_json's segments
+            with open(long, "rb") as f:
+                cues = _cues(api.audio.transcriptions.create(model="whisper", file=f, response_format=fmt), fmt)
+            assert cues == [(round(g.start, 3), round(g.end, 3), g.text) for g in verbose.segments if g.text], fmt
         for field, value in (("prompt", "earlier words"), ("stream", "true"), ("timestamp_granularities[]", "word"),
                              ("frobnicate", "1")):  # (refused by name, not ignored)
             with open(wav, "rb") as f:
@@ -679,6 +683,36 @@ def test_a_whisper_server_transcribes_a_wav_upload_as_generate_does(tmp_path, ca
         assert text_only.status_code == 404 and "transcriptions" in text_only.json()["error"]["message"]
     finally:
         s.stop()
+
+
+def _cues(body: str, fmt: str) -> list[tuple[float, float, str]]:
+    """(start s, end s, text) of each cue of a SubRip or WebVTT body, read by the formats' grammar."""
+    import re
+
+    if fmt == "vtt":
+        assert body.startswith("WEBVTT\n\n"), body[:20]
+        body = body[len("WEBVTT\n\n"):]
+    sep = "," if fmt == "srt" else "."
+    t = rf"(\d\d):(\d\d):(\d\d){re.escape(sep)}(\d\d\d)"
+    out = []
+    for i, block in enumerate(b for b in body.split("\n\n") if b.strip()):
+        lines = block.strip("\n").split("\n")
+        if fmt == "srt":
+            assert lines.pop(0) == str(i + 1), block
+        m = re.fullmatch(rf"{t} --> {t}", lines[0])
+        assert m, lines[0]
+        v = [int(x) for x in m.groups()]
+        out.append(((v[0] * 3600 + v[1] * 60 + v[2]) + v[3] / 1000, (v[4] * 3600 + v[5] * 60 + v[6]) + v[7] / 1000,
+                    "\n".join(lines[1:])))  # fmt: skip
+    return out
+
+
+def test_subtitle_cues_carry_each_windows_span_and_text_and_skip_silent_windows():
+    from models.server.app import subtitles
+
+    spans, texts = [(0.0, 0.3), (0.3, 0.71), (0.71, 3725.0715)], ["hello there", "", "last one"]
+    for fmt in ("srt", "vtt"):
+        assert _cues(subtitles(spans, texts, fmt), fmt) == [(0.0, 0.3, "hello there"), (0.71, 3725.072, "last one")]
 
 
 @pytest.mark.parametrize("kind", ["no-config", "unknown-architecture", "port"])

@@ -210,9 +210,9 @@ async def _transcribe(state: ServerState, request: Request, task: str) -> Respon
     """OpenAI's transcription endpoint (``task`` transcribe; translate: its translation endpoint, into English, the
     spoken language given or detected as here): a multipart form with ``file`` (a PCM WAV file, resampled to 16 kHz),
     ``language`` (default: detected on the first window, ``_spoken_language``), ``temperature`` (default 0) and
-    ``response_format`` (json, text or verbose_json, whose segments are the windows); the text the model decodes until
-    its end token or its context, of each of the encoder's windows the audio is cut into (``audio.windows``: all sent
-    at once), joined."""
+    ``response_format`` (json, text, verbose_json, srt or vtt; the segments and cues are the windows); the text the
+    model decodes until its end token or its context, of each of the encoder's windows the audio is cut into
+    (``audio.windows``: all sent at once), joined."""
     from models.engine.audio import SAMPLE_RATE, AudioError, decode_wav, decoder_prompt, log_mel, windows
 
     audio = state.audio
@@ -232,8 +232,8 @@ async def _transcribe(state: ServerState, request: Request, task: str) -> Respon
     if upload is None or isinstance(upload, str):
         raise HTTPError(400, "file: a WAV file is required (multipart field 'file')", "file")
     _check_model(state, form.get("model"))
-    if fmt not in ("json", "text", "verbose_json"):
-        raise HTTPError(400, f"response_format {fmt!r}: json, text or verbose_json", "response_format")
+    if fmt not in AUDIO_FORMATS:
+        raise HTTPError(400, f"response_format {fmt!r}: one of {', '.join(AUDIO_FORMATS)}", "response_format")
     _refuse_unsupported_form(form)
     try:
         temperature = float(form.get("temperature", 0.0))
@@ -282,6 +282,9 @@ async def _transcribe(state: ServerState, request: Request, task: str) -> Respon
     text = " ".join(t for t in texts if t)
     if fmt == "text":
         return PlainTextResponse(text)
+    if fmt in ("srt", "vtt"):
+        spans = [(start / SAMPLE_RATE, (start + p.size) / SAMPLE_RATE) for start, p in pieces]
+        return PlainTextResponse(subtitles(spans, texts, fmt))
     if fmt == "verbose_json":
         segments = [{"id": i, "start": start / SAMPLE_RATE, "end": (start + p.size) / SAMPLE_RATE, "text": t,
                      "tokens": list(c.stream.tokens[: c.text.tokens])}
@@ -291,7 +294,21 @@ async def _transcribe(state: ServerState, request: Request, task: str) -> Respon
     return JSONResponse({"text": text})
 
 
+AUDIO_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
 AUDIO_FIELDS = ("file", "model", "response_format", "temperature", "language")
+
+
+def subtitles(spans: list[tuple[float, float]], texts: list[str], fmt: str) -> str:
+    """SubRip (``srt``) or WebVTT (``vtt``) cues: one a window with text, its span (start, end seconds) and text."""
+    def stamp(t: float) -> str:
+        ms = round(t * 1000)
+        h, m, s = ms // 3_600_000, ms // 60_000 % 60, ms // 1000 % 60
+        return f"{h:02d}:{m:02d}:{s:02d}{',' if fmt == 'srt' else '.'}{ms % 1000:03d}"
+
+    cues = [f"{stamp(a)} --> {stamp(b)}\n{t}\n" for (a, b), t in zip(spans, texts, strict=True) if t]
+    if fmt == "srt":
+        return "\n".join(f"{i}\n{c}" for i, c in enumerate(cues, 1))
+    return "WEBVTT\n\n" + "\n".join(cues)
 AUDIO_UNSUPPORTED = {"prompt": "a previous text to condition on is not supported (Whisper's <|startofprev|>)",
                      "stream": "a transcription is answered whole, not streamed",
                      "timestamp_granularities[]": "no timestamps are given (verbose_json's segments are its windows)"}
