@@ -19,7 +19,7 @@ CORPUS = ["the resident planner keeps each request's rows on the device, and the
 CHAT = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")  # fmt: skip
 WHISPER_SPECIALS = ["<|endoftext|>", "<|startoftranscript|>", "<|en|>", "<|de|>", "<|translate|>", "<|transcribe|>",
-                    "<|notimestamps|>"]  # fmt: skip
+                    "<|notimestamps|>", "<|startofprev|>"]  # fmt: skip
 
 QWEN = Qwen35Config(
     name="tiny-ckpt", vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
@@ -73,7 +73,8 @@ def save_qwen(path: Path, conditional: bool = False, tied: bool = False, shard: 
 
 def save_whisper(path: Path, seed: int = 0) -> Path:
     """A WhisperForConditionalGeneration directory (tiny: 24 encoder tokens from 48 mel frames, 16 mel bins) with a
-    tokenizer whose special tokens are the generation config's start, language, task and no-timestamps tokens."""
+    tokenizer whose special tokens are the generation config's start, language, task, no-timestamps and
+    start-of-previous-text tokens."""
     import transformers
 
     from models.whisper.config import WhisperConfig
@@ -91,7 +92,7 @@ def save_whisper(path: Path, seed: int = 0) -> Path:
     gen = dict(decoder_start_token_id=1, eos_token_id=0, pad_token_id=0, no_timestamps_token_id=ids["<|notimestamps|>"],
                lang_to_id={"<|en|>": ids["<|en|>"], "<|de|>": ids["<|de|>"]},
                task_to_id={"transcribe": ids["<|transcribe|>"], "translate": ids["<|translate|>"]},
-               is_multilingual=True)  # fmt: skip
+               prev_sot_token_id=ids["<|startofprev|>"], is_multilingual=True)  # fmt: skip
     (path / "generation_config.json").write_text(json.dumps(gen))
     transformers.WhisperFeatureExtractor(feature_size=16).save_pretrained(path)
     tokenizer(WHISPER_SPECIALS, chat=False).save_pretrained(path)

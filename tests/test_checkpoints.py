@@ -15,7 +15,7 @@ import torch
 from checkpoints import save_qwen, save_whisper, tone, write_wav
 
 from models.engine import Engine, EngineConfig, FinishReason, InvalidRequest, Request, SamplingParams
-from models.engine.audio import AudioError, decoder_prompt, feature_extractor, log_mel, read_wav
+from models.engine.audio import AudioError, decoder_prompt, feature_extractor, log_mel, previous_ids, read_wav
 from models.engine.checkpoint import CheckpointError, read_checkpoint
 from models.engine.text import REPLACEMENT, Tokenizer, TokenizerError
 
@@ -102,8 +102,37 @@ def test_whisper_transcribes_a_wav_file_as_transformers_does(dirs):
     ref = hf.generate(input_features=features[None], language="en", task="transcribe", max_new_tokens=10,
                       do_sample=False, eos_token_id=None, suppress_tokens=None, begin_suppress_tokens=None)
     assert got.tokens == tuple(ref[0].tolist()) and len(set(got.tokens)) > 2  # (generate builds its own prompt)
-    with pytest.raises(InvalidRequest, match="starts with its start token 1"):
+    with pytest.raises(InvalidRequest, match="holds its start token 1"):
         engine.submit(Request([2, 5], features=features))
+
+
+def test_whisper_conditioned_on_a_previous_text_decodes_as_transformers_does(dirs):
+    """OpenAI's transcription ``prompt``: " " + the text's ids after <|startofprev|>, before the start token
+    (``previous_ids``, ``decoder_prompt(previous=)``); greedy tokens equal transformers' generate given the same
+    ``prompt_ids``, and differ from the unconditioned ones. A text longer than half the context keeps its last ids."""
+    path = dirs["whisper"]
+    ckpt, tok = read_checkpoint(path), Tokenizer.from_pretrained(path)
+    cfg, prev_sot = ckpt.config, ckpt.generation["prev_sot_token_id"]
+    features = log_mel(read_wav(write_wav(dirs["root"] / "tone.wav", tone(0.48))),
+                       feature_extractor(path, cfg.num_mel_bins), cfg.n_frames)  # fmt: skip
+    previous = previous_ids(tok, "  w7 w9 w12 ", cfg.max_target_positions)
+    assert previous == tok.encode_many([" w7 w9 w12"], special=False)[0] and 0 < len(previous) < 31
+    prompt = decoder_prompt(ckpt.generation, cfg.decoder_start_token_id, "en", "transcribe", previous=previous)
+    assert prompt == [prev_sot, *previous, 1, 2, 5, 6]
+    engine = Engine.from_pretrained(path, EngineConfig(page_size=4, max_seq_len=32, max_running=2))
+    plain, got = engine.run([Request(p, SamplingParams(max_tokens=10, ignore_eos=True), features=features)
+                             for p in (prompt[len(previous) + 1:], prompt)])  # fmt: skip
+    hf = transformers.WhisperForConditionalGeneration.from_pretrained(path).eval()
+    ref = hf.generate(input_features=features[None], language="en", task="transcribe", max_new_tokens=10,
+                      prompt_ids=torch.tensor([prev_sot, *previous]), do_sample=False, eos_token_id=None,
+                      suppress_tokens=None, begin_suppress_tokens=None)  # fmt: skip
+    assert got.tokens == tuple(ref[0].tolist()) != plain.tokens
+    long = previous_ids(tok, " ".join(f"w{i}" for i in range(10, 60)), cfg.max_target_positions)
+    assert long == tok.encode_many([" " + " ".join(f"w{i}" for i in range(10, 60))], special=False)[0][-31:]
+    assert previous_ids(tok, "   ", cfg.max_target_positions) == []
+    with pytest.raises(AudioError, match="no <\\|startofprev\\|> token"):
+        decoder_prompt({k: v for k, v in ckpt.generation.items() if k != "prev_sot_token_id"},
+                       cfg.decoder_start_token_id, previous=previous)  # fmt: skip
 
 
 MALFORMED = {  # name: (how to break a copy of the causal directory, words of the error)

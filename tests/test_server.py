@@ -606,6 +606,24 @@ def _speaks_german(path, wav) -> None:
     model.save_pretrained(path)
 
 
+def _transformers_text(path, wav, previous: str) -> str:
+    """transformers' greedy English transcription of ``wav`` conditioned on ``previous`` (its prompt_ids:
+    <|startofprev|> and " " + the text's ids), up to the end token or the decoder's context."""
+    import torch
+    import transformers
+
+    from models.engine.audio import feature_extractor, log_mel, read_wav
+    from models.engine.text import Tokenizer
+
+    model = transformers.WhisperForConditionalGeneration.from_pretrained(path).eval()
+    features = log_mel(read_wav(wav), feature_extractor(path, 16), 2 * model.config.max_source_positions)[None]
+    ids = [WHISPER_SPECIALS.index("<|startofprev|>"), *Tokenizer.from_pretrained(path).encode_many(
+        [" " + previous], special=False)[0]]  # fmt: skip
+    out = model.generate(input_features=features, language="en", task="transcribe", prompt_ids=torch.tensor(ids),
+                         max_new_tokens=model.config.max_target_positions - len(ids) - 4, do_sample=False)
+    return Tokenizer.from_pretrained(path).decode(out[0].tolist()).strip()
+
+
 def test_a_whisper_server_transcribes_a_wav_upload_as_generate_does(tmp_path, capsys):
     """A checkpoint that hears German in the test tone: without a language, generate and the server both detect it
     (the transcription is the one asked in German); then the texts, the formats, a long file's windows."""
@@ -667,7 +685,12 @@ def test_a_whisper_server_transcribes_a_wav_upload_as_generate_does(tmp_path, ca
             with open(long, "rb") as f:
                 cues = _cues(api.audio.transcriptions.create(model="whisper", file=f, response_format=fmt), fmt)
             assert cues == [(round(g.start, 3), round(g.end, 3), g.text) for g in verbose.segments if g.text], fmt
-        for field, value in (("prompt", "earlier words"), ("stream", "true"), ("timestamp_granularities[]", "word"),
+        with open(wav, "rb") as f:  # conditioned on a previous text, as transformers' generate with prompt_ids
+            conditioned = api.audio.transcriptions.create(model="whisper", file=f, language="en", prompt="w7 w9 w12")
+        with open(wav, "rb") as f:
+            plain = api.audio.transcriptions.create(model="whisper", file=f, language="en")
+        assert conditioned.text == _transformers_text(path, wav, "w7 w9 w12") != plain.text
+        for field, value in (("stream", "true"), ("timestamp_granularities[]", "word"),
                              ("frobnicate", "1")):  # (refused by name, not ignored)
             with open(wav, "rb") as f:
                 r = httpx.post(s.url + "/v1/audio/transcriptions", files={"file": ("a.wav", f)}, data={field: value},

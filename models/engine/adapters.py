@@ -253,10 +253,10 @@ class WhisperAdapter(Adapter):
 
     def validate(self, req):
         cfg = self.model.cfg
-        if req.prompt[0] != cfg.decoder_start_token_id:
-            raise InvalidRequest("prompt", f"a Whisper decoder prompt starts with its start token "
+        if cfg.decoder_start_token_id not in req.prompt:  # (first, or after <|startofprev|> and a previous text)
+            raise InvalidRequest("prompt", f"a Whisper decoder prompt holds its start token "
                                            f"{cfg.decoder_start_token_id} (models.engine.audio.decoder_prompt builds "
-                                           f"one), got {req.prompt[0]}")  # fmt: skip
+                                           f"one), got {list(req.prompt[:8])}")  # fmt: skip
         f = req.features
         if not isinstance(f, torch.Tensor) or f.ndim != 2 or f.shape[0] != cfg.num_mel_bins or f.shape[1] < 1:
             got = tuple(f.shape) if isinstance(f, torch.Tensor) else type(f).__name__

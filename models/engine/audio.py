@@ -182,6 +182,14 @@ def languages(generation: dict) -> dict[int, str]:
     return {int(i): k.strip("<|>") for k, i in (generation.get("lang_to_id") or {}).items()}
 
 
+def previous_ids(tokenizer, text: str, context: int) -> list[int]:
+    """The ids of a text a transcription is conditioned on (OpenAI's ``prompt``: earlier words, names' spellings):
+    " " + the text, without special tokens, its last ``context // 2 - 1`` (as openai-whisper keeps them; none for a
+    blank text). ``tokenizer``: models.engine.text.Tokenizer."""
+    text = text.strip()
+    return tokenizer.encode_many([" " + text], special=False)[0][-(context // 2 - 1):] if text else []
+
+
 def detection_prompt(generation: dict, decoder_start: int) -> list[int]:
     """The decoder prompt whose next token is the spoken language (Whisper's language detection): the start token
     alone. Drawn with logprobs (``detected``), one token."""
@@ -196,9 +204,16 @@ def detected(top: Sequence[tuple[int, float]], langs: dict[int, str]) -> str | N
 
 
 def decoder_prompt(generation: dict, decoder_start: int, language: str | None = "en", task: str = "transcribe",
-                   timestamps: bool = False) -> list[int]:
+                   timestamps: bool = False, previous: Sequence[int] = ()) -> list[int]:
     """Whisper's decoder prompt: the start token, then for a multilingual checkpoint its language and task tokens,
-    then no-timestamps (unless ``timestamps``), from ``generation_config.json``."""
+    then no-timestamps (unless ``timestamps``), from ``generation_config.json``; with ``previous`` (the ids of a text
+    to condition on, ``previous_ids``) those after <|startofprev|>, before the start token."""
+    if previous:
+        prev = generation.get("prev_sot_token_id")
+        if prev is None:
+            raise AudioError("the checkpoint names no <|startofprev|> token (prev_sot_token_id in "
+                             "generation_config.json): it takes no previous text")  # fmt: skip
+        return [int(prev), *previous, *decoder_prompt(generation, decoder_start, language, task, timestamps)]
     out = detection_prompt(generation, decoder_start)
     langs, tasks = generation.get("lang_to_id") or {}, generation.get("task_to_id") or {}
     if langs:

@@ -209,11 +209,20 @@ def build_app(state: ServerState) -> FastAPI:
 async def _transcribe(state: ServerState, request: Request, task: str) -> Response:
     """OpenAI's transcription endpoint (``task`` transcribe; translate: its translation endpoint, into English, the
     spoken language given or detected as here): a multipart form with ``file`` (a PCM WAV file, resampled to 16 kHz),
-    ``language`` (default: detected on the first window, ``_spoken_language``), ``temperature`` (default 0) and
-    ``response_format`` (json, text, verbose_json, srt or vtt; the segments and cues are the windows); the text the
-    model decodes until its end token or its context, of each of the encoder's windows the audio is cut into
-    (``audio.windows``: all sent at once), joined."""
-    from models.engine.audio import SAMPLE_RATE, AudioError, decode_wav, decoder_prompt, log_mel, windows
+    ``language`` (default: detected on the first window, ``_spoken_language``), ``prompt`` (a text every window is
+    conditioned on, ``audio.previous_ids``), ``temperature`` (default 0) and ``response_format`` (json, text,
+    verbose_json, srt or vtt; the segments and cues are the windows); the text the model decodes until its end token or
+    its context, of each of the encoder's windows the audio is cut into (``audio.windows``: all sent at once),
+    joined."""
+    from models.engine.audio import (
+        SAMPLE_RATE,
+        AudioError,
+        decode_wav,
+        decoder_prompt,
+        log_mel,
+        previous_ids,
+        windows,
+    )
 
     audio = state.audio
     if audio is None:
@@ -263,6 +272,12 @@ async def _transcribe(state: ServerState, request: Request, task: str) -> Respon
     except AudioError as e:
         raise HTTPError(400, str(e), "language") from None
     context = state.client.served.max_seq_len
+    previous = previous_ids(state.tokenizer, form.get("prompt") or "", context)
+    if previous:  # (a text to condition on: after <|startofprev|>, before the start token)
+        try:
+            prompt = decoder_prompt(audio.generation, audio.decoder_start, language, task, False, previous)
+        except AudioError as e:
+            raise HTTPError(400, str(e), "prompt") from None
     sampling = dict(max_tokens=context - len(prompt), temperature=temperature, top_p=1.0, top_k=0,
                     seed=random.randrange(2**31), stop_token_ids=[], ignore_eos=False)  # fmt: skip
     rid = f"trsc-{uuid.uuid4().hex}"
@@ -295,7 +310,7 @@ async def _transcribe(state: ServerState, request: Request, task: str) -> Respon
 
 
 AUDIO_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
-AUDIO_FIELDS = ("file", "model", "response_format", "temperature", "language")
+AUDIO_FIELDS = ("file", "model", "response_format", "temperature", "language", "prompt")
 
 
 def subtitles(spans: list[tuple[float, float]], texts: list[str], fmt: str) -> str:
@@ -309,10 +324,9 @@ def subtitles(spans: list[tuple[float, float]], texts: list[str], fmt: str) -> s
     if fmt == "srt":
         return "\n".join(f"{i}\n{c}" for i, c in enumerate(cues, 1))
     return "WEBVTT\n\n" + "\n".join(cues)
-AUDIO_UNSUPPORTED = {"prompt": "a previous text to condition on is not supported (Whisper's <|startofprev|>)",
-                     "stream": "a transcription is answered whole, not streamed",
+AUDIO_UNSUPPORTED = {"stream": "a transcription is answered whole, not streamed",
                      "timestamp_granularities[]": "no timestamps are given (verbose_json's segments are its windows)"}
-AUDIO_NEUTRAL = {"prompt": ("",), "stream": ("false", "False", "0")}  # values that ask for nothing
+AUDIO_NEUTRAL = {"stream": ("false", "False", "0")}  # values that ask for nothing
 
 
 def _refuse_unsupported_form(form) -> None:
