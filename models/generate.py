@@ -43,6 +43,7 @@ from models.engine.audio import (
     feature_extractor,
     languages,
     log_mel,
+    previous_ids,
     read_wav,
     windows,
 )
@@ -82,6 +83,9 @@ def parser() -> OneLineParser:
     w.add_argument("--task", default=None, choices=["transcribe", "translate"],
                    help="transcribe, or translate into English (default transcribe)")
     w.add_argument("--timestamps", action="store_true", help="let the model emit timestamp tokens")
+    w.add_argument("--previous-text", default=None,
+                   help="a text each window is conditioned on: earlier words, names' spellings (OpenAI's "
+                        "transcription prompt; Whisper's <|startofprev|>; its last half-context of tokens kept)")
     e = ap.add_argument_group("engine")
     e.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda where there is one)")
     e.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
@@ -113,7 +117,8 @@ def parser() -> OneLineParser:
     return ap
 
 
-WHISPER_OPTIONS = (("language", "--language"), ("task", "--task"), ("timestamps", "--timestamps"))
+WHISPER_OPTIONS = (("language", "--language"), ("task", "--task"), ("timestamps", "--timestamps"),
+                   ("previous_text", "--previous-text"))  # fmt: skip
 
 
 def _device(ap, name: str | None) -> str:
@@ -157,9 +162,16 @@ def _windows(name: str, wave, window: int) -> list[tuple[str, object]]:
     return [(f"{name} {a / SAMPLE_RATE:.2f}-{(a + p.size) / SAMPLE_RATE:.2f} s", p) for a, p in pieces]
 
 
-def _spoken_languages(engine: Engine, requests: list[Request], ckpt, args, progress: Progress) -> list[Request]:
+def _previous(args, ckpt, tok: Tokenizer) -> list[int]:
+    """The ids of ``--previous-text`` a Whisper prompt is conditioned on (``audio.previous_ids``), none without it."""
+    return previous_ids(tok, args.previous_text or "", ckpt.config.max_target_positions)
+
+
+def _spoken_languages(engine: Engine, requests: list[Request], ckpt, args, progress: Progress,
+                      previous: list[int]) -> list[Request]:  # fmt: skip
     """Each file's spoken language, detected on its first window as Whisper detects it (``audio.detected``: the most
-    likely language token after the start token; en where the model names none), in its requests' prompts."""
+    likely language token after the start token; en where the model names none), in its requests' prompts (after
+    the ``previous`` text's ids, if any)."""
     gen, start = ckpt.generation, ckpt.config.decoder_start_token_id
     firsts: dict[str, Request] = {}  # a file's index -> its first window's request
     for r in requests:
@@ -171,7 +183,7 @@ def _spoken_languages(engine: Engine, requests: list[Request], ckpt, args, progr
     progress("spoken language detected (no --language)",
              tuple(f"{args.audio[int(i)].name}: {code or 'en (the model names none)'}" for i, code in found.items()))
     return [attrs.evolve(r, prompt=decoder_prompt(gen, start, found[r.request_id.split(":", 1)[0]] or "en",
-                                                  args.task or "transcribe", args.timestamps))
+                                                  args.task or "transcribe", args.timestamps, previous))
             for r in requests]  # fmt: skip
 
 
@@ -186,7 +198,7 @@ def _requests(args, ap, ckpt, tok: Tokenizer) -> list[Request]:
         cfg = ckpt.config
         fe = feature_extractor(ckpt.path, cfg.num_mel_bins)
         prompt = decoder_prompt(ckpt.generation, cfg.decoder_start_token_id, args.language or "en",
-                                args.task or "transcribe", args.timestamps)  # fmt: skip
+                                args.task or "transcribe", args.timestamps, _previous(args, ckpt, tok))  # fmt: skip
         return [Request(prompt, sp, features=log_mel(piece, fe, cfg.n_frames), request_id=rid)
                 for i, f in enumerate(args.audio) for rid, piece in _windows(f"{i}:{f.name}", read_wav(f),
                                                                              cfg.n_frames * fe.hop_length)]  # fmt: skip
@@ -266,7 +278,7 @@ def _generate(args, ap, progress: Progress) -> int:
         progress("building the engine (graphs, kernels)", plan.notes)
         engine = Engine(adapter, plan.config)
         if ckpt.architecture == WHISPER and args.language is None and languages(ckpt.generation):
-            requests = _spoken_languages(engine, requests, ckpt, args, progress)
+            requests = _spoken_languages(engine, requests, ckpt, args, progress, _previous(args, ckpt, tok))
         ids = [engine.submit(r) for r in requests]
     except (CheckpointError, InvalidRequest, ValueError) as e:
         ap.error(str(e))

@@ -488,6 +488,7 @@ def test_generate_transcribes_a_wav_file(dirs, capsys):
     (["--prompt", "hi", "--language", "de"], "argument --language: causal is a text model (Qwen3_5ForCausalLM)"),
     (["--prompt", "hi", "--task", "translate"], "argument --task: causal is a text model"),
     (["--prompt", "hi", "--timestamps"], "argument --timestamps: causal is a text model"),
+    (["--prompt", "hi", "--previous-text", "earlier"], "argument --previous-text: causal is a text model"),
     *([(["--prompt", "hi", "--attention", "fa2"], "attention fa2 runs on CUDA only; on cpu use torch or triton")]
       if not torch.cuda.is_available() else []),
 ])  # fmt: skip

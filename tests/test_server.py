@@ -639,6 +639,10 @@ def test_a_whisper_server_transcribes_a_wav_upload_as_generate_does(tmp_path, ca
     assert main(["--model-dir", str(path), "--audio", str(wav), "--max-tokens", "60", "--language", "en",
                  "--quiet"]) == 0  # fmt: skip
     assert capsys.readouterr().out.strip() != german  # (so the text says which language the prompt named)
+    room = 64 - 5 - len(Tokenizer.from_pretrained(path).encode_many([" w7 w9 w12"], special=False)[0])
+    assert main(["--model-dir", str(path), "--audio", str(wav), "--max-tokens", str(room), "--language", "en",
+                 "--previous-text", "w7 w9 w12", "--quiet"]) == 0  # (the decoder's context less the prompt)
+    conditioned_by_generate = capsys.readouterr().out.strip()
     assert main(["--model-dir", str(path), "--audio", str(wav), "--max-tokens", "60"]) == 0
     out, err = capsys.readouterr()
     want = out.strip()
@@ -689,7 +693,7 @@ def test_a_whisper_server_transcribes_a_wav_upload_as_generate_does(tmp_path, ca
             conditioned = api.audio.transcriptions.create(model="whisper", file=f, language="en", prompt="w7 w9 w12")
         with open(wav, "rb") as f:
             plain = api.audio.transcriptions.create(model="whisper", file=f, language="en")
-        assert conditioned.text == _transformers_text(path, wav, "w7 w9 w12") != plain.text
+        assert conditioned.text == _transformers_text(path, wav, "w7 w9 w12") == conditioned_by_generate != plain.text
         for field, value in (("stream", "true"), ("timestamp_granularities[]", "word"),
                              ("frobnicate", "1")):  # (refused by name, not ignored)
             with open(wav, "rb") as f:
