@@ -325,15 +325,17 @@ def subtitles(spans: list[tuple[float, float]], texts: list[str], fmt: str) -> s
         return "\n".join(f"{i}\n{c}" for i, c in enumerate(cues, 1))
     return "WEBVTT\n\n" + "\n".join(cues)
 AUDIO_UNSUPPORTED = {"stream": "a transcription is answered whole, not streamed",
-                     "timestamp_granularities[]": "no timestamps are given (verbose_json's segments are its windows)"}
-AUDIO_NEUTRAL = {"stream": ("false", "False", "0")}  # values that ask for nothing
+                     "timestamp_granularities[]": "only segment timestamps are given (verbose_json's segments are its "
+                                                  "windows), not word ones"}  # fmt: skip
+# values that ask for nothing more than the server gives (its segments are the windows, with their spans)
+AUDIO_NEUTRAL = {"stream": ("false", "False", "0"), "timestamp_granularities[]": ("segment",)}
 
 
 def _refuse_unsupported_form(form) -> None:
     """A transcription's form field this server cannot honour is refused by name, never ignored (a neutral value,
     such as an empty prompt, is taken)."""
     for name in form:
-        if name in AUDIO_FIELDS or form.get(name) in AUDIO_NEUTRAL.get(name, ()):
+        if name in AUDIO_FIELDS or all(v in AUDIO_NEUTRAL.get(name, ()) for v in form.getlist(name)):
             continue
         why = AUDIO_UNSUPPORTED.get(name, f"not a field of this endpoint (it takes {', '.join(AUDIO_FIELDS)})")
         raise HTTPError(400, f"{name}: {why}", name)
