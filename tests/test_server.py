@@ -809,6 +809,8 @@ def test_a_known_field_sent_as_null_keeps_its_default_and_a_required_one_is_miss
                  seed=None, best_of=None, suffix=None, user=None, top_k=None, min_tokens=None, ignore_eos=None)
     req = CompletionRequest(prompt="x", **nulls)
     assert req.model_dump() == CompletionRequest(prompt="x").model_dump() and unsupported(req) is None
+    sent = CompletionRequest.model_validate_json(json.dumps(dict(prompt="x", **nulls)))  # (as the server parses)
+    assert sent.model_dump() == req.model_dump()
     chat = dict(messages=[{"role": "user", "content": "x"}])
     assert (ChatCompletionRequest(**chat, logprobs=None, top_logprobs=None, max_completion_tokens=None, tools=None,
                                   response_format=None).model_dump() == ChatCompletionRequest(**chat).model_dump())
