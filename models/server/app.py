@@ -295,15 +295,14 @@ async def _transcribe(state: ServerState, request: Request, task: str) -> Respon
         release()
     texts = [c.text.text.strip() for c in choices]
     text = " ".join(t for t in texts if t)
+    spans = [(start / SAMPLE_RATE, (start + p.size) / SAMPLE_RATE) for start, p in pieces]  # each window's, seconds
     if fmt == "text":
         return PlainTextResponse(text)
     if fmt in ("srt", "vtt"):
-        spans = [(start / SAMPLE_RATE, (start + p.size) / SAMPLE_RATE) for start, p in pieces]
         return PlainTextResponse(subtitles(spans, texts, fmt))
     if fmt == "verbose_json":
-        segments = [{"id": i, "start": start / SAMPLE_RATE, "end": (start + p.size) / SAMPLE_RATE, "text": t,
-                     "tokens": list(c.stream.tokens[: c.text.tokens])}
-                    for i, ((start, p), t, c) in enumerate(zip(pieces, texts, choices, strict=True))]  # fmt: skip
+        segments = [{"id": i, "start": a, "end": b, "text": t, "tokens": list(c.stream.tokens[: c.text.tokens])}
+                    for i, ((a, b), t, c) in enumerate(zip(spans, texts, choices, strict=True))]  # fmt: skip
         return JSONResponse({"task": task, "language": language, "duration": wave.size / SAMPLE_RATE,
                              "text": text, "segments": segments})  # fmt: skip
     return JSONResponse({"text": text})
