@@ -310,10 +310,16 @@ async def _transcribe(state: ServerState, request: Request, task: str) -> Respon
 
 AUDIO_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
 AUDIO_FIELDS = ("file", "model", "response_format", "temperature", "language", "prompt")
+AUDIO_UNSUPPORTED = {"stream": "a transcription is answered whole, not streamed",
+                     "timestamp_granularities[]": "only segment timestamps are given (verbose_json's segments are its "
+                                                  "windows), not word ones"}  # fmt: skip
+# values that ask for nothing more than the server gives (its segments are the windows, with their spans)
+AUDIO_NEUTRAL = {"stream": ("false", "False", "0"), "timestamp_granularities[]": ("segment",)}
 
 
 def subtitles(spans: list[tuple[float, float]], texts: list[str], fmt: str) -> str:
     """SubRip (``srt``) or WebVTT (``vtt``) cues: one a window with text, its span (start, end seconds) and text."""
+
     def stamp(t: float) -> str:
         ms = round(t * 1000)
         h, m, s = ms // 3_600_000, ms // 60_000 % 60, ms // 1000 % 60
@@ -323,16 +329,11 @@ def subtitles(spans: list[tuple[float, float]], texts: list[str], fmt: str) -> s
     if fmt == "srt":
         return "\n".join(f"{i}\n{c}" for i, c in enumerate(cues, 1))
     return "WEBVTT\n\n" + "\n".join(cues)
-AUDIO_UNSUPPORTED = {"stream": "a transcription is answered whole, not streamed",
-                     "timestamp_granularities[]": "only segment timestamps are given (verbose_json's segments are its "
-                                                  "windows), not word ones"}  # fmt: skip
-# values that ask for nothing more than the server gives (its segments are the windows, with their spans)
-AUDIO_NEUTRAL = {"stream": ("false", "False", "0"), "timestamp_granularities[]": ("segment",)}
 
 
 def _refuse_unsupported_form(form) -> None:
-    """A transcription's form field this server cannot honour is refused by name, never ignored (a neutral value,
-    such as an empty prompt, is taken)."""
+    """A transcription's form field this server cannot honour is refused by name, never ignored (a value that asks
+    for nothing more, ``AUDIO_NEUTRAL``, is taken)."""
     for name in form:
         if name in AUDIO_FIELDS or all(v in AUDIO_NEUTRAL.get(name, ()) for v in form.getlist(name)):
             continue
