@@ -163,8 +163,11 @@ def _windows(name: str, wave, window: int) -> list[tuple[str, object]]:
 
 
 def _previous(args, ckpt, tok: Tokenizer) -> list[int]:
-    """The ids of ``--previous-text`` a Whisper prompt is conditioned on (``audio.previous_ids``), none without it."""
-    return previous_ids(tok, args.previous_text or "", ckpt.config.max_target_positions)
+    """The ids of ``--previous-text`` a Whisper prompt is conditioned on (``audio.previous_ids``), none without it
+    (or for a text checkpoint, which refuses the option)."""
+    if ckpt.architecture != WHISPER or not args.previous_text:
+        return []
+    return previous_ids(tok, args.previous_text, ckpt.config.max_target_positions)
 
 
 def _spoken_languages(engine: Engine, requests: list[Request], ckpt, args, progress: Progress,
@@ -187,7 +190,7 @@ def _spoken_languages(engine: Engine, requests: list[Request], ckpt, args, progr
             for r in requests]  # fmt: skip
 
 
-def _requests(args, ap, ckpt, tok: Tokenizer) -> list[Request]:
+def _requests(args, ap, ckpt, tok: Tokenizer, previous: list[int]) -> list[Request]:
     sp = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                         seed=args.seed, ignore_eos=args.ignore_eos)  # fmt: skip
     if ckpt.architecture == WHISPER:
@@ -198,7 +201,7 @@ def _requests(args, ap, ckpt, tok: Tokenizer) -> list[Request]:
         cfg = ckpt.config
         fe = feature_extractor(ckpt.path, cfg.num_mel_bins)
         prompt = decoder_prompt(ckpt.generation, cfg.decoder_start_token_id, args.language or "en",
-                                args.task or "transcribe", args.timestamps, _previous(args, ckpt, tok))  # fmt: skip
+                                args.task or "transcribe", args.timestamps, previous)  # fmt: skip
         return [Request(prompt, sp, features=log_mel(piece, fe, cfg.n_frames), request_id=rid)
                 for i, f in enumerate(args.audio) for rid, piece in _windows(f"{i}:{f.name}", read_wav(f),
                                                                              cfg.n_frames * fe.hop_length)]  # fmt: skip
@@ -256,7 +259,8 @@ def _generate(args, ap, progress: Progress) -> int:
     try:
         ckpt = read_checkpoint(args.model_dir)
         tok = Tokenizer.from_pretrained(args.model_dir)
-        requests = _requests(args, ap, ckpt, tok)
+        previous = _previous(args, ckpt, tok)  # (a Whisper prompt's previous text: tokenized once)
+        requests = _requests(args, ap, ckpt, tok, previous)
     except (CheckpointError, TokenizerError, AudioError) as e:
         ap.error(str(e))
     context = ckpt.config.max_target_positions if ckpt.architecture == WHISPER else ckpt.config.max_position_embeddings
@@ -278,7 +282,7 @@ def _generate(args, ap, progress: Progress) -> int:
         progress("building the engine (graphs, kernels)", plan.notes)
         engine = Engine(adapter, plan.config)
         if ckpt.architecture == WHISPER and args.language is None and languages(ckpt.generation):
-            requests = _spoken_languages(engine, requests, ckpt, args, progress, _previous(args, ckpt, tok))
+            requests = _spoken_languages(engine, requests, ckpt, args, progress, previous)
         ids = [engine.submit(r) for r in requests]
     except (CheckpointError, InvalidRequest, ValueError) as e:
         ap.error(str(e))
