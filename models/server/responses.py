@@ -73,9 +73,14 @@ def _logprobs(state: ServerState, c: Choice, lo: int, hi: int, chat: bool, shift
         return {"content": content}
     idx = range(lo, min(hi, len(lps)))
     return {"tokens": [tok.piece(ids[i]) for i in idx], "token_logprobs": [lps[i][0] for i in idx],
-            "top_logprobs": [{tok.piece(j): float(v) for j, v in zip(lps[i][1][:k].tolist(), lps[i][2][:k].tolist(),
-                                                                        strict=True)} for i in idx],
+            "top_logprobs": [_top(tok, lps[i][1], lps[i][2], k) for i in idx],
             "text_offset": [c.offsets[i] + shift for i in idx]}  # fmt: skip
+
+
+def _top(tok, ids, logprobs, k: int) -> dict[str, float]:
+    """A position's k most likely tokens in completions' ``top_logprobs`` shape: {piece: logprob} (``ids``,
+    ``logprobs``: [MAX_LOGPROBS] arrays, most likely first)."""
+    return {tok.piece(j): float(v) for j, v in zip(ids[:k].tolist(), logprobs[:k].tolist(), strict=True)}
 
 
 def _echo_logprobs(state: ServerState, c: Choice, echo: Echo) -> dict:
@@ -89,8 +94,7 @@ def _echo_logprobs(state: ServerState, c: Choice, echo: Echo) -> dict:
         return {"tokens": pieces, "token_logprobs": [None] * len(pieces), "top_logprobs": [None] * len(pieces),
                 "text_offset": offsets}  # fmt: skip
     lp, top_ids, top_lps = c.stream.prompt_logprobs
-    tops = [{tok.piece(j): float(v) for j, v in zip(i[:k].tolist(), t[:k].tolist(), strict=True)}
-            for i, t in zip(top_ids, top_lps, strict=True)]  # fmt: skip
+    tops = [_top(tok, i, t, k) for i, t in zip(top_ids, top_lps, strict=True)]
     return {"tokens": pieces, "token_logprobs": [None, *lp.tolist()], "top_logprobs": [None, *tops],
             "text_offset": offsets}
 
