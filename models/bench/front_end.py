@@ -207,10 +207,11 @@ def main(argv: list[str] | None = None) -> int:
         log.close()
     runs = json.loads((args.out / "traffic" / "results.json").read_text())["runs"]
     rows = ["| round | output tok/s | front-end CPU us/token | ITL p50 ms (step " f"{args.step_ms:g}) | "
-            "TTFT p50 ms | failed |", "|---|---|---|---|---|---|"]  # fmt: skip
+            "TTFT p50 ms | intake ms (mean: a request's arrival at the server to its submission in the stand-in) | "
+            "failed |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     for i, r in enumerate(runs):
         rows.append(f"| {i} | {r['tokps']:.0f} | {r['front_cpu_us_token']:.1f} | {r['itl_p50_ms']:.2f} | "
-                    f"{r['ttft_p50_ms']:.1f} | {r['failed']} |")  # fmt: skip
+                    f"{r['ttft_p50_ms']:.1f} | {r['engine_intake_ms']:.2f} | {r['failed']} |")  # fmt: skip
     slow = f", every {args.slow_every}th {args.slow_ms:g} ms" if args.slow_every else ""
     text = (f"# The front end over a stand-in engine ({args.max_running} running, a step each {args.step_ms:g} ms"
             f"{slow}{', prompts sent as text' if args.text else ''})"
