@@ -517,6 +517,34 @@ def test_metrics_parse_and_count(server, api):
         assert 0 <= before[gc_seconds] <= m[gc_seconds] < 60
 
 
+def test_messages_of_one_loop_turn_reach_the_engine_in_order_in_batches_of_at_most_the_cap():
+    import zmq
+
+    from models.server.client import MAX_SEND_BATCH, EngineClient
+    from models.server.engine_core import EngineSpec, pack, unpack
+
+    client = EngineClient(EngineSpec(None), in_process=True)  # (sockets only: no engine launched)
+    engine = client.ctx.socket(zmq.PULL)
+    engine.connect(client.to_engine_addr)
+    n = 2 * MAX_SEND_BATCH + 3
+
+    async def one_turn():  # every message queued before the loop runs anything else
+        for i in range(n):
+            client._send(pack(i))
+        await asyncio.sleep(0)  # (the turn's end: the rest goes out)
+
+    try:
+        asyncio.run(one_turn())
+        batches = []
+        while engine.poll(1000) and sum(map(len, batches)) < n:
+            batches.append([unpack(f)[0] for f in engine.recv_multipart()])
+        assert [len(b) for b in batches] == [MAX_SEND_BATCH, MAX_SEND_BATCH, 3]
+        assert sum(batches, []) == list(range(n))
+    finally:
+        engine.close(linger=0)
+        client.shutdown()
+
+
 def test_the_collector_clock_counts_collections_until_it_is_closed():
     import gc
 
