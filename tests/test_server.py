@@ -641,15 +641,14 @@ def _transformers_text(path, wav, previous: str) -> str:
     import transformers
 
     from models.engine.audio import feature_extractor, log_mel, read_wav
-    from models.engine.text import Tokenizer
 
     model = transformers.WhisperForConditionalGeneration.from_pretrained(path).eval()
+    tok = Tokenizer.from_pretrained(path)
     features = log_mel(read_wav(wav), feature_extractor(path, 16), 2 * model.config.max_source_positions)[None]
-    ids = [WHISPER_SPECIALS.index("<|startofprev|>"), *Tokenizer.from_pretrained(path).encode_many(
-        [" " + previous], special=False)[0]]  # fmt: skip
+    ids = [WHISPER_SPECIALS.index("<|startofprev|>"), *tok.encode_many([" " + previous], special=False)[0]]
     out = model.generate(input_features=features, language="en", task="transcribe", prompt_ids=torch.tensor(ids),
                          max_new_tokens=model.config.max_target_positions - len(ids) - 4, do_sample=False)
-    return Tokenizer.from_pretrained(path).decode(out[0].tolist()).strip()
+    return tok.decode(out[0].tolist()).strip()
 
 
 def test_a_whisper_server_transcribes_a_wav_upload_as_generate_does(tmp_path, capsys):
