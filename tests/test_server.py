@@ -585,8 +585,11 @@ def test_an_api_key_guards_the_api_and_leaves_health_and_metrics_open(ckpt, monk
 
 def test_max_waiting_answers_503_and_sigterm_drains(ckpt):
     """A server with room for 2 running and 2 waiting requests: a burst of 12 gets some 503s with Retry-After, the
-    others finish; then SIGTERM with a long request running: a new request gets 503, the running one finishes whole,
-    and the server exits 0. (The engine core runs in a thread here: ``--in-process``.)"""
+    others finish; after the engine has been idle past its liveness check, a request is still served; then SIGTERM
+    with a long request running: a new request gets 503, the running one finishes whole, and the server exits 0. (The
+    engine core runs in a thread here: ``--in-process``.)"""
+    from models.server.engine_core import ALIVE_CHECK_MS
+
     s = Server(ckpt, "--max-running", "2", "--max-waiting", "2", "--in-process")
     try:
 
@@ -599,6 +602,9 @@ def test_max_waiting_answers_503_and_sigterm_drains(ckpt):
         assert set(codes) == {200, 503} and codes.count(200) >= 2, codes
         refused = next(r for r in asyncio.run(burst()) if r.status_code == 503)
         assert refused.headers["retry-after"] and refused.json()["error"]["code"] == 503
+        time.sleep(1.5 * ALIVE_CHECK_MS / 1000)  # (an engine thread once took its process's parent for the front end)
+        after_idle = httpx.post(s.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=30)
+        assert after_idle.status_code == 200
         body = {"prompt": PROMPT, "max_tokens": 200, "temperature": 0, "ignore_eos": True, "stream": True}
         with httpx.stream("POST", s.url + "/v1/completions", json=body, timeout=60) as r:
             lines = r.iter_lines()

@@ -132,7 +132,7 @@ class EngineClient:
     def launch(self) -> None:
         """Start the engine core (it loads and builds while the caller goes on)."""
         self.launched_at = time.time()
-        args = (self.spec, self.to_engine_addr, self.from_engine_addr, os.getpid())
+        args = (self.spec, self.to_engine_addr, self.from_engine_addr, None if self.in_process else os.getpid())
         if self.in_process:
             self._proc = threading.Thread(target=self.engine_main, args=(*args, self.ctx), name="engine-core",
                                           daemon=True)  # fmt: skip

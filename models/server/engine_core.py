@@ -160,8 +160,9 @@ def request_of(prompt: list[int], sampling: dict, rid: str, features: tuple[list
     return Request(tuple(prompt), SamplingParams(**sp), features=feats, request_id=rid)
 
 
-def serve(engine, inbox: zmq.Socket, outbox: zmq.Socket, parent: int) -> None:
-    """The loop: take what the front end sent, step, send what the step gave; until SHUTDOWN or the parent dies. A
+def serve(engine, inbox: zmq.Socket, outbox: zmq.Socket, parent: int | None) -> None:
+    """The loop: take what the front end sent, step, send what the step gave; until SHUTDOWN or the parent process
+    dies (``parent``: its pid; None for an engine in a thread of the front end's process, which lives as long). A
     STEP message also carries the intakes since the last one: each request's seconds from its arrival at the server to
     its submission here."""
     import numpy as np
@@ -188,7 +189,7 @@ def serve(engine, inbox: zmq.Socket, outbox: zmq.Socket, parent: int) -> None:
                 elif kind == Kind.SHUTDOWN:
                     return
             busy = True
-        if not busy and os.getppid() != parent:
+        if not busy and parent is not None and os.getppid() != parent:
             return  # the front end is gone
         if engine.has_work():
             out = engine.step()
