@@ -392,6 +392,54 @@ def test_50_concurrent_streams_each_get_every_token(server):
     assert asyncio.run(all_of_them()) == [(6, "length")] * 50
 
 
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # (a zombie has exited)
+    except FileNotFoundError:
+        return False
+
+
+def test_front_ends_share_the_port_and_the_engine_and_metrics_sum_over_them(ckpt, api):
+    """``--front-ends 2``: 16 streams at once, each on a connection of its own, all get the text one front end gives;
+    the kernel spread the connections over both processes (each counted some), /metrics sums them; SIGTERM drains and
+    stops every process of the server."""
+    expected = api.completions.create(model="qwen", prompt=PROMPT, max_tokens=6, temperature=0,
+                                      extra_body={"ignore_eos": True}).choices[0].text  # fmt: skip
+    s = Server(ckpt, "--front-ends", "2")
+    try:
+        children = subprocess.run(["pgrep", "-P", str(s.proc.pid)], capture_output=True, text=True).stdout.split()
+        assert len(children) >= 2  # the engine and the other front end (and multiprocessing's resource tracker)
+
+        async def one():
+            async with openai.AsyncOpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0, timeout=60) as c:
+                stream = await c.completions.create(model="qwen", prompt=PROMPT, max_tokens=6, temperature=0,
+                                                    stream=True, extra_body={"ignore_eos": True})  # fmt: skip
+                return "".join([c.choices[0].text async for c in stream if c.choices])
+
+        async def burst():
+            return await asyncio.wait_for(asyncio.gather(*(one() for _ in range(16))), 120)
+
+        assert asyncio.run(burst()) == [expected] * 16
+        finished = 'resplan_requests_finished_total[(\'finish_reason\', \'length\')]'
+        assert s.metrics()[finished] == 16
+        seen = {}  # each front end's own count, by its process's start time (a new connection each time)
+        for _ in range(40):
+            text = httpx.get(s.url + "/metrics?scope=front-end", timeout=5).text
+            own = {x.name: x.value for fam in text_string_to_metric_families(text) for x in fam.samples}
+            seen[own["process_start_time_seconds"]] = own["resplan_requests_finished_total"]
+            if len(seen) == 2:
+                break
+        assert len(seen) == 2 and sum(seen.values()) == 16 and min(seen.values()) > 0, seen
+        assert "2 front ends" in s.stop() and s.proc.returncode == 0
+        deadline = time.monotonic() + 10
+        while any(_alive(int(p)) for p in children) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(int(p)) for p in children)
+    finally:
+        s.stop()
+
+
 BAD = [
     ("completions", {"prompt": "x", "temperature": -1}, 400, "temperature"),
     ("completions", {"prompt": "x", "top_p": 1.5}, 400, "top_p"),
@@ -776,20 +824,30 @@ def test_subtitle_cues_carry_each_windows_span_and_text_and_skip_silent_windows(
         assert _cues(subtitles(spans, texts, fmt), fmt) == [(0.0, 0.3, "hello there"), (0.71, 3725.072, "last one")]
 
 
-@pytest.mark.parametrize("kind", ["no-config", "unknown-architecture", "port"])
+@pytest.mark.parametrize("kind", ["no-config", "unknown-architecture", "port", "port-in-use", "front-ends"])
 def test_a_bad_start_is_one_line(tmp_path, capsys, kind):
     """What the command line and the directory tell is refused in one line (the engine process, started at once so
-    that it loads while the front end checks, is stopped again)."""
+    that it loads while the front end checks, is stopped again); a port another socket holds, before anything
+    starts."""
     from models.server.cli import main
 
-    args = ["--model-dir", str(tmp_path), "--port", "70000" if kind == "port" else "0"]
-    if kind == "unknown-architecture":
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = {"port": "70000", "port-in-use": str(taken.getsockname()[1])}.get(kind, "0")
+    args = ["--model-dir", str(tmp_path), "--port", port]
+    args += ["--front-ends", "2", "--in-process"] if kind == "front-ends" else []
+    if kind != "no-config":
         (tmp_path / "config.json").write_text('{"architectures": ["Foo"]}')
-    with pytest.raises(SystemExit) as info:
-        main(args)
+    try:
+        with pytest.raises(SystemExit) as info:
+            main(args)
+    finally:
+        taken.close()
     err = capsys.readouterr().err
     words = {"no-config": "holds no config.json", "unknown-architecture": "architectures ['Foo']",
-             "port": "must be in [0, 65535]"}[kind]  # fmt: skip
+             "port": "must be in [0, 65535]", "port-in-use": "cannot listen on 127.0.0.1",
+             "front-ends": "serves one front end"}[kind]  # fmt: skip
     assert info.value.code == 2 and err.count("\n") == 1 and words in err, err
 
 

@@ -115,11 +115,11 @@ def build_paced(spec, progress):
     return engine, ServedModel("paced", c["vocab"], c["max_seq_len"], (0,), ("a stand-in engine core",), {})
 
 
-def paced_main(spec, inbox_addr: str, outbox_addr: str, parent: int, context=None) -> None:
+def paced_main(spec, links, parent: int | None, context=None) -> None:
     """The stand-in engine process's body."""
     from models.server.engine_core import run_core
 
-    run_core(build_paced, spec, inbox_addr, outbox_addr, parent, context)
+    run_core(build_paced, spec, links, parent, context)
 
 
 def serve_front_end(tokenizer_dir: Path, port: int, step_ms: float, max_running: int, max_seq_len: int,

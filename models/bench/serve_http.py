@@ -69,6 +69,8 @@ def parser() -> OneLineParser:
                          "idle server, so the GPU holds both")
     ap.add_argument("--seed", type=int, default=0, help="round r draws its traffic from seed + r (default 0)")
     ap.add_argument("--port", type=int, default=8000, help="the server's port (127.0.0.1)")
+    ap.add_argument("--front-ends", type=positive_int, default=1,
+                    help="the server's front-end processes (its --front-ends; default 1)")
     ap.add_argument("--client-procs", type=positive_int, default=4,
                     help="client processes the HTTP requests are spread over (default 4)")
     ap.add_argument("--server-cpus", type=cpu_set, default=None,
@@ -112,7 +114,8 @@ class ServerProcess:
         t0 = time.perf_counter()
         self.proc = subprocess.Popen([sys.executable, "-m", "models.server", "--model-dir", str(args.model_dir),
                                       "--port", str(args.port), "--max-running", str(args.max_running),
-                                      "--max-seq-len", str(args.max_seq_len), "--no-progress"],
+                                      "--max-seq-len", str(args.max_seq_len), "--front-ends", str(args.front_ends),
+                                      "--no-progress"],
                                      stdout=subprocess.PIPE, stderr=self.f, text=True,
                                      preexec_fn=pinned(args.server_cpus))  # fmt: skip
         line = self.proc.stdout.readline()  # "ready: URL (...)" once it serves, or "" when it exits first

@@ -26,7 +26,7 @@ from models.engine.requests import MAX_LOGPROBS
 from models.engine.text import Tokenizer, TokenizerError
 from models.server.client import EngineClient, EngineFailed
 from models.server.heap import CollectorClock
-from models.server.metrics import Metrics
+from models.server.metrics import Metrics, merged
 from models.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -44,6 +44,7 @@ from models.server.text import ChoiceText
 from models.server.tokenizer_queue import TokenizerQueue
 
 PROMPT_FORMS = "must be a string, a list of strings, a list of token ids or a list of lists of token ids"
+PEER_METRICS_TIMEOUT_S = 5.0  # another front end's /metrics?scope=front-end
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to the rest of the context
 
 
@@ -83,6 +84,7 @@ class ServerState:
     active: int = 0  # HTTP generation requests being served
     metrics: Metrics | None = None
     max_audio_mb: float = 25.0  # a transcription's upload at most (OpenAI's and vLLM's 25 MB)
+    peer_ports: list[int] = attrs.Factory(list)  # the other front ends' loopback ports (--front-ends): their metrics
     prompts: TokenizerQueue = attrs.field(init=False)  # text prompts' ids, off the loop
     collector: CollectorClock = attrs.field(init=False)  # this process's garbage collections
 
@@ -145,8 +147,13 @@ def build_app(state: ServerState) -> FastAPI:
         return card()
 
     @app.get("/metrics")
-    async def metrics():
-        return PlainTextResponse(state.metrics.exposition(), media_type="text/plain; version=0.0.4")
+    async def metrics(scope: str = "server"):
+        """Every front end's metrics summed (``metrics.merged``); ``?scope=front-end``: this process's alone."""
+        own = state.metrics.exposition()
+        if scope == "front-end" or not state.peer_ports:
+            return PlainTextResponse(own, media_type="text/plain; version=0.0.4")
+        theirs = await asyncio.gather(*(_front_end_metrics(p) for p in state.peer_ports))
+        return PlainTextResponse(merged([own.decode(), *theirs]), media_type="text/plain; version=0.0.4")
 
     async def completions(request: Request):
         arrived = time.perf_counter()  # (its headers in; its body not yet read)
@@ -384,6 +391,22 @@ async def _parsed(request: Request, model: type[SamplingFields]) -> SamplingFiel
         return model.model_validate_json(await request.body())
     except ValidationError as e:
         raise RequestValidationError(e.errors(include_url=False)) from None
+
+
+async def _front_end_metrics(port: int) -> str:
+    """Another front end's own metrics, read over its loopback port."""
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /metrics?scope=front-end HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        reply = await asyncio.wait_for(reader.read(-1), PEER_METRICS_TIMEOUT_S)
+        writer.close()
+    except (TimeoutError, OSError) as e:
+        raise HTTPError(503, f"a front end (port {port}) did not give its metrics: {e!r}") from None
+    head, _, body = reply.partition(b"\r\n\r\n")
+    status = head.split(b"\r\n", 1)[0].decode(errors="replace")
+    if not status.startswith("HTTP/1.1 200"):
+        raise HTTPError(503, f"a front end (port {port}) did not give its metrics: {status}")
+    return body.decode()
 
 
 def _engine_failed() -> HTTPError:

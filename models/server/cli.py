@@ -44,6 +44,11 @@ def parser() -> OneLineParser:
     ap.add_argument("--served-model-name", default=None, help="the model's name in the API (default: the directory's)")
     ap.add_argument("--max-waiting", type=positive_int, default=1024,
                     help="requests waiting for the engine beyond which new ones get 503 (default 1024)")
+    ap.add_argument("--front-ends", type=positive_int, default=1,
+                    help="HTTP front-end processes over the one engine (default 1). Each parses, checks and tokenizes "
+                         "its requests and writes its streams; they share the port (the kernel spreads connections "
+                         "over them) and /metrics sums theirs. More than one takes a burst in faster where one "
+                         "process's CPU is what requests wait for (as vLLM's --api-server-count)")  # fmt: skip
     ap.add_argument("--in-process", action="store_true",
                     help="run the engine core in a thread of this process, not a process of its own (debugging)")
     ap.add_argument("--drain-timeout", type=float, default=DRAIN_TIMEOUT_S,
@@ -83,6 +88,8 @@ def _check_options(ap: OneLineParser, args) -> None:
     """One-line errors for what the options alone tell, before anything is imported or started."""
     if not 0 <= args.port < 65536:
         ap.error(f"argument --port: must be in [0, 65535], got {args.port}")
+    if args.front_ends > 1 and args.in_process:
+        ap.error("argument --front-ends: an engine in a thread (--in-process) serves one front end")
     if args.prefill_graphs is not None and args.prefill_graphs < 0:
         ap.error("argument --prefill-graphs: must be >= 0")
     if args.kv_memory_gib is not None and args.kv_memory_gib <= 0:
@@ -113,11 +120,11 @@ class _Refused(Exception):
     engine reported first, never in between."""
 
 
-def _refuse(message: str) -> NoReturn:
+def refuse(message: str) -> NoReturn:
     raise _Refused(message)
 
 
-def _front_end(error: Callable[[str], NoReturn], args):
+def front_end_files(error: Callable[[str], NoReturn], args):
     """The front end's own start: the directory checked, the tokenizer read, Whisper's audio settings (or None)."""
     _check_model(error, args)
     import uvicorn  # noqa: F401 (the HTTP stack imported here, while the engine loads)
@@ -141,20 +148,24 @@ def raise_open_files_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20, hard))
 
 
-def _start(ap: OneLineParser, args, client, progress: _Progress):
+def _start(ap: OneLineParser, args, client, progress: _Progress, peers=None):
     """Launch the engine and, while it starts, check the directory and read the tokenizer on a thread (this one waits
     for the engine and says its stages); (what it serves, the tokenizer, Whisper's audio settings or None) once both
     are done. The front end's one-line error (SystemExit) or the engine's failure (EngineFailed) is raised."""
-    front = _front_end(ap.error, args) if args.in_process else None  # (transformers' lazy imports are not safe from two
-    client.launch()  # threads at once; a process of its own imports, loads and builds while this one checks and reads
+    # (transformers' lazy imports are not safe from two threads at once; a process of its own imports, loads and
+    # builds while this one checks and reads)
+    front = front_end_files(ap.error, args) if args.in_process else None
+    client.launch()
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="front-end-start")
-    reading = pool.submit(lambda: front or _front_end(_refuse, args))
+    reading = pool.submit(lambda: front or front_end_files(refuse, args))
     pool.shutdown(wait=False)
     reported = False
     held: list[tuple[str, float]] = []  # the engine's stages until the front end's checks pass: a refusal is one line
 
     def check() -> None:
         nonlocal reported
+        if peers is not None:
+            peers.check()
         if reading.done() and not reported:
             try:
                 reading.result()
@@ -202,12 +213,8 @@ class _Progress:
             self.bar.close()
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = parser()
-    args = ap.parse_args(argv)
-    _check_options(ap, args)
-
-    from models.server.client import EngineClient, EngineFailed
+def engine_spec(args):
+    """The engine the options ask for."""
     from models.server.engine_core import EngineSpec
 
     choices = {k: v for k, v in dict(max_running=args.max_running, max_seq_len=args.max_seq_len,
@@ -215,58 +222,116 @@ def main(argv: list[str] | None = None) -> int:
                                      overlap=False if args.no_overlap else None, prefill_graphs=args.prefill_graphs,
                                      prefix_cache=False if args.no_prefix_cache else None,
                                      prefill=args.prefill).items() if v is not None}  # fmt: skip
-    spec = EngineSpec(str(args.model_dir), device=args.device, dtype=args.dtype, choices=choices)
-    client = EngineClient(spec, in_process=args.in_process)
+    return EngineSpec(str(args.model_dir), device=args.device, dtype=args.dtype, choices=choices)
+
+
+def server_state(args, client, tokenizer, audio):
+    """A front end's state over its engine client, not yet ready."""
+    from models.server.app import ServerState
+
+    return ServerState(client, tokenizer, args.served_model_name or client.served.name, args.max_waiting, audio,
+                       ready=False, max_audio_mb=args.max_audio_mb)  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
+    argv = sys.argv[1:] if argv is None else argv
+    args = ap.parse_args(argv)
+    _check_options(ap, args)
+    try:  # (before anything starts: a port in use is one line)
+        from models.server.front_ends import listening_socket
+
+        public = listening_socket(args.host, args.port, shared=args.front_ends > 1)
+    except OSError as e:
+        ap.error(f"argument --port: cannot listen on {args.host}:{args.port}: {e.strerror or e}")
+    with public:
+        return _serve_on(ap, args, argv, public)
+
+
+def _serve_on(ap: OneLineParser, args, argv: list[str], public) -> int:
+    """Start the engine (and the other front ends), then serve on the bound socket ``public`` until drained."""
+    from models.server.client import EngineClient, EngineFailed
+    from models.server.front_ends import FrontEndFailed, Peers, listening_socket
+
+    client = EngineClient(engine_spec(args), in_process=args.in_process, front_ends=args.front_ends)
+    peers = Peers.start(argv, client.links[1:], public.getsockname()[1]) if args.front_ends > 1 else None
     t0 = time.perf_counter()
     raise_open_files_limit()
     progress = _Progress(not args.no_progress and sys.stderr.isatty())
+
+    def stop_all() -> None:
+        if peers is not None:
+            peers.terminate()
+            peers.join(10)
+        client.shutdown()
+
     try:
         try:
-            served, tokenizer, audio = _start(ap, args, client, progress)
+            served, tokenizer, audio = _start(ap, args, client, progress, peers)
         except SystemExit:
-            client.shutdown()
+            stop_all()
             raise
-    except EngineFailed as e:
+    except (EngineFailed, FrontEndFailed) as e:
         progress.close()
-        print(f"python -m models.server: error: the engine could not start:\n{e}", file=sys.stderr)
-        client.shutdown()
+        what = "the engine" if isinstance(e, EngineFailed) else "a front end"
+        print(f"python -m models.server: error: {what} could not start:\n{e}", file=sys.stderr)
+        stop_all()
         return 1
     except KeyboardInterrupt:
         progress.close()
         print("python -m models.server: interrupted while starting", file=sys.stderr)
-        client.shutdown()
+        stop_all()
         return 130
-    import uvicorn
+    state = server_state(args, client, tokenizer, audio)
+    private = listening_socket("127.0.0.1", 0, shared=False) if peers is not None else None
+    sockets = [public] if private is None else [public, private]
+    port = public.getsockname()[1]
 
-    from models.server.app import ServerState, build_app
+    async def on_listening() -> None:
+        import asyncio
 
-    state = ServerState(client, tokenizer, args.served_model_name or served.name, args.max_waiting, audio, ready=False,
-                        max_audio_mb=args.max_audio_mb)  # fmt: skip
-    app = build_app(state)
-    if args.api_key:
-        from models.server.auth import KeyCheck
-
-        app = KeyCheck(app, args.api_key)
-    server = _DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
-                                            timeout_graceful_shutdown=5, timeout_keep_alive=KEEP_ALIVE_S),
-                             state, args.drain_timeout)  # fmt: skip
-
-    async def on_listening(port: int) -> None:
-        await warm_front_end(state, args.host, port, args.api_key)
+        warm = private or public
+        await warm_front_end(state, args.host if private is None else "127.0.0.1", warm.getsockname()[1],
+                             args.api_key)  # fmt: skip
+        if peers is not None:
+            ports = await asyncio.get_running_loop().run_in_executor(None, peers.wait_warm)
+            peers.announce([warm.getsockname()[1], *ports])
+            state.peer_ports = ports
         state.ready = True  # (/health: 200 from now on)
         progress("front end: warmed up through HTTP", time.time() - client.launched_at)
         progress.close()
         for note in served.notes:
             print(f"  {note}", file=sys.stderr)
-        print(f"ready: http://{args.host}:{port} (model {state.model}, {time.perf_counter() - t0:.1f} s)", flush=True)
+        fronts = f", {args.front_ends} front ends" if peers is not None else ""
+        print(f"ready: http://{args.host}:{port} (model {state.model}{fronts}, {time.perf_counter() - t0:.1f} s)",
+              flush=True)  # fmt: skip
 
-    server.on_listening = on_listening
     try:
-        server.run()
+        return serve(args, state, sockets, on_listening, peers=peers)
     finally:
         state.prompts.close()
-        client.shutdown()
-    return 0
+        stop_all()
+
+
+def serve(args, state, sockets, on_listening, peers=None, owner: int | None = None) -> int:
+    """Serve ``state``'s app on ``sockets`` until a signal drains it (``_DrainingServer``): the first front end with
+    the other front ends' ``peers`` (or None), another with its ``owner``'s pid. ``on_listening()`` is awaited once
+    the sockets listen. The exit code: 1 where a front end or the start failed, else 0."""
+    import uvicorn
+
+    from models.server.app import build_app
+
+    app = build_app(state)
+    if args.api_key:
+        from models.server.auth import KeyCheck
+
+        app = KeyCheck(app, args.api_key)
+    server = _DrainingServer(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5,
+                                            timeout_keep_alive=KEEP_ALIVE_S),
+                             state, args.drain_timeout, peers, owner)  # fmt: skip
+    server.on_listening = on_listening
+    server.run(sockets=sockets)
+    return server.exit_code
 
 
 async def warm_front_end(state, host: str, port: int, api_key: str | None = None) -> None:
@@ -303,30 +368,54 @@ async def warm_front_end(state, host: str, port: int, api_key: str | None = None
 
 class _DrainingServer:
     """uvicorn's server, whose first SIGTERM or SIGINT drains (new requests 503, running ones finish, at most
-    ``drain_timeout`` seconds) before it exits; a second exits at once."""
+    ``drain_timeout`` seconds) before it exits; a second exits at once. The first front end passes its signals on to
+    the other front ends (``peers``) and exits once they have; another front end (``owner``: the first's pid) ignores
+    SIGINT (a terminal's Ctrl-C reaches every process of the group: the first passes it on as SIGTERM) and exits at
+    once if the first is gone. A front end that exits while serving stops the first (``exit_code`` 1)."""
 
-    def __new__(cls, config, state, drain_timeout: float):
+    def __new__(cls, config, state, drain_timeout: float, peers=None, owner: int | None = None):
+        import signal
+
         import uvicorn
 
         class Server(uvicorn.Server):
-            on_listening = None  # an async callable of the port, awaited once the server listens
+            on_listening = None  # an async callable, awaited once the server listens
+            exit_code = 0
 
             def handle_exit(self, sig, frame) -> None:
+                if owner is not None and sig == signal.SIGINT:
+                    return
+                if peers is not None:
+                    peers.terminate()
                 if state.draining:
                     return super().handle_exit(sig, frame)
                 state.draining = True
                 self.drain_deadline = time.monotonic() + drain_timeout
-                print("draining: new requests get 503; waiting for the running ones", file=sys.stderr, flush=True)
+                if owner is None:
+                    print("draining: new requests get 503; waiting for the running ones", file=sys.stderr, flush=True)
 
             async def startup(self, sockets=None) -> None:
                 await super().startup(sockets)
                 if self.on_listening is not None and self.servers:
-                    await self.on_listening(self.servers[0].sockets[0].getsockname()[1])
+                    try:
+                        await self.on_listening()
+                    except Exception as e:  # noqa: BLE001 (a front end that failed to start: said in one line)
+                        print(f"python -m models.server: error: {e}", file=sys.stderr, flush=True)
+                        self.exit_code, self.should_exit = 1, True
 
             async def on_tick(self, counter: int) -> bool:
-                if state.draining and (state.active == 0 or time.monotonic() > self.drain_deadline):
+                import os
+
+                if owner is not None and os.getppid() != owner:
                     return True
+                if peers is not None and not state.draining and peers.running() < len(peers.procs):
+                    print("python -m models.server: error: a front end exited; stopping", file=sys.stderr, flush=True)
+                    self.exit_code = 1
+                    self.handle_exit(signal.SIGTERM, None)
+                if state.draining:
+                    late = time.monotonic() > self.drain_deadline
+                    if late or (state.active == 0 and (peers is None or peers.running() == 0)):
+                        return True
                 return await super().on_tick(counter)
 
         return Server(config)
-

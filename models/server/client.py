@@ -2,7 +2,11 @@
 requests and aborts, and hands each request's tokens to the coroutine serving it (``RequestStream``).
 
 One reader task takes the engine's STEP messages off the socket and appends each token to its request's stream, then
-wakes the streams it touched once; a stream whose client went away is aborted in the engine and forgotten."""
+wakes the streams it touched once; a stream whose client went away is aborted in the engine and forgotten.
+
+A server may run several front ends (processes) over one engine: the first starts the engine and tells it every
+front end's ``Link``; each front end binds its own two sockets, sends its requests on one, and gets every engine
+message on the other (the engine publishes each once; a front end skips the tokens of requests it does not hold)."""
 
 from __future__ import annotations
 
@@ -48,6 +52,14 @@ def _prompt_logprobs(streams: dict[str, RequestStream], scored: list) -> None:
 MAX_SEND_BATCH = 8
 
 
+@attrs.frozen
+class Link:
+    """One front end's sockets' addresses: where it sends to the engine, where the engine publishes to it."""
+
+    to_engine: str
+    from_engine: str
+
+
 class EngineFailed(RuntimeError):
     """The engine core could not start, or stopped with an error (its traceback is the message)."""
 
@@ -91,22 +103,31 @@ class Load:
 
 class EngineClient:
     """Starts and drives the engine core (module doc). ``start`` blocks until it is ready; ``run_reader`` is the
-    task that delivers its outputs; ``add`` / ``abort`` / ``shutdown`` talk to it."""
+    task that delivers its outputs; ``add`` / ``abort`` / ``shutdown`` talk to it.
 
-    def __init__(self, spec: EngineSpec, in_process: bool = False, engine_main: Callable = main) -> None:
+    The first front end's client (no ``link``) makes the links of all ``front_ends`` and launches the engine; another
+    front end's (``link``: one of ``links``, ``owner``: the first front end's pid) only binds its own and waits for
+    the engine the first one launched."""
+
+    def __init__(self, spec: EngineSpec, in_process: bool = False, engine_main: Callable = main,
+                 front_ends: int = 1, link: Link | None = None, owner: int | None = None) -> None:  # fmt: skip
+        assert front_ends == 1 or not in_process, "an engine in a thread serves one front end"
         self.spec = spec
         self.in_process = in_process
         self.engine_main = engine_main  # the engine side's body (engine_core.main; a stand-in's in the front-end bench)
+        self.owner = owner  # another front end's client: the pid of the first front end, which runs the engine
         self.ctx = zmq.Context()
-        base = f"resplan-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        if in_process:
-            self.to_engine_addr, self.from_engine_addr = f"inproc://{base}-in", f"inproc://{base}-out"
-        else:
-            d = tempfile.gettempdir()
-            self.to_engine_addr, self.from_engine_addr = f"ipc://{d}/{base}-in", f"ipc://{d}/{base}-out"
+        if link is None:
+            base = f"resplan-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            where = "inproc://" if in_process else f"ipc://{tempfile.gettempdir()}/"
+            self.links = tuple(Link(f"{where}{base}-in{k}", f"{where}{base}-out{k}") for k in range(front_ends))
+            link = self.links[0]
+        self.to_engine_addr, self.from_engine_addr = link.to_engine, link.from_engine
         self.to_engine = self.ctx.socket(zmq.PUSH)
         self.to_engine.bind(self.to_engine_addr)
-        self.from_engine = self.ctx.socket(zmq.PULL)
+        self.from_engine = self.ctx.socket(zmq.SUB)
+        self.from_engine.setsockopt(zmq.RCVHWM, 0)  # (no message of the engine's is ever dropped)
+        self.from_engine.setsockopt(zmq.SUBSCRIBE, b"")
         self.from_engine.bind(self.from_engine_addr)
         self.streams: dict[str, RequestStream] = {}
         self._outbox: list[bytes] = []  # messages queued for the engine in this loop iteration (``_send``)
@@ -132,7 +153,7 @@ class EngineClient:
     def launch(self) -> None:
         """Start the engine core (it loads and builds while the caller goes on)."""
         self.launched_at = time.time()
-        args = (self.spec, self.to_engine_addr, self.from_engine_addr, None if self.in_process else os.getpid())
+        args = (self.spec, self.links, None if self.in_process else os.getpid())
         if self.in_process:
             self._proc = threading.Thread(target=self.engine_main, args=(*args, self.ctx), name="engine-core",
                                           daemon=True)  # fmt: skip
@@ -149,9 +170,11 @@ class EngineClient:
         while True:
             check()
             if not self.from_engine.poll(100):
-                if not self._proc.is_alive():
+                if self._proc is not None and not self._proc.is_alive():
                     raise EngineFailed(f"the engine process exited (code {getattr(self._proc, 'exitcode', '?')}) "
                                        "before it was ready")  # fmt: skip
+                if self.owner is not None and os.getppid() != self.owner:
+                    raise EngineFailed("the server's first process, which runs the engine, exited")
                 if time.monotonic() > deadline:
                     raise EngineFailed(f"the engine was not ready after {timeout_s:.0f} s")
                 continue
@@ -168,7 +191,7 @@ class EngineClient:
                 return self.served
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
-        """Tell the engine core to stop, and wait for it (then end it)."""
+        """Tell the engine core to stop, and wait for it (then end it); another front end's client only closes."""
         if self._proc is not None and self._proc.is_alive():
             self.to_engine.send(pack(Kind.SHUTDOWN))  # (an engine still building reads it only once it serves)
             self._proc.join(timeout_s if self.served is not None or self.in_process else 0.1)

@@ -1,15 +1,18 @@
 """The engine core in a process of its own: it builds the engine, warms it up, and then only steps it.
 
-The front end (``client.EngineClient``) and this process talk over two ZMQ sockets, one each way, every message one
-msgpack array whose first item is its kind (``Kind``); the front end sends what one turn of its loop gave as the frames
-of one multipart message. The front end sends ADD (request id, prompt ids, sampling fields, and Whisper's features or
-None), ABORT (request id) and SHUTDOWN. The engine sends PROGRESS while it starts (each stage with the wall-clock time
-it began), READY with what it serves (``ServedModel``), then a STEP message for every step that gave tokens or results:
-the request id of each new token and the token, the finished requests with their finish reasons, the engine's load and
-step counters, (when a token of the step asked) the tokens' logprobs: float32 logprob [n], int32 top ids and float32
-top logprobs [n, 5], as bytes, and the prompts' logprobs of the requests that asked whose first token is in the step
-(each its request id and the same three arrays over its prompt tokens 1 .. P-1). A request the engine refuses comes
-back as REJECTED (its field and message); FAILED carries a fatal error's traceback before the process exits.
+Each front end (``client.EngineClient``; a server runs one or more) and this process talk over two ZMQ sockets, one
+each way, every message one msgpack array whose first item is its kind (``Kind``): this process takes every front
+end's PUSH on one PULL, and publishes each of its messages once to all of them (XPUB: it says READY once every front
+end has subscribed, and drops nothing for one that is behind). A front end sends what one turn of its loop gave
+as the frames of one multipart message: ADD (request id, prompt ids, sampling fields, and Whisper's features or None),
+ABORT (request id) and SHUTDOWN (the first front end only). The engine sends PROGRESS while it starts (each stage
+with the wall-clock time it began), READY with what it serves (``ServedModel``), then a STEP message for every step
+that gave tokens or results: the request id of each new token and the token, the finished requests with their finish
+reasons, the engine's load and step counters, (when a token of the step asked) the tokens' logprobs: float32 logprob
+[n], int32 top ids and float32 top logprobs [n, 5], as bytes, and the prompts' logprobs of the requests that asked
+whose first token is in the step (each its request id and the same three arrays over its prompt tokens 1 .. P-1). A
+request the engine refuses comes back as REJECTED (its field and message); FAILED carries a fatal error's traceback
+before the process exits.
 
 Between steps the loop takes every message waiting, then steps; with nothing to run it blocks on its inbox (waking every
 second to see whether the front end still lives). Nothing else runs in this process: no tokenizer, no HTTP.
@@ -210,23 +213,43 @@ def serve(engine, inbox: zmq.Socket, outbox: zmq.Socket, parent: int | None) -> 
                 intakes = []
 
 
-def main(spec: EngineSpec, inbox_addr: str, outbox_addr: str, parent: int, context: zmq.Context | None = None) -> None:
+def main(spec: EngineSpec, links, parent: int | None, context: zmq.Context | None = None) -> None:
     """The engine process's body (or, with ``context``, a thread's in the front end's process)."""
-    run_core(build_engine, spec, inbox_addr, outbox_addr, parent, context)
+    run_core(build_engine, spec, links, parent, context)
 
 
-def run_core(build, spec: EngineSpec, inbox_addr: str, outbox_addr: str, parent: int,
-             context: zmq.Context | None = None) -> None:  # fmt: skip
-    """Connect, ``build(spec, progress)`` the engine (``(engine, ServedModel)``), say READY, then ``serve`` it."""
+def subscribed(outbox: zmq.Socket, front_ends: int, parent: int | None) -> bool:
+    """Wait until ``front_ends`` subscriptions reached the XPUB ``outbox`` (a message published before a front end
+    subscribed never reaches it); False if the parent process ended first."""
+    seen = 0
+    while seen < front_ends:
+        if outbox.poll(100):
+            seen += outbox.recv()[:1] == b"\x01"  # (a subscription; b"\x00" would be its end)
+        elif parent is not None and os.getppid() != parent:
+            return False
+    return True
+
+
+def run_core(build, spec: EngineSpec, links, parent: int | None, context: zmq.Context | None = None) -> None:
+    """Connect to every front end's ``client.Link``, ``build(spec, progress)`` the engine (``(engine, ServedModel)``),
+    say READY, then ``serve`` it. The first message waits for a front end's subscription (the first front end's: it
+    subscribed before it launched this process; the others start beside it), READY for every one's."""
     if context is None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the front end decides
     ctx = context or zmq.Context()
-    inbox, outbox = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
-    inbox.connect(inbox_addr)
-    outbox.connect(outbox_addr)
+    inbox, outbox = ctx.socket(zmq.PULL), ctx.socket(zmq.XPUB)
+    outbox.setsockopt(zmq.SNDHWM, 0)  # a front end that is behind gets every message later, never loses one
+    outbox.setsockopt(zmq.XPUB_VERBOSE, 1)  # every front end's subscription comes up, not only the first
+    for link in links:
+        inbox.connect(link.to_engine)
+        outbox.connect(link.from_engine)
     try:  # (the times are the wall clock's: the front end says them from its own start)
+        if not subscribed(outbox, 1, parent):
+            return
         engine, served = build(spec, lambda stage: outbox.send(pack(Kind.PROGRESS, stage, time.time())))
         freeze_heap()
+        if not subscribed(outbox, len(links) - 1, parent):
+            return
         outbox.send(pack(Kind.READY, attrs.asdict(served), time.time()))
         serve(engine, inbox, outbox, parent)
     except Exception:  # the front end reports it (with this traceback) and stops; the process ends quietly

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.parser import text_string_to_metric_families
 
 from models.server.heap import CollectorClock
 
@@ -109,3 +110,49 @@ class Metrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+# with several front ends (--front-ends): gauges each front end has of its own, summed over them like the counters and
+# histograms; every other gauge is the engine's, the same in each (its last step message), and is the first's
+PER_FRONT_END_GAUGES = ("resplan_frontend_gc_seconds", "process_virtual_memory_bytes", "process_resident_memory_bytes",
+                        "process_open_fds")  # fmt: skip
+
+
+class _Families:
+    """A collector that gives parsed metric families back as they are."""
+
+    def __init__(self, families: list) -> None:
+        self.families = families
+
+    def collect(self):
+        yield from self.families
+
+
+def merged(texts: list[str]) -> bytes:
+    """Front ends' expositions as one: the first's, with each counter's, histogram's and own gauge's
+    (``PER_FRONT_END_GAUGES``) samples summed over all (a sample only the others have is added; ``_created``
+    timestamps stay the first's)."""
+    families: dict[str, tuple] = {}  # name -> (family, {(sample name, labels): index in its samples}, summed)
+    for text in texts:
+        for fam in text_string_to_metric_families(text):
+            if fam.name not in families:
+                summed = fam.type in ("counter", "histogram", "summary") or fam.name in PER_FRONT_END_GAUGES
+                index = {(x.name, tuple(sorted(x.labels.items()))): i for i, x in enumerate(fam.samples)}
+                families[fam.name] = (fam, index, summed)
+                continue
+            first, index, summed = families[fam.name]
+            if not summed:
+                continue
+            for x in fam.samples:
+                if x.name.endswith("_created"):
+                    continue
+                key = (x.name, tuple(sorted(x.labels.items())))
+                i = index.get(key)
+                if i is None:
+                    index[key] = len(first.samples)
+                    first.samples.append(x)
+                else:
+                    first.samples[i] = first.samples[i]._replace(value=first.samples[i].value + x.value)
+    registry = CollectorRegistry()
+    registry.register(_Families([f for f, _, _ in families.values()]))
+    return generate_latest(registry)
