@@ -3,7 +3,8 @@ transformers and tokenizers), its engine core in a process of its own, driven by
 raw HTTP. Text equals ``generate``'s for the same seed (whole and streamed, completions and chat), usage counts, stop
 strings split across tokens, ``n``, a disconnect that frees the request's pages within a step, 50 concurrent streams,
 every bad input answered 400 (or 404) in OpenAI's error object with the server still serving, ``/metrics`` parsed by
-prometheus_client, ``--max-waiting`` answered 503 with Retry-After, and SIGTERM draining the running requests.
+prometheus_client, ``--max-waiting`` answered 503 with Retry-After, SIGTERM draining the running requests, and two
+front-end processes over one engine (``--front-ends``) sharing the port and summing their metrics.
 
 Every server binds 127.0.0.1 on a free port and is stopped by the test that started it; every wait is bounded."""
 
