@@ -28,6 +28,7 @@ pytest.importorskip("fastapi")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from models.engine.text import Tokenizer  # noqa: E402
+from models.server.metrics import Metrics  # noqa: E402
 
 START_TIMEOUT_S = 120
 PROMPT = "the quick brown fox"
@@ -564,6 +565,40 @@ def test_metrics_parse_and_count(server, api):
     assert 0 <= m[f"{intake}_sum"] - before.get(f"{intake}_sum", 0) < 60
     for gc_seconds in ("resplan_frontend_gc_seconds", "resplan_engine_gc_seconds"):  # each process's collections
         assert 0 <= before[gc_seconds] <= m[gc_seconds] < 60
+
+
+def test_merged_metrics_sum_the_front_ends_counts_and_keep_the_engines_gauges_once():
+    from models.server.client import Load
+    from models.server.heap import CollectorClock
+    from models.server.metrics import merged
+
+    clocks = [CollectorClock(), CollectorClock()]
+    try:
+        for c, gc_s in zip(clocks, (0.25, 0.5), strict=True):
+            c.seconds = gc_s
+        fronts = [Metrics(lambda: Load(running=3, pages_used=7), c) for c in clocks]
+        fronts[0].request_done(0.0, [0.003, 0.004, 0.0055], 5, "length")  # gaps 1 and 1.5 ms
+        fronts[1].request_done(0.0, [0.3, 0.5], 7, "stop")  # gap 200 ms
+        texts = [f.exposition().decode() for f in fronts]
+        parsed = [{(x.name, tuple(sorted(x.labels.items()))): x.value for fam in text_string_to_metric_families(t)
+                   for x in fam.samples} for t in (*texts, merged(texts).decode())]  # fmt: skip
+    finally:
+        for c in clocks:
+            c.close()
+    a, b, m = parsed
+    assert m.keys() == a.keys() | b.keys()
+    for key, value in m.items():
+        name = key[0]
+        if name.endswith("_created") or name in ("resplan_requests_running", "resplan_kv_pages_used",
+                                                 "process_start_time_seconds", "process_max_fds"):  # fmt: skip
+            assert value == (a[key] if key in a else b[key]), key  # the first's (the engine's gauges: the same)
+        elif name.startswith("resplan_") or name == "process_cpu_seconds_total":
+            assert value == pytest.approx(a.get(key, 0) + b.get(key, 0)), key
+    assert m[("resplan_prompt_tokens_total", ())] == 12 and m[("resplan_frontend_gc_seconds", ())] >= 0.75
+    assert m[("resplan_requests_running", ())] == 3
+    itl = "resplan_inter_token_latency_seconds_bucket"
+    assert m[(itl, (("le", "0.0015"),))] == 2 and m[(itl, (("le", "+Inf"),))] == 3
+    assert m[("resplan_requests_finished_total", (("finish_reason", "stop"),))] == 1
 
 
 def test_messages_of_one_loop_turn_reach_the_engine_in_order_in_batches_of_at_most_the_cap():

@@ -130,8 +130,8 @@ class _Families:
 
 def merged(texts: list[str]) -> bytes:
     """Front ends' expositions as one: the first's, with each counter's, histogram's and own gauge's
-    (``PER_FRONT_END_GAUGES``) samples summed over all (a sample only the others have is added; ``_created``
-    timestamps stay the first's)."""
+    (``PER_FRONT_END_GAUGES``) samples summed over all; a sample (a label set) only the others have is added as it
+    is. (The text format gives each counter's ``_created`` timestamps as a gauge family of their own: the first's.)"""
     families: dict[str, tuple] = {}  # name -> (family, {(sample name, labels): index in its samples}, summed)
     for text in texts:
         for fam in text_string_to_metric_families(text):
@@ -141,17 +141,13 @@ def merged(texts: list[str]) -> bytes:
                 families[fam.name] = (fam, index, summed)
                 continue
             first, index, summed = families[fam.name]
-            if not summed:
-                continue
             for x in fam.samples:
-                if x.name.endswith("_created"):
-                    continue
                 key = (x.name, tuple(sorted(x.labels.items())))
                 i = index.get(key)
                 if i is None:
                     index[key] = len(first.samples)
                     first.samples.append(x)
-                else:
+                elif summed and not x.name.endswith("_created"):
                     first.samples[i] = first.samples[i]._replace(value=first.samples[i].value + x.value)
     registry = CollectorRegistry()
     registry.register(_Families([f for f, _, _ in families.values()]))
