@@ -10,6 +10,8 @@ Endpoints: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions`` (the ch
 ``/v1/audio/transcriptions`` (a Whisper checkpoint: a WAV upload), ``/health``, ``/metrics`` (Prometheus). SIGTERM
 (or Ctrl-C) drains: new requests get 503, running ones finish, then the server exits; a second signal exits at once.
 
+``--front-ends N`` runs N front-end processes over the one engine, sharing the port (``front_ends.py``).
+
 Defaults on CUDA are the fastest engine the benchmarks measured (Triton attention that needs no host plan, overlapped
 resident decode steps, captured prefill passes beside the decode steps); on a CPU, the engine that runs there. The
 start-up log says what each default chose.

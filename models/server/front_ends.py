@@ -130,6 +130,7 @@ def run_front_end(argv: list[str], index: int, link, port: int, pipe) -> None:
 
     owner = os.getppid()
     args = cli.parser().parse_args(argv)
+    cli.raise_open_files_limit()
     try:
         from models.server.client import EngineClient
 
