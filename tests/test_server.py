@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 from checkpoints import WHISPER_SPECIALS, save_qwen, save_whisper, tone, write_wav
 
@@ -626,6 +627,34 @@ def test_messages_of_one_loop_turn_reach_the_engine_in_order_in_batches_of_at_mo
         assert sum(batches, []) == list(range(n))
     finally:
         engine.close(linger=0)
+        client.shutdown()
+
+
+def test_a_step_wakes_its_streams_in_the_engines_row_order():
+    """The reader wakes the streams a STEP message touched in the order of its rows (then those it only finished),
+    whatever the streams' memory addresses: each stream's place in a step's deliveries is the same from step to step."""
+    from models.server.client import EngineClient, RequestStream
+    from models.server.engine_core import EngineSpec, Kind
+
+    class Wake:
+        def __init__(self, rid, woken):
+            self.rid, self.woken = rid, woken
+
+        def set(self):
+            self.woken.append(self.rid)
+
+    client = EngineClient(EngineSpec(None), in_process=True)  # (sockets only: no engine launched)
+    try:
+        rids = [f"r{i}" for i in range(40)]
+        for rng_seed in range(3):
+            woken = []
+            client.streams = {rid: RequestStream(rid, wake=Wake(rid, woken)) for rid in rids}
+            order = [str(r) for r in np.random.default_rng(rng_seed).permutation(rids[:30])]
+            finished = [(rids[35], "stop"), (order[0], "length")]
+            load = (0, 30, 0, 0, 0, 0, 0, 0, 0, 0, 0.0)
+            assert client._deliver([Kind.STEP, order, list(range(30)), finished, load, None, [], 0.0, []])
+            assert woken == [*order, rids[35]]
+    finally:
         client.shutdown()
 
 

@@ -286,13 +286,13 @@ class EngineClient:
             now = time.perf_counter()
             self._lags.append(now - sent)  # (one monotonic clock on the host: CLOCK_MONOTONIC in both processes)
             self._intakes += intakes
-            touched = set()
+            touched = {}  # (a dict: the streams wake in the engine's row order, the same from step to step)
             for rid, tok in zip(rids, tokens, strict=True):
                 s = streams.get(rid)
                 if s is not None:
                     s.tokens.append(tok)
                     s.token_times.append(now)
-                    touched.add(s)
+                    touched[s] = None
             if lp is not None:
                 _logprobs(streams, rids, lp)
             if prompt_lp:
@@ -301,7 +301,7 @@ class EngineClient:
                 s = streams.get(rid)
                 if s is not None:
                     s.finish = reason
-                    touched.add(s)
+                    touched[s] = None
             for s in touched:
                 s.wake.set()
             self.load = Load(*load)
