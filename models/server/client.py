@@ -23,7 +23,16 @@ import attrs
 import numpy as np
 import zmq
 
-from models.server.engine_core import EngineSpec, Kind, ServedModel, main, pack, pack_features, unpack
+from models.server.engine_core import (
+    EngineSpec,
+    Kind,
+    ServedModel,
+    main,
+    pack,
+    pack_features,
+    parent_gone,
+    unpack,
+)
 
 
 def _logprobs(streams: dict[str, RequestStream], rids: list[str], lp: tuple[bytes, bytes, bytes]) -> None:
@@ -173,7 +182,7 @@ class EngineClient:
                 if self._proc is not None and not self._proc.is_alive():
                     raise EngineFailed(f"the engine process exited (code {getattr(self._proc, 'exitcode', '?')}) "
                                        "before it was ready")  # fmt: skip
-                if self.owner is not None and os.getppid() != self.owner:
+                if parent_gone(self.owner):
                     raise EngineFailed("the server's first process, which runs the engine, exited")
                 if time.monotonic() > deadline:
                     raise EngineFailed(f"the engine was not ready after {timeout_s:.0f} s")

@@ -163,6 +163,11 @@ def request_of(prompt: list[int], sampling: dict, rid: str, features: tuple[list
     return Request(tuple(prompt), SamplingParams(**sp), features=feats, request_id=rid)
 
 
+def parent_gone(parent: int | None) -> bool:
+    """The process ``parent`` (a pid; None: none to watch) is no longer this one's parent: it has exited."""
+    return parent is not None and os.getppid() != parent
+
+
 def serve(engine, inbox: zmq.Socket, outbox: zmq.Socket, parent: int | None) -> None:
     """The loop: take what the front end sent, step, send what the step gave; until SHUTDOWN or the parent process
     dies (``parent``: its pid; None for an engine in a thread of the front end's process, which lives as long). A
@@ -192,7 +197,7 @@ def serve(engine, inbox: zmq.Socket, outbox: zmq.Socket, parent: int | None) -> 
                 elif kind == Kind.SHUTDOWN:
                     return
             busy = True
-        if not busy and parent is not None and os.getppid() != parent:
+        if not busy and parent_gone(parent):
             return  # the front end is gone
         if engine.has_work():
             out = engine.step()
@@ -225,7 +230,7 @@ def subscribed(outbox: zmq.Socket, front_ends: int, parent: int | None) -> bool:
     while seen < front_ends:
         if outbox.poll(100):
             seen += outbox.recv()[:1] == b"\x01"  # (a subscription; b"\x00" would be its end)
-        elif parent is not None and os.getppid() != parent:
+        elif parent_gone(parent):
             return False
     return True
 
