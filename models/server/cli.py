@@ -292,12 +292,12 @@ def _serve_on(ap: OneLineParser, args, argv: list[str], public) -> int:
     async def on_listening() -> None:
         import asyncio
 
-        warm = private or public
-        await warm_front_end(state, args.host if private is None else "127.0.0.1", warm.getsockname()[1],
-                             args.api_key)  # fmt: skip
+        warm_host, warm_port = ((args.host, port) if private is None
+                                else ("127.0.0.1", private.getsockname()[1]))  # fmt: skip
+        await warm_front_end(state, warm_host, warm_port, args.api_key)
         if peers is not None:
             ports = await asyncio.get_running_loop().run_in_executor(None, peers.wait_warm)
-            peers.announce([warm.getsockname()[1], *ports])
+            peers.announce([warm_port, *ports])
             state.peer_ports = ports
         state.ready = True  # (/health: 200 from now on)
         progress("front end: warmed up through HTTP", time.time() - client.launched_at)
@@ -380,6 +380,9 @@ class _DrainingServer:
 
         import uvicorn
 
+        from models.server.engine_core import parent_gone
+        from models.server.front_ends import FrontEndFailed
+
         class Server(uvicorn.Server):
             on_listening = None  # an async callable, awaited once the server listens
             exit_code = 0
@@ -406,14 +409,15 @@ class _DrainingServer:
                         self.exit_code, self.should_exit = 1, True
 
             async def on_tick(self, counter: int) -> bool:
-                import os
-
-                if owner is not None and os.getppid() != owner:
+                if parent_gone(owner):
                     return True
-                if peers is not None and not state.draining and peers.running() < len(peers.procs):
-                    print("python -m models.server: error: a front end exited; stopping", file=sys.stderr, flush=True)
-                    self.exit_code = 1
-                    self.handle_exit(signal.SIGTERM, None)
+                if peers is not None and not state.draining:
+                    try:
+                        peers.check()
+                    except FrontEndFailed as e:
+                        print(f"python -m models.server: error: {e}; stopping", file=sys.stderr, flush=True)
+                        self.exit_code = 1
+                        self.handle_exit(signal.SIGTERM, None)
                 if state.draining:
                     late = time.monotonic() > self.drain_deadline
                     if late or (state.active == 0 and (peers is None or peers.running() == 0)):

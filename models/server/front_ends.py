@@ -51,7 +51,6 @@ class Peers:
 
     procs: list = attrs.Factory(list)  # multiprocessing.Process, front ends 1 .. N-1
     pipes: list = attrs.Factory(list)  # the first process's end of each one's pipe
-    ports: list[int] = attrs.Factory(list)  # their private ports, once they have warmed up
 
     @classmethod
     def start(cls, argv: list[str], links, port: int) -> Peers:
@@ -92,8 +91,7 @@ class Peers:
             self.check()
             if time.monotonic() > deadline:
                 raise FrontEndFailed(f"the other front ends were not warmed up after {timeout_s:.0f} s")
-        self.ports = [ports[k] for k in range(1, len(self.procs) + 1)]
-        return self.ports
+        return [ports[k] for k in range(1, len(self.procs) + 1)]
 
     def announce(self, ports: list[int]) -> None:
         """Tell each that the server is ready, with every front end's private port (``ports``)."""
@@ -107,6 +105,7 @@ class Peers:
                 proc.terminate()
 
     def running(self) -> int:
+        """How many are still running."""
         return sum(proc.is_alive() for proc in self.procs)
 
     def join(self, timeout_s: float) -> None:

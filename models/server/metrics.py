@@ -147,7 +147,7 @@ def merged(texts: list[str]) -> bytes:
                 if i is None:
                     index[key] = len(first.samples)
                     first.samples.append(x)
-                elif summed and not x.name.endswith("_created"):
+                elif summed:
                     first.samples[i] = first.samples[i]._replace(value=first.samples[i].value + x.value)
     registry = CollectorRegistry()
     registry.register(_Families([f for f, _, _ in families.values()]))
