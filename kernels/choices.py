@@ -12,7 +12,7 @@ import enum
 import attrs
 
 from kernels import pdl as _pdl
-from kernels.gemv import MAX_ROWS, gemv_wins, norm_fold_wins, persistent_config, silu_mul_fold_wins
+from kernels.gemv import MAX_ROWS, gemv_wins, norm_fold_wins, silu_mul_fold_wins
 
 
 class GemvPick(enum.Enum):
@@ -32,7 +32,6 @@ class KernelChoices:
     fold_silu_mul: bool = True  # SwiGLU's silu_mul folded into the down GEMM where measured (SILU_MUL_CONFIGS)
     fold_norm: bool = True  # a sublayer's pre-norm folded into its first GEMM where configured (NORM_CONFIGS)
     gemv: GemvPick = GemvPick.MEASURED
-    persistent_streams: bool = False  # a weight stream on a persistent grid where configured (PERSISTENT_CONFIGS)
     fused_decode: bool | None = None  # decode on the Triton kernels (fused step, GDN conv/delta rule); None: on CUDA
     prefill_kernels: bool | None = None  # prefill mixers on fla-core / FlashInfer; None: CUDA weights in 16 bits
     prefill_fused: bool | None = None  # prefill's row-wise work on our Triton kernels; None: where weights are on CUDA
@@ -44,10 +43,6 @@ class KernelChoices:
         if self.gemv is GemvPick.MEASURED:
             return gemv_wins(rows, n, k)
         return self.gemv is GemvPick.EVERY and 1 <= rows <= MAX_ROWS
-
-    def persistent(self, rows: int, n: int, k: int) -> tuple[int, int, int, int, int] | None:
-        """The persistent grid's configuration for this weight stream, or None: the grid of a program a block."""
-        return persistent_config(rows, n, k) if self.persistent_streams else None
 
     def folds_silu_mul(self, rows: int, n: int, k: int) -> bool:
         """Whether silu_mul folds into this down GEMM (``kernels.gemv.gemv_silu_mul``)."""

@@ -8,7 +8,6 @@ from kernels.gemv.kernel import (
     GEMV_CONFIGS,
     MAX_ROWS,
     NORM_CONFIGS,
-    PERSISTENT_CONFIGS,
     ROW_TILES,
     SILU_MUL_CONFIGS,
     gemv,
@@ -16,14 +15,13 @@ from kernels.gemv.kernel import (
     gemv_silu_mul,
     gemv_wins,
     norm_fold_wins,
-    persistent_config,
     silu_mul_fold_wins,
     tile_rows,
 )
 from kernels.gemv.naive import gemv_add_rms_norm_ref, gemv_ref, gemv_silu_mul_ref
 
 __all__ = [
-    "DEFAULT_CONFIG", "GEMV_CONFIGS", "MAX_ROWS", "NORM_CONFIGS", "PERSISTENT_CONFIGS", "ROW_TILES",
-    "SILU_MUL_CONFIGS", "gemv", "gemv_add_rms_norm", "gemv_silu_mul", "gemv_wins", "norm_fold_wins",
-    "persistent_config", "silu_mul_fold_wins", "tile_rows", "gemv_ref", "gemv_silu_mul_ref", "gemv_add_rms_norm_ref",
+    "DEFAULT_CONFIG", "GEMV_CONFIGS", "MAX_ROWS", "NORM_CONFIGS", "ROW_TILES", "SILU_MUL_CONFIGS", "gemv",
+    "gemv_add_rms_norm", "gemv_silu_mul", "gemv_wins", "norm_fold_wins", "silu_mul_fold_wins", "tile_rows", "gemv_ref",
+    "gemv_silu_mul_ref", "gemv_add_rms_norm_ref"
 ]

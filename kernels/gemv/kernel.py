@@ -14,13 +14,6 @@ last to finish sums the SPLIT partials in split order, stores y and resets the c
 never depends on which program finished last, so the result is deterministic (not gemv's bits at SPLIT = 1: another
 order of float32 adds).
 
-A persistent grid (``persistent=`` a config with programs a SM, ``_gemv_stream_kernel``): a few programs a SM, program
-p taking column blocks p, p + P, ..., its (block, K tile) pairs walked in one loop that Triton's software pipeline runs
-with ``num_stages - 1`` weight tiles in flight across block boundaries, so fewer programs keep as many bytes in flight
-as the grid of a program a block, without its launch of up to ~1000 programs (``PERSISTENT_CONFIGS``, where measured).
-An earlier persistent form that walked each block's tiles in a loop of its own kept one or two tiles in flight and lost
-(models/bench/results/decode-profile-h200/persistent-streams.md).
-
 ``gemv_silu_mul`` is the same stream for SwiGLU's down projection with ``kernels.gates.silu_mul`` folded into its input
 loads (the kernel's ``SILU_MUL``): x is never written, each program forms its x tiles from the gate|up output gu [M, 2K]
 as ``silu(g) * u``, rounded to gu's dtype exactly as silu_mul stores them, so the result is gemv's bit for bit.
@@ -225,73 +218,6 @@ def _gemv_kernel(
         tl.store(y_ptr + offs_n, acc.to(y_ptr.dtype.element_ty), mask=mn)
 
 
-
-@triton.jit
-def _stream_store(acc, y_ptr, y_m, offs_m, offs_n, mm, mn, last, DOT: tl.constexpr):
-    """Store the column block's ``acc`` where ``last`` (its last K tile was just added) and return the accumulator
-    the loop carries on with: zeros after a store, else ``acc``."""
-    if DOT:
-        tl.store(y_ptr + offs_m[:, None] * y_m + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
-                 mask=mm[:, None] & mn[None, :] & last)  # fmt: skip
-    else:
-        tl.store(y_ptr + offs_n, acc.to(y_ptr.dtype.element_ty), mask=mn & last)
-    return tl.where(last, 0.0, acc)
-
-
-@triton.jit
-def _gemv_stream_kernel(
-    x_ptr, w_ptr, y_ptr, M, N, K, x_m, w_n, y_m, d_ptr, nw_ptr, ho_ptr, eps,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_TILES: tl.constexpr, DOT: tl.constexpr,
-    SILU_MUL: tl.constexpr, NORM: tl.constexpr, HAS_DELTA: tl.constexpr, ZERO_CENTERED: tl.constexpr,
-    NORM_BLOCK: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr,
-):  # fmt: skip
-    """_gemv_kernel (no split K) on a persistent grid of P programs: program p takes column blocks p, p + P, ..., and
-    walks its (block, K tile) pairs in one loop, which Triton's pipeline runs with STAGES - 1 weight tiles in flight
-    across block boundaries. Each block's tiles are summed in _gemv_kernel's order (bit for bit its value at the same
-    block_n and block_k). Its first tile is read before the PDL wait; with NORM the row's rstd is formed once a
-    program."""
-    pid = tl.program_id(0)
-    P = tl.num_programs(0)
-    pairs = tl.cdiv(tl.cdiv(N, BLOCK_N) - pid, P) * K_TILES  # this program's (block, K tile) pairs; the grid <= blocks
-    offs_m = tl.arange(0, BLOCK_M)
-    mm = offs_m < M
-    offs_k = tl.arange(0, BLOCK_K)
-    mk = offs_k < K
-    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    mn = offs_n < N
-    w = tl.load(w_ptr + offs_n.to(tl.int64)[:, None] * w_n + offs_k[None, :], mask=mn[:, None] & mk[None, :],
-                other=0.0)  # fmt: skip
-    pdl_wait(PDL)
-    if NORM:  # one row: s = round(h + delta) and its rstd, as _gemv_kernel forms them
-        tl.static_assert(not DOT, "NORM serves one row")
-        offs = tl.arange(0, NORM_BLOCK)
-        mr = offs < K
-        s = _residual_load(x_ptr, d_ptr, offs, mr, HAS_DELTA)
-        sf = s.to(tl.float32)
-        rstd = tl.rsqrt(tl.sum(sf * sf, axis=0) / K + eps)
-        tl.store(ho_ptr + offs, s, mask=mr & ((offs * 0 + pid) == 0))
-    else:
-        rstd = 0.0
-    if DOT:  # noqa: SIM108 (a static branch of the kernel)
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    else:
-        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    acc = _gemv_tile(acc, w, x_ptr, x_m, K, offs_m, offs_k, mm, mk, d_ptr, nw_ptr, rstd,
-                     DOT, SILU_MUL, NORM, HAS_DELTA, ZERO_CENTERED)  # fmt: skip
-    acc = _stream_store(acc, y_ptr, y_m, offs_m, offs_n, mm, mn, K_TILES == 1, DOT)
-    for i in tl.range(1, pairs, num_stages=STAGES):
-        j = i // K_TILES
-        kt = i - j * K_TILES
-        offs_n = (pid + j * P) * BLOCK_N + tl.arange(0, BLOCK_N)
-        mn = offs_n < N
-        offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
-        mk = offs_k < K
-        w = tl.load(w_ptr + offs_n.to(tl.int64)[:, None] * w_n + offs_k[None, :], mask=mn[:, None] & mk[None, :],
-                    other=0.0)  # fmt: skip
-        acc = _gemv_tile(acc, w, x_ptr, x_m, K, offs_m, offs_k, mm, mk, d_ptr, nw_ptr, rstd,
-                         DOT, SILU_MUL, NORM, HAS_DELTA, ZERO_CENTERED)  # fmt: skip
-        acc = _stream_store(acc, y_ptr, y_m, offs_m, offs_n, mm, mn, kt == K_TILES - 1, DOT)
-
 # (block_n, block_k, num_warps, num_stages[, split]), from models/bench/results/gemv_h100.md (Qwen3.5-0.8B shapes, on an
 # H100: the H200's table, gemv_h200.md, searched tiles of at most 1024 K elements and no split) and gemv_2b_h200.md
 # (Qwen3.5-2B). The defaults serve a caller that forces gemv on an unlisted shape; decode_linear uses listed shapes
@@ -338,10 +264,6 @@ NORM_CONFIGS: dict[tuple[int, int, int], tuple[int, int, int, int]] = {
     (1, 5120, 1024): (8, 512, 8, 3),  # 8 warps: rstd reduced in another order than add_rms_norm_'s (module doc)
 }
 
-# The persistent stream (_gemv_stream_kernel): (row tile, N, K) -> (block_n, block_k, num_warps, num_stages, programs a
-# SM). Empty until measured against the grid's configs above on the GPU.
-PERSISTENT_CONFIGS: dict[tuple[int, int, int], tuple[int, int, int, int, int]] = {}
-
 
 def _listed(table: dict, rows: int, n: int, k: int) -> bool:
     """The GEMM of ``rows`` rows is in ``table`` for its row tile (``tile_rows``)."""
@@ -359,11 +281,6 @@ def silu_mul_fold_wins(rows: int, n: int, k: int) -> bool:
     return _listed(SILU_MUL_CONFIGS, rows, n, k)
 
 
-def persistent_config(rows: int, n: int, k: int) -> tuple[int, int, int, int, int] | None:
-    """The persistent stream's configuration for this GEMM (``PERSISTENT_CONFIGS`` at its row tile), or None."""
-    return PERSISTENT_CONFIGS.get((tile_rows(rows), n, k)) if 1 <= rows <= MAX_ROWS else None
-
-
 def norm_fold_wins(rows: int, n: int, k: int) -> bool:
     """Whether ``gemv_add_rms_norm`` serves this GEMM: one row (the table lists one-row shapes only), in
     ``NORM_CONFIGS``."""
@@ -376,16 +293,14 @@ def gemv(
     out: torch.Tensor | None = None,  # [M, N] contiguous, x's dtype unless given
     config: tuple[int, ...] | None = None,  # (block_n, block_k, num_warps, num_stages[, split])
     pdl: bool | None = None,  # launch with PDL (kernels.pdl); None reads the process default: an engine passes a bool
-    persistent: tuple[int, int, int, int, int] | None = None,  # the persistent stream's config (then not ``config``)
 ) -> torch.Tensor:
     """x @ w^T for a few rows, as one weight stream. See module doc. Under PDL the first tile of ``w`` is read before
     the kernel waits for the one before it: ``w`` must be a weight, never something an earlier kernel of the step
-    writes. ``persistent`` (block_n, block_k, warps, stages, programs a SM): on a persistent grid instead
-    (``_gemv_stream_kernel``)."""
+    writes."""
     M, K = x.shape
     N = w.shape[0]
     assert w.shape == (N, K) and x.stride(-1) == 1 and w.stride(-1) == 1, (x.shape, w.shape)
-    return _launch(x, w, out, config, M, N, K, pdl=pdl, persistent=persistent)
+    return _launch(x, w, out, config, M, N, K, pdl=pdl)
 
 
 def gemv_silu_mul(
@@ -394,13 +309,12 @@ def gemv_silu_mul(
     out: torch.Tensor | None = None,  # [M, N] contiguous, gu's dtype unless given
     config: tuple[int, ...] | None = None,  # (block_n, block_k, num_warps, num_stages[, split])
     pdl: bool | None = None,  # launch with PDL (kernels.pdl); None reads the process default: an engine passes a bool
-    persistent: tuple[int, int, int, int, int] | None = None,  # the persistent stream's config (then not ``config``)
 ) -> torch.Tensor:
     """(silu(gu[:, :K]) * gu[:, K:]) @ w^T, bit for bit ``gemv(kernels.gates.silu_mul(gu), w)``, in one launch."""
     M, two_k = gu.shape
     N, K = w.shape
     assert two_k == 2 * K and gu.stride(-1) == 1 and w.stride(-1) == 1, (gu.shape, w.shape)
-    return _launch(gu, w, out, config, M, N, K, silu_mul=True, pdl=pdl, persistent=persistent)
+    return _launch(gu, w, out, config, M, N, K, silu_mul=True, pdl=pdl)
 
 
 def gemv_add_rms_norm(
@@ -414,7 +328,6 @@ def gemv_add_rms_norm(
     config: tuple[int, int, int, int] | None = None,  # (block_n, block_k, num_warps, num_stages)
     zero_centered: bool = True,
     pdl: bool | None = None,  # launch with PDL (kernels.pdl); None reads the process default: an engine passes a bool
-    persistent: tuple[int, int, int, int, int] | None = None,  # the persistent stream's config (then not ``config``)
 ) -> torch.Tensor:
     """h_out = s = round(h_in + delta); y = round(s * rsqrt(mean(s^2) + eps) * (1 + nw)) @ w^T, in one launch: the
     value of ``gemv(add_rms_norm_(h, delta, nw, eps), w)`` with ``h`` updated into h_out instead of in place."""
@@ -430,7 +343,7 @@ def gemv_add_rms_norm(
         assert delta.shape == (1, K) and delta.stride(-1) == 1, (delta.shape, h_in.shape)
         assert h_out.data_ptr() != delta.data_ptr(), "h_out must be another buffer than delta"
     norm = (h_in if delta is None else delta, norm_weight, h_out, float(eps), zero_centered, delta is not None)
-    return _launch(h_in, w, out, config, M, N, K, norm=norm, pdl=pdl, persistent=persistent)
+    return _launch(h_in, w, out, config, M, N, K, norm=norm, pdl=pdl)
 
 
 SPLIT_PARTS = 1 << 20  # float32 partial sums a split-K workspace holds (4 MiB): splits x row tile x N
@@ -460,18 +373,10 @@ def split_workspace(device: torch.device, parts: int, counts: int) -> tuple[torc
     return _workspace(device, stream)
 
 
-@functools.cache
-def _programs_a_wave(device: torch.device) -> int:
-    """The SMs of a CUDA device (a persistent grid's programs a SM count from it); 3 off CUDA, so that the interpreter
-    runs a grid of several programs that each take several blocks."""
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 3
-
-
 def _launch(x, w, out, config, M: int, N: int, K: int, silu_mul: bool = False, norm: tuple | None = None,
-            pdl: bool | None = None, persistent: tuple | None = None):
-    """Run _gemv_kernel (or with ``persistent``, _gemv_stream_kernel) over ``x`` ([M, K], or with ``silu_mul`` gu
-    [M, 2K]) and ``w`` [N, K] into ``out``; ``norm``: (delta, norm weight, h_out, eps, zero_centered, has_delta) of
-    gemv_add_rms_norm, x being its h_in."""
+            pdl: bool | None = None):
+    """Run _gemv_kernel over ``x`` ([M, K], or with ``silu_mul`` gu [M, 2K]) and ``w`` [N, K] into ``out``; ``norm``:
+    (delta, norm weight, h_out, eps, zero_centered, has_delta) of gemv_add_rms_norm, x being its h_in."""
     assert M <= MAX_ROWS, f"gemv serves <= {MAX_ROWS} rows, got {M}"
     if out is None:
         out = torch.empty(M, N, dtype=x.dtype, device=x.device)
@@ -479,25 +384,13 @@ def _launch(x, w, out, config, M: int, N: int, K: int, silu_mul: bool = False, n
     if M == 0:
         return out
     tile = tile_rows(M)
-    d, nw, h_out, eps, zero_centered, has_delta = norm or (x, x, x, 0.0, False, False)
-    if persistent is not None:
-        assert config is None, "a persistent stream takes its own config"
-        block_n, block_k, warps, stages, per_sm = persistent
-        blocks = triton.cdiv(N, block_n)
-        _gemv_stream_kernel[(min(blocks, per_sm * _programs_a_wave(x.device)),)](
-            x, w, out, M, N, K, x.stride(0), w.stride(0), out.stride(0), d, nw, h_out, eps,
-            BLOCK_M=tile, BLOCK_N=block_n, BLOCK_K=block_k, K_TILES=triton.cdiv(K, block_k), DOT=tile > 1,
-            SILU_MUL=silu_mul, NORM=norm is not None, HAS_DELTA=has_delta, ZERO_CENTERED=zero_centered,
-            NORM_BLOCK=triton.next_power_of_2(K) if norm else 1, STAGES=stages, num_warps=warps,
-            **launch_options(pdl),
-        )  # fmt: skip
-        return out
     table = NORM_CONFIGS if norm else SILU_MUL_CONFIGS if silu_mul else GEMV_CONFIGS
     block_n, block_k, warps, stages, *rest = config or table.get((tile, N, K), DEFAULT_CONFIG[tile])
     tiles = triton.cdiv(K, block_k)
     per_split = triton.cdiv(tiles, rest[0] if rest else 1)  # K tiles a split: at most the config's split count,
     split = triton.cdiv(tiles, per_split)  # none of them empty
     assert split == 1 or norm is None, "gemv_add_rms_norm does not split K"
+    d, nw, h_out, eps, zero_centered, has_delta = norm or (x, x, x, 0.0, False, False)
     blocks = triton.cdiv(N, block_n)
     k_split = per_split * block_k
     parts, counts = split_workspace(x.device, split * tile * N, blocks) if split > 1 else (out, out)

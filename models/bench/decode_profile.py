@@ -116,9 +116,6 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--silu-mul", default="fold",
                     help="SwiGLU's silu_mul folded into the down GEMM's weight stream or a kernel of its own: fold, "
                          "split, or fold,split (A/B)")
-    ap.add_argument("--streams", default="grid",
-                    help="the weight streams' grid: a program a column block (grid), or persistent programs looping "
-                         "over blocks where PERSISTENT_CONFIGS lists the shape (persistent), or grid,persistent (A/B)")
     ap.add_argument("--norm", default="fold",
                     help="each sublayer's pre-norm folded into its first GEMM's weight stream (one row, NORM_CONFIGS "
                          "shapes) or a kernel of its own: fold, split, or fold,split (A/B)")
@@ -131,8 +128,6 @@ def main(argv: list[str] | None = None) -> None:
     for flag, value in (("--silu-mul", a.silu_mul), ("--norm", a.norm)):
         if not set(value.split(",")) <= {"fold", "split"}:
             ap.error(f"{flag} takes fold, split or fold,split; got {value!r}")
-    if not set(a.streams.split(",")) <= {"grid", "persistent"}:
-        ap.error(f"--streams takes grid, persistent or grid,persistent; got {a.streams!r}")
     if not set(a.pdl.split(",")) <= {"on", "off"}:
         ap.error(f"--pdl takes on, off or on,off; got {a.pdl!r}")
     if not set(a.state_dtype.split(",")) <= set(STATE_DTYPE_NAMES):
@@ -172,14 +167,13 @@ def main(argv: list[str] | None = None) -> None:
         bufs = _bufs(layout, b, a.ctx, ps, W, num_pages, dev, rng)
         ids = torch.randint(0, model.cfg.vocab_size, (b,), device=dev)
         out = torch.empty(b, dtype=torch.int64, device=dev)
-        variants = [(p, m == "on", f, n, sd, st) for p in a.paths.split(",") for m in a.pdl.split(",")
+        variants = [(p, m == "on", f, n, sd) for p in a.paths.split(",") for m in a.pdl.split(",")
                     for f in a.silu_mul.split(",") for n in a.norm.split(",")
-                    for sd in a.state_dtype.split(",") for st in a.streams.split(",")]  # fmt: skip
-        for path, pdl_on, silu, norm, sd, streams in variants:
+                    for sd in a.state_dtype.split(",")]  # fmt: skip
+        for path, pdl_on, silu, norm, sd in variants:
             state = states[sd]
             floor_us = step_bytes(model, state, b, a.ctx) / bandwidth * 1e6
             kc = KernelChoices(pdl=pdl_on, fold_silu_mul=silu == "fold", fold_norm=norm == "fold", gemv=gemv_pick,
-                               persistent_streams=streams == "persistent",
                                fused_decode={"fused": True, "torch": False}[path])  # fmt: skip
             if a.attention != "xqa":
                 attn = TritonDecode(hq, hk, d, ps, max_batch=max(batches), max_pages_per_row=W, device=dev, dtype=dt,
@@ -188,7 +182,6 @@ def main(argv: list[str] | None = None) -> None:
             label += " (silu_mul split)" if silu == "split" and path == "fused" else ""
             label += " (norm split)" if norm == "split" and path == "fused" else ""
             label += f" ({sd} state)" if sd != "float32" else ""
-            label += " (persistent streams)" if streams == "persistent" and path == "fused" else ""
 
             def step(ids=ids, bufs=bufs, out=out, attn=attn, kc=kc, state=state) -> None:
                 logits = model.decode(state, ids, bufs, attn, kc)

@@ -62,7 +62,7 @@ def decode_linear(x: torch.Tensor, w: torch.Tensor, kc: KernelChoices) -> torch.
     (by default the shapes where it was measured faster than cuBLAS, ``kernels.gemv.GEMV_CONFIGS``), else
     ``F.linear``."""
     if x.is_cuda and kc.streams(x.shape[0], w.shape[0], w.shape[1]):
-        return gemv(x, w, pdl=kc.pdl, persistent=kc.persistent(x.shape[0], w.shape[0], w.shape[1]))
+        return gemv(x, w, pdl=kc.pdl)
     return F.linear(x, w)
 
 
@@ -72,7 +72,7 @@ def decode_silu_mul_linear(gu: torch.Tensor, w: torch.Tensor, kc: KernelChoices)
     (kernels.gemv.gemv_silu_mul, equal to the two-step value bit for bit); else kernels.gates.silu_mul then
     ``decode_linear``."""
     if gu.is_cuda and kc.folds_silu_mul(gu.shape[0], w.shape[0], w.shape[1]):
-        return gemv_silu_mul(gu, w, pdl=kc.pdl, persistent=kc.persistent(gu.shape[0], w.shape[0], w.shape[1]))
+        return gemv_silu_mul(gu, w, pdl=kc.pdl)
     return decode_linear(silu_mul(gu, pdl=kc.pdl), w, kc)
 
 
@@ -130,7 +130,7 @@ def decode_normed_linear(x: torch.Tensor | PendingNorm, w: torch.Tensor, kc: Ker
         return decode_linear(x, w, kc)
     if norm_folds(x, w, kc):
         y = gemv_add_rms_norm(x.res.h, x.delta, x.weight, x.eps, w, x.res.take_spare(), zero_centered=x.zero_centered,
-                              pdl=kc.pdl, persistent=kc.persistent(1, w.shape[0], w.shape[1]))  # fmt: skip
+                              pdl=kc.pdl)  # fmt: skip
         x.res.swap()
         return y
     return decode_linear(x.apply(kc), w, kc)
