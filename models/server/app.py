@@ -394,14 +394,17 @@ async def _parsed(request: Request, model: type[SamplingFields]) -> SamplingFiel
 
 
 async def _front_end_metrics(port: int) -> str:
-    """Another front end's own metrics, read over its loopback port."""
+    """Another front end's own metrics, read over its loopback port (the connection closed whatever happens)."""
+    writer = None
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"GET /metrics?scope=front-end HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
         reply = await asyncio.wait_for(reader.read(-1), PEER_METRICS_TIMEOUT_S)
-        writer.close()
     except (TimeoutError, OSError) as e:
         raise HTTPError(503, f"a front end (port {port}) did not give its metrics: {e!r}") from None
+    finally:
+        if writer is not None:
+            writer.close()
     head, _, body = reply.partition(b"\r\n\r\n")
     status = head.split(b"\r\n", 1)[0].decode(errors="replace")
     if not status.startswith("HTTP/1.1 200"):
