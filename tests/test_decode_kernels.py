@@ -153,15 +153,17 @@ def test_gdn_decode_raw_step(hv, hk, dk, dv, seed):
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("M,N,K", [(1, 37, 70), (1, 256, 1024), (3, 70, 300), (16, 64, 129), (20, 40, 130),
                                    (64, 33, 100)])  # fmt: skip
-@pytest.mark.parametrize("config", [None, (4, 64, 2, 1)], ids=["default", "small-tiles"])
+@pytest.mark.parametrize("config", [None, (4, 64, 2, 1), (4, 64, 2, 1, 1, 1)], ids=["default", "small-tiles",
+                                                                                     "swapped"])  # fmt: skip
 def test_gemv(M, N, K, config, seed, dtype, device):
+    """``swapped``: the weight tile as tl.dot's first operand (a config's sixth entry; one row: no dot, ignored)."""
     from kernels.gemv import gemv
 
     gen = torch.Generator().manual_seed(seed)
     x = rand(gen, M, K, dtype=dtype, device=device)
     w = rand(gen, N, K + 5, dtype=dtype, device=device)[:, 2 : 2 + K]  # a strided weight (row stride K + 5)
-    if config is not None and M > 1:
-        config = (16, 64, 2, 1)  # tl.dot needs 16-wide tiles (20 rows: padded to a 32-row tile; 64: a whole one)
+    if config is not None and M > 1:  # tl.dot needs 16-wide tiles (20 rows: padded to a 32-row tile; 64: a whole one)
+        config = (16, 64, 2, 1, *config[4:])
     want = (x.float() @ w.float().t()).to(dtype)
     tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else TOL[dtype]
     if device == "cuda" and dtype == torch.float32 and M > 1:
@@ -171,9 +173,10 @@ def test_gemv(M, N, K, config, seed, dtype, device):
 
 @pytest.mark.parametrize("dtype,device", CASES, ids=CASE_IDS)
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("M,N,K,split", [(1, 37, 700, 3), (1, 20, 1024, 8), (3, 40, 300, 4), (16, 33, 1000, 7),
-                                         (1, 9, 100, 4), (40, 20, 300, 3)])  # fmt: skip
-def test_gemv_split_k(M, N, K, split, seed, dtype, device):
+@pytest.mark.parametrize("M,N,K,split,swap", [(1, 37, 700, 3, 0), (1, 20, 1024, 8, 0), (3, 40, 300, 4, 0),
+                                              (16, 33, 1000, 7, 0), (1, 9, 100, 4, 0), (40, 20, 300, 3, 0),
+                                              (16, 33, 1000, 7, 1), (40, 20, 300, 3, 1)])  # fmt: skip
+def test_gemv_split_k(M, N, K, split, swap, seed, dtype, device):
     """K split over programs (a config's fifth entry): the float64 value within the dtype's tolerance, the same bits
     on every launch (the partials are summed in split order, whichever split ends last), and every count of the
     stream's workspace back at zero. (1, 9, 100, 4): two 64-wide K tiles, so two splits, none empty."""
@@ -183,7 +186,7 @@ def test_gemv_split_k(M, N, K, split, seed, dtype, device):
     gen = torch.Generator().manual_seed(seed)
     x = rand(gen, M, K, dtype=dtype, device=device)
     w = rand(gen, N, K + 5, dtype=dtype, device=device)[:, 2 : 2 + K]  # a strided weight (row stride K + 5)
-    config = (16 if M > 1 else 4, 64, 2, 1, split)
+    config = (16 if M > 1 else 4, 64, 2, 1, split, swap)
     want = (x.double() @ w.double().t()).to(dtype)
     tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else TOL[dtype]
     if device == "cuda" and dtype == torch.float32 and M > 1:

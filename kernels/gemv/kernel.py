@@ -83,13 +83,16 @@ def _normed_load(h_ptr, d_ptr, nw_ptr, offs, mask, rstd, HAS_DELTA: tl.constexpr
 def _gemv_tile(
     acc, w, x_ptr, x_m, K, offs_m, offs_k, mm, mk, d_ptr, nw_ptr, rstd,
     DOT: tl.constexpr, SILU_MUL: tl.constexpr, NORM: tl.constexpr, HAS_DELTA: tl.constexpr,
-    ZERO_CENTERED: tl.constexpr,
+    ZERO_CENTERED: tl.constexpr, SWAP: tl.constexpr = False,
 ):  # fmt: skip
-    """acc += x[:, k-tile] @ w_tile^T: [BLOCK_M, BLOCK_N] by tl.dot, or [BLOCK_N] on the CUDA cores for one row (where
-    NORM forms the x tile from the residual row, ``delta`` and the norm weight)."""
+    """acc += x[:, k-tile] @ w_tile^T: [BLOCK_M, BLOCK_N] by tl.dot (SWAP: acc^T += w_tile @ x^T, [BLOCK_N, BLOCK_M],
+    the weight the dot's wide operand), or [BLOCK_N] on the CUDA cores for one row (where NORM forms the x tile from
+    the residual row, ``delta`` and the norm weight)."""
     if DOT:
         ptrs = x_ptr + offs_m[:, None] * x_m + offs_k[None, :]
         x = _silu_mul_load(ptrs, K, mm[:, None] & mk[None, :], SILU_MUL)  # [BLOCK_M, BLOCK_K]
+        if SWAP:
+            return tl.dot(w, tl.trans(x), acc)
         return tl.dot(x, tl.trans(w), acc)
     if NORM:
         x = _normed_load(x_ptr, d_ptr, nw_ptr, offs_k, mk, rstd, HAS_DELTA, ZERO_CENTERED).to(tl.float32)
@@ -166,6 +169,7 @@ def _gemv_kernel(
     SPLIT: tl.constexpr,  # programs along K per column block (program_id(1)); 1: no split
     FENCE: tl.constexpr,  # SPLIT > 1, compiled: each thread's partial stored GPU-wide before the count
     PDL: tl.constexpr,
+    SWAP: tl.constexpr = False,  # DOT: the weight tile as the dot's first operand (module doc)
 ):
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
@@ -195,18 +199,22 @@ def _gemv_kernel(
         tl.store(ho_ptr + offs, s, mask=mr & ((offs * 0 + tl.program_id(0)) == 0))
     else:
         rstd = 0.0
-    if DOT:  # noqa: SIM108 (a static branch of the kernel)
+    if DOT and SWAP:
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    elif DOT:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     else:
         acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     acc = _gemv_tile(acc, w, x_ptr, x_m, K, offs_m, offs_k, mm, mk, d_ptr, nw_ptr, rstd,
-                     DOT, SILU_MUL, NORM, HAS_DELTA, ZERO_CENTERED)  # fmt: skip
+                     DOT, SILU_MUL, NORM, HAS_DELTA, ZERO_CENTERED, SWAP)  # fmt: skip
     for k0 in range(k_begin + BLOCK_K, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mk = offs_k < k_end
         w = tl.load(rows + offs_k[None, :], mask=mn[:, None] & mk[None, :], other=0.0)
         acc = _gemv_tile(acc, w, x_ptr, x_m, K, offs_m, offs_k, mm, mk, d_ptr, nw_ptr, rstd,
-                         DOT, SILU_MUL, NORM, HAS_DELTA, ZERO_CENTERED)  # fmt: skip
+                         DOT, SILU_MUL, NORM, HAS_DELTA, ZERO_CENTERED, SWAP)  # fmt: skip
+    if DOT and SWAP:
+        acc = tl.trans(acc)  # [BLOCK_M, BLOCK_N]
     if SPLIT > 1:  # the column block's last split to finish sums every split's partial, in split order
         acc, last = _split_reduce(acc, part_ptr, count_ptr, N, offs_m, offs_n, mm, mn, BLOCK_M, SPLIT, DOT, FENCE)
         mm = mm & last
@@ -387,6 +395,7 @@ def _launch(x, w, out, config, M: int, N: int, K: int, silu_mul: bool = False, n
     table = NORM_CONFIGS if norm else SILU_MUL_CONFIGS if silu_mul else GEMV_CONFIGS
     block_n, block_k, warps, stages, *rest = config or table.get((tile, N, K), DEFAULT_CONFIG[tile])
     tiles = triton.cdiv(K, block_k)
+    swap = len(rest) > 1 and bool(rest[1])  # (a sixth entry: the weight tile as the dot's first operand)
     per_split = triton.cdiv(tiles, rest[0] if rest else 1)  # K tiles a split: at most the config's split count,
     split = triton.cdiv(tiles, per_split)  # none of them empty
     assert split == 1 or norm is None, "gemv_add_rms_norm does not split K"
@@ -398,7 +407,7 @@ def _launch(x, w, out, config, M: int, N: int, K: int, silu_mul: bool = False, n
         x, w, out, M, N, K, x.stride(0), w.stride(0), out.stride(0), d, nw, h_out, eps, parts, counts, k_split,
         BLOCK_M=tile, BLOCK_N=block_n, BLOCK_K=block_k, DOT=tile > 1, SILU_MUL=silu_mul, NORM=norm is not None,
         HAS_DELTA=has_delta, ZERO_CENTERED=zero_centered, NORM_BLOCK=triton.next_power_of_2(K) if norm else 1,
-        SPLIT=split, FENCE=split > 1 and not interpreted(), num_warps=warps, num_stages=stages,
-        **launch_options(pdl),
+        SPLIT=split, FENCE=split > 1 and not interpreted(), SWAP=swap and tile > 1, num_warps=warps,
+        num_stages=stages, **launch_options(pdl),
     )  # fmt: skip
     return out
