@@ -27,7 +27,7 @@ from resplan.held import HeldCuda
 from resplan.pinned import PinnedRing, host_zeros, made_events
 
 
-@attrs.frozen(eq=False)
+@attrs.frozen(eq=False, slots=False)  # (per-step records are dict classes: a frozen one's __init__ is cheaper)
 class InFlight:
     """A launched step whose sampled tokens the host has not read yet."""
 
@@ -40,7 +40,7 @@ class InFlight:
     tokens: int = 1  # tokens each row ran (a graph of that many sub-steps)
 
 
-@attrs.frozen(slots=True)
+@attrs.frozen(slots=False)
 class Launched(Counts):
     """What a launch did. A host-planned step's launch counts only its rows."""
 
@@ -52,7 +52,7 @@ class Launched(Counts):
     ids_copies: int = 0
 
 
-@attrs.frozen(slots=True)
+@attrs.frozen(slots=False)
 class Landed(Counts):
     """What landing a step did: the rows it dropped, and for a decode step the wait for its tokens and its graph's
     GPU time (with timing on)."""

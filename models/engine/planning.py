@@ -45,7 +45,7 @@ from resplan import (
 )
 
 
-@attrs.frozen(slots=True)
+@attrs.frozen(slots=False)
 class Prepared(Counts):
     """What preparing a decode step did."""
 
@@ -69,7 +69,7 @@ class Checked(Counts):
     mismatches: int = 0
 
 
-@attrs.frozen(eq=False)
+@attrs.frozen(eq=False, slots=False)
 class EarlyPlan:
     """The next resident decode step, planned early. Valid while rows, bucket and planner state are what it was made
     for, and while no page its program names was given back."""

@@ -17,7 +17,7 @@ class Counts:
     __slots__ = ()
 
 
-@attrs.frozen(slots=True)
+@attrs.frozen(slots=False)
 class StepCounts(Counts):
     """A step ran: a decode step (its rows' tokens, whether a pass was in flight beside it, whether it overlapped the
     step before, whether it ran more than a token a row), a mixed step or a prefill step; its wall time, counted as a
@@ -35,7 +35,7 @@ class StepCounts(Counts):
     multi_token_steps: int = 0
 
 
-@attrs.frozen(slots=True)
+@attrs.frozen(slots=False)
 class Tokens(Counts):
     """Tokens emitted."""
 
