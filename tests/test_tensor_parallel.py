@@ -20,7 +20,7 @@ from sim import SimEngine, qwen_like
 
 from models.engine import EngineConfig, Planning, build_adapter
 from models.engine.compare import random_requests
-from models.engine.tensor_parallel import RankEngine, build_rank_adapter, load_rank_adapter
+from models.engine.tensor_parallel import RankEngine, build_rank_adapter, fold_tokens, load_rank_adapter
 from models.qwen3_5.tp import TensorParallel, shard_config, shard_state_dict
 
 MODEL = "qwen3_5-tiny"
@@ -173,3 +173,15 @@ def test_the_traffic_benchmark_runs_under_torchrun_over_two_ranks(tmp_path):
     assert "tensor parallel over 2 ranks" in report
     row = next(line for line in report.splitlines() if line.startswith("| resident-torch |"))
     assert row.rstrip(" |").endswith("8/8 | 8/8")
+
+
+def test_the_ranks_digest_tells_tokens_and_their_order_apart():
+    """The (count, digest) the ranks compare after each step: a step's tokens folded in order, so another token, the
+    same tokens in another order, or the same tokens split over other steps with one dropped, each give another."""
+    a = np.array([5, 9, 9, 248000], np.int64)
+    want = (4, sum(int(t) * (i + 1) for i, t in enumerate(a.tolist())) % (1 << 61))
+    assert fold_tokens(0, 0, a) == want
+    assert fold_tokens(*fold_tokens(0, 0, a[:1]), a[1:]) == want  # split over two steps
+    assert fold_tokens(0, 0, a[[1, 0, 2, 3]])[1] != want[1]
+    assert fold_tokens(0, 0, np.array([5, 9, 8, 248000]))[1] != want[1]
+    assert fold_tokens(0, 0, a[:3]) != want

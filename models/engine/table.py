@@ -30,7 +30,7 @@ _NO_IDS = np.zeros(0, object)
 _NO_IDS.flags.writeable = False
 
 
-@attrs.frozen(eq=False)
+@attrs.frozen(eq=False, slots=False)
 class Emitted:
     """What one step's tokens did: their count, the gaps since each row's last token (with timing), and which rows
     are done, by stop token or by running out of tokens or context."""
@@ -65,6 +65,7 @@ class RequestTable:
         self.out_top_ids = np.zeros((H, max_seq_len, MAX_LOGPROBS), np.int32)  # and the most likely tokens'
         self.out_top_lp = np.zeros((H, max_seq_len, MAX_LOGPROBS), np.float32)
         self.stop = np.full((H, 1), -1, np.int64)  # stop tokens by handle, -1 padded
+        self._stop0 = self.stop[:, 0]  # [H] a view of its first column (the one there is, most often)
         self.serial = np.zeros(H, np.int64)  # bumped by every admit and finish of a handle
         self.issued = np.zeros(H, np.int64)  # tokens launched (generated or in flight)
         self.rid_of = np.full(H, None, object)  # [H] the id of the request each handle serves
@@ -78,8 +79,6 @@ class RequestTable:
         self._finished: list[Result] = []
         self.prompt_lp: dict[int, TokenLogprobs] = {}  # [P] by handle, for the requests asking (position 0: none)
         self._out_prompt_lp: list[tuple[str, TokenLogprobs]] = []  # the outbox's prompts scored whole
-        self.emitted = 0  # tokens emitted in all
-        self.digest = 0  # sum of each emitted token id times its index in its request + 1, mod 2^61 (ranks compare)
 
     # -- submission ----------------------------------------------------------------------------------------------
     def register(self, request: Request, arrived: float | None) -> str:
@@ -122,6 +121,7 @@ class RequestTable:
         self.minimums += bool(self.min_tokens[h])
         if len(stops) > self.stop.shape[1]:
             self.stop = np.pad(self.stop, ((0, 0), (0, len(stops) - self.stop.shape[1])), constant_values=-1)
+            self._stop0 = self.stop[:, 0]
         self.stop[h] = -1
         self.stop[h, : len(stops)] = stops
         if sp.prompt_logprobs is not None:
@@ -173,25 +173,27 @@ class RequestTable:
         for them) in its request and in the outbox, and say which rows are done."""
         g = self.gen[rows]
         now = time.perf_counter()
-        first = g == self._zero
-        n_first = np.count_nonzero(first)
-        if n_first:
+        n_first = rows.size - np.count_nonzero(g)
+        if n_first:  # (a prefill's first tokens; a decode step's rows all had one)
+            first = g == self._zero
             self.t_first[rows[first]] = now
-        itl = now - self.t_last[rows[~first]] if timing and n_first < rows.size else None
+            itl = now - self.t_last[rows[~first]] if timing and n_first < rows.size else None
+        else:
+            itl = now - self.t_last[rows] if timing else None
         self.t_last[rows] = now
         self.out[rows, g] = tokens
         if lp is not None:
             self._emit_logprobs(rows, g, lp)
         g += self._one
-        self.emitted += rows.size
         tokens = tokens.astype(np.int64, copy=False)
-        self.digest = (self.digest + int(np.dot(tokens, g))) % (1 << 61)
         self.gen[rows] = g
         self.last_token[rows] = tokens
         self._out_ids.append(self.rid_of[rows])
         self._out_tokens.append(tokens)
-        stopped = self.stop[rows] == tokens[:, None]  # [n, stops]
-        stopped = stopped[:, 0] if stopped.shape[1] == 1 else stopped.any(1)
+        if self.stop.shape[1] == 1:
+            stopped = self._stop0[rows] == tokens
+        else:
+            stopped = (self.stop[rows] == tokens[:, None]).any(1)  # [n, stops]
         done = stopped | (g >= self.room[rows])
         return Emitted(rows.size, itl, done, stopped, np.count_nonzero(done))
 
@@ -222,11 +224,8 @@ class RequestTable:
         if n_done:
             valid = at < count[None, :]  # [k, n]
             self.out[np.broadcast_to(rows, (k, n))[valid], cols[valid]] = tokens[valid]
-            self.digest = (self.digest + int(np.dot(tokens[valid], cols[valid] + 1))) % (1 << 61)
         else:  # (no row ends in the launch: every token recorded)
             self.out[rows[None, :], cols] = tokens
-            self.digest = (self.digest + int(np.vdot(tokens, cols + 1))) % (1 << 61)
-        self.emitted += total
         self.gen[rows] = g + count
         self.last_token[rows] = tokens[count - 1, np.arange(n)]
         ids = self.rid_of[rows]

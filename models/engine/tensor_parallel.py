@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 
 import attrs
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -63,6 +64,13 @@ def load_rank_adapter(path, tp: TensorParallel, device="cpu", dtype: torch.dtype
     return shard_adapter(load_adapter(path, "cpu", dtype), tp, device)
 
 
+def fold_tokens(emitted: int, digest: int, tokens: np.ndarray) -> tuple[int, int]:
+    """(emitted + n, digest + sum_i tokens[i] * (emitted + i + 1) mod 2^61): the count and digest a rank compares,
+    after ``tokens`` ([n], in the order a step gave them)."""
+    place = np.arange(emitted + 1, emitted + tokens.size + 1, dtype=np.int64)
+    return emitted + tokens.size, (digest + int(np.dot(tokens.astype(np.int64), place))) % (1 << 61)
+
+
 class RankEngine:
     """A rank's engine in lockstep with the group's (module doc). Rank 0 leads: ``submit``, ``abort`` and ``step``
     as on an ``Engine``, then ``close`` when it stops stepping; every other rank calls ``follow`` meanwhile, which
@@ -77,6 +85,8 @@ class RankEngine:
         self.tp = tp
         self.check = check
         self._outbox: list[tuple[str, object]] = []  # rank 0: ("submit", request) / ("abort", id) since the last step
+        self._emitted = 0  # (check) tokens this rank's steps gave
+        self._digest = 0  # (check) sum of each token id times its place in the order they came + 1, mod 2^61
         self._device = torch.device("cuda") if dist.get_backend(tp.group) == "nccl" else torch.device("cpu")
 
     # -- what an Engine's driver reads -----------------------------------------------------------------------------
@@ -108,7 +118,7 @@ class RankEngine:
         self._send("step")
         out = self.engine.step()
         if self.check:
-            self._check()
+            self._check(out)
         return out
 
     def close(self) -> None:
@@ -133,9 +143,10 @@ class RankEngine:
                     self.engine.abort(what)
             if command == "stop":
                 return finished
-            finished += self.engine.step().finished
+            out = self.engine.step()
+            finished += out.finished
             if self.check:
-                self._check()
+                self._check(out)
 
     def run(self, requests: list[Request] | None) -> list[Result]:
         """Every rank: serve ``requests`` (given on rank 0; None elsewhere) to the end; each rank's results, in the
@@ -159,10 +170,11 @@ class RankEngine:
         dist.broadcast_object_list(msg, src=0, group=self.tp.group)
         self._outbox = []
 
-    def _check(self) -> None:
-        """Every rank has emitted the same tokens so far (count and a sum of ids weighted by position)."""
-        tbl = self.engine.table
-        digest = torch.tensor([int(tbl.emitted), int(tbl.digest)], dtype=torch.int64, device=self._device)
+    def _check(self, out: StepOutput) -> None:
+        """Every rank has emitted the same tokens so far, this step's ``out`` included (their count and a sum of ids
+        weighted by their place in the order they came)."""
+        self._emitted, self._digest = fold_tokens(self._emitted, self._digest, out.tokens)
+        digest = torch.tensor([self._emitted, self._digest], dtype=torch.int64, device=self._device)
         lo, hi = digest.clone(), digest.clone()
         dist.all_reduce(lo, op=dist.ReduceOp.MIN, group=self.tp.group)
         dist.all_reduce(hi, op=dist.ReduceOp.MAX, group=self.tp.group)
