@@ -161,7 +161,6 @@ def test_no_prefill_work_is_composed_while_a_pass_is_in_flight():
                                           prefill=BESIDE))  # fmt: skip
     for r in random_requests(adapter, 4, prompt_len=(20, 30), gen_len=(2, 4), seed=1):
         engine.submit(r)
-    free = engine.admission.free()
-    assert engine.scheduler.compose(free).has_prefill
-    batch = engine.scheduler.compose(free, prefill=False)
+    assert engine.scheduler.compose(engine.admission.free).has_prefill
+    batch = engine.scheduler.compose(engine.admission.free, prefill=False)
     assert not batch.has_prefill and np.array_equal(batch.rows, engine.scheduler.decode_rows())

@@ -367,7 +367,7 @@ class Engine:
     # -- admission -----------------------------------------------------------------------------------------------
     def _compose(self) -> Batch:
         """The next step as the scheduler composes it: no prefill work while a pass is in flight."""
-        return self.scheduler.compose(self.admission.free(), prefill=self.prefill.in_flight is None,
+        return self.scheduler.compose(self.admission.free, prefill=self.prefill.in_flight is None,
                                       cached=self.admission.cached if self.config.prefix_cache else None)  # fmt: skip
 
     def _must_land(self, batch: Batch) -> bool:

@@ -186,12 +186,12 @@ class Scheduler:
     def bucket(self, n: int) -> int:
         return int(self._bucket_of[n - 1]) if n else 0
 
-    def compose(self, free: dict[str, int], prefill: bool = True,
+    def compose(self, free: Callable[[], dict[str, int]], prefill: bool = True,
                 cached: Callable[[Pending], tuple[str, int, int]] | None = None) -> Batch:  # fmt: skip
-        """The next step, given the free pages of each pool; ``prefill`` False: decode rows only (a prefill pass is
-        still in flight); ``cached(pend)``: (pool, position, pages) a waiting request would restore from the prefix
-        cache, so that its first chunk and pages count only what it computes. Pure: nothing changes until the engine
-        admits it."""
+        """The next step, given ``free()``: the free pages of each pool (asked only when a request waits); ``prefill``
+        False: decode rows only (a prefill pass is still in flight); ``cached(pend)``: (pool, position, pages) a
+        waiting request would restore from the prefix cache, so that its first chunk and pages count only what it
+        computes. Pure: nothing changes until the engine admits it."""
         rows = self.decode_rows()
         if not prefill:
             return Batch(rows, self.bucket(rows.size), (), ())
@@ -208,7 +208,7 @@ class Scheduler:
             budget -= n
         admits = []
         if self.admit_quota != 0 and self.waiting:
-            left = dict(free)
+            left = free()
             watermark = int(np.count_nonzero(self.status == _DECODING))  # each may open a page next step
             n_admitted = self.admitted
             for pend in self.waiting:
