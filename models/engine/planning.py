@@ -230,6 +230,8 @@ class ResidentArm:
         self.executor.flush(program)
         plan_ns = time.perf_counter_ns() - t0
         attn_ns = self.fills.schedule(self.streams, rows, b)
+        if program.empty:  # (most steady steps: no copy, nothing staged)
+            return seq, Prepared(plan_ns, attn_ns, int(hit), empty_flushes=1)
         return seq, Prepared(plan_ns, attn_ns, int(hit), program.rows_whole, program.new_rows, program.crossings,
                              program.displaced.size, program.h2d_copies, program.h2d_bytes,
                              int(program.empty))  # fmt: skip
