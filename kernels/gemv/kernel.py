@@ -91,14 +91,17 @@ def _gemv_tile(
     if DOT:
         ptrs = x_ptr + offs_m[:, None] * x_m + offs_k[None, :]
         x = _silu_mul_load(ptrs, K, mm[:, None] & mk[None, :], SILU_MUL)  # [BLOCK_M, BLOCK_K]
-        if SWAP:
-            return tl.dot(w, tl.trans(x), acc)
-        return tl.dot(x, tl.trans(w), acc)
-    if NORM:
-        x = _normed_load(x_ptr, d_ptr, nw_ptr, offs_k, mk, rstd, HAS_DELTA, ZERO_CENTERED).to(tl.float32)
-    else:
-        x = _silu_mul_load(x_ptr + offs_k, K, mk, SILU_MUL).to(tl.float32)  # [BLOCK_K]
-    return acc + tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+        if SWAP:  # noqa: SIM108 (a static branch of the kernel)
+            acc = tl.dot(w, tl.trans(x), acc)
+        else:
+            acc = tl.dot(x, tl.trans(w), acc)
+    else:  # (no early return above: the compiler would build the code after it for the DOT case too)
+        if NORM:
+            x = _normed_load(x_ptr, d_ptr, nw_ptr, offs_k, mk, rstd, HAS_DELTA, ZERO_CENTERED).to(tl.float32)
+        else:
+            x = _silu_mul_load(x_ptr + offs_k, K, mk, SILU_MUL).to(tl.float32)  # [BLOCK_K]
+        acc = acc + tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+    return acc
 
 
 @triton.jit
@@ -199,10 +202,11 @@ def _gemv_kernel(
         tl.store(ho_ptr + offs, s, mask=mr & ((offs * 0 + tl.program_id(0)) == 0))
     else:
         rstd = 0.0
-    if DOT and SWAP:
-        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    elif DOT:
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if DOT:
+        if SWAP:  # noqa: SIM108 (a static branch of the kernel)
+            acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+        else:
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     else:
         acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     acc = _gemv_tile(acc, w, x_ptr, x_m, K, offs_m, offs_k, mm, mk, d_ptr, nw_ptr, rstd,
@@ -213,8 +217,9 @@ def _gemv_kernel(
         w = tl.load(rows + offs_k[None, :], mask=mn[:, None] & mk[None, :], other=0.0)
         acc = _gemv_tile(acc, w, x_ptr, x_m, K, offs_m, offs_k, mm, mk, d_ptr, nw_ptr, rstd,
                          DOT, SILU_MUL, NORM, HAS_DELTA, ZERO_CENTERED, SWAP)  # fmt: skip
-    if DOT and SWAP:
-        acc = tl.trans(acc)  # [BLOCK_M, BLOCK_N]
+    if DOT:  # noqa: SIM102 (one static branch a constexpr, as above)
+        if SWAP:
+            acc = tl.trans(acc)  # [BLOCK_M, BLOCK_N]
     if SPLIT > 1:  # the column block's last split to finish sums every split's partial, in split order
         acc, last = _split_reduce(acc, part_ptr, count_ptr, N, offs_m, offs_n, mm, mn, BLOCK_M, SPLIT, DOT, FENCE)
         mm = mm & last
