@@ -14,6 +14,11 @@ last to finish sums the SPLIT partials in split order, stores y and resets the c
 never depends on which program finished last, so the result is deterministic (not gemv's bits at SPLIT = 1: another
 order of float32 adds).
 
+SWAP (a configuration's optional sixth entry, after SPLIT): at 16-64 rows the dot takes the weight tile as its first
+operand, acc^T += w_tile @ x^T ([BLOCK_N, BLOCK_M], transposed once before the store), so that a dot of 64 or more
+weight rows by the input's 16-64 may run on sm_90's wide MMA. An experiment: compiled and tested, not yet timed
+against the current order (models/bench/results/decode-profile-h200/swap-and-splits/); no configured shape uses it.
+
 ``gemv_silu_mul`` is the same stream for SwiGLU's down projection with ``kernels.gates.silu_mul`` folded into its input
 loads (the kernel's ``SILU_MUL``): x is never written, each program forms its x tiles from the gate|up output gu [M, 2K]
 as ``silu(g) * u``, rounded to gu's dtype exactly as silu_mul stores them, so the result is gemv's bit for bit.
