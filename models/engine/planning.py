@@ -233,8 +233,7 @@ class ResidentArm:
         if program.empty:  # (most steady steps: no copy, nothing staged)
             return seq, Prepared(plan_ns, attn_ns, int(hit), empty_flushes=1)
         return seq, Prepared(plan_ns, attn_ns, int(hit), program.rows_whole, program.new_rows, program.crossings,
-                             program.displaced.size, program.h2d_copies, program.h2d_bytes,
-                             int(program.empty))  # fmt: skip
+                             program.displaced.size, program.h2d_copies, program.h2d_bytes)  # fmt: skip
 
     def prepare_early(self, rows: np.ndarray, b: int, tokens: int = 1) -> EarlyPlan:
         seq = next(self.seqs)
