@@ -16,8 +16,8 @@ order of float32 adds).
 
 SWAP (a configuration's optional sixth entry, after SPLIT): at 16-64 rows the dot takes the weight tile as its first
 operand, acc^T += w_tile @ x^T ([BLOCK_N, BLOCK_M], transposed once before the store), so that a dot of 64 or more
-weight rows by the input's 16-64 may run on sm_90's wide MMA. An experiment: compiled and tested, not yet timed
-against the current order (models/bench/results/decode-profile-h200/swap-and-splits/); no configured shape uses it.
+weight rows by the input's 16-64 runs on sm_90's wide MMA. On an H100 it was 6-8% faster a call at 16 rows on four
+of the 0.8B shapes and no faster at 64 (models/bench/results/gemv-search/swap-h100/).
 
 ``gemv_silu_mul`` is the same stream for SwiGLU's down projection with ``kernels.gates.silu_mul`` folded into its input
 loads (the kernel's ``SILU_MUL``): x is never written, each program forms its x tiles from the gate|up output gu [M, 2K]
@@ -248,17 +248,21 @@ GEMV_CONFIGS: dict[tuple[int, int, int], tuple[int, ...]] = {  # (row tile, N, K
     (1, 1024, 2048): (2, 2048, 8, 1),  # 2.8 vs 5.8
     (1, 5120, 1024): (8, 512, 8, 3),  # 4.8 vs 6.4
     (1, 248320, 1024): (4, 512, 4, 1),  # 165.9 vs 181.9
-    (16, 7168, 1024): (64, 256, 4, 4),  # 14.3 vs 16.0 (M = 4 plus M = 16)
-    (16, 1024, 3584): (32, 256, 4, 1, 8),  # 13.5 vs 16.5
-    (16, 8224, 1024): (64, 256, 4, 4),  # 15.5 vs 17.4
-    (16, 1024, 2048): (32, 256, 4, 1, 8),  # 8.6 vs 11.8
-    (16, 5120, 1024): (64, 256, 4, 4),  # 12.2 vs 13.3
-    (16, 248320, 1024): (64, 256, 4, 2),  # 349.9 vs 372.1
-    # 17-64 rows, from models/bench/results/gemv_wide_h200.md (an H200; cuBLAS as fast at the other shapes and rows)
+    # 2-16 rows: the SWAP sweep at 16 rows (gemv-search/swap-h100/, an H100), us a call vs cuBLAS
+    (16, 7168, 1024): (64, 256, 4, 3, 1, 1),  # 6.7 vs 8.0 (the current dot order 7.2)
+    (16, 1024, 3584): (64, 256, 4, 2, 8, 1),  # 5.9 vs 7.6 (6.4)
+    (16, 8224, 1024): (64, 256, 4, 3, 1, 1),  # 7.1 vs 8.8 (7.7)
+    (16, 1024, 2048): (32, 256, 4, 1, 8),  # 4.5 vs 5.8 (SWAP 4.6)
+    (16, 5120, 1024): (64, 256, 4, 3, 1, 1),  # 5.9 vs 6.7 (6.3)
+    (16, 248320, 1024): (64, 128, 4, 2),  # 177.3 vs 187.7
+    # 17-32 rows, from models/bench/results/gemv_wide_h200.md (an H200; cuBLAS as fast at the other shapes)
     (32, 1024, 3584): (64, 256, 8, 1, 8),  # 6.7 vs 8.2
     (32, 1024, 2048): (32, 256, 8, 1, 8),  # 4.5 vs 6.1
-    (64, 7168, 1024): (64, 128, 4, 4),  # 6.5 vs 7.2
-    (64, 8224, 1024): (64, 128, 4, 4),  # 6.8 vs 7.5
+    # 33-64 rows: gemv_wide_h200.md, and the SWAP sweep at 64 rows (an H100: no SWAP pick; two shapes leave cuBLAS)
+    (64, 7168, 1024): (64, 128, 4, 4),  # 6.5 vs 7.2 (H100: 7.5 vs 8.3)
+    (64, 8224, 1024): (64, 128, 4, 4),  # 6.8 vs 7.5 (H100: 8.2 vs 9.1)
+    (64, 5120, 1024): (64, 128, 4, 4),  # H100: 6.5 vs 6.9
+    (64, 1024, 3584): (32, 128, 4, 4, 4),  # H100: 7.3 vs 7.9
     # Qwen3.5-2B, from models/bench/results/gemv_2b_h200.md (an H200, rows 1 and 16; 4-16 rows: where Triton won at 16)
     (1, 12288, 2048): (8, 1024, 4, 1),  # 12.8 vs 15.5
     (1, 2048, 6144): (2, 2048, 8, 1),  # 6.7 vs 11.9
