@@ -37,7 +37,6 @@ class KernelChoices:
     prefill_fused: bool | None = None  # prefill's row-wise work on our Triton kernels; None: where weights are on CUDA
     row_kernels: bool | None = None  # the executor's in-graph row ops (scatter, gather, commit: kernels.rows) on
     # Triton, else their torch references; None: on CUDA (off it, Triton's interpreter is for the kernels' own tests)
-    argmax: bool | None = None  # greedy steps draw with kernels.argmax, else torch's argmax; None: on CUDA
 
     def streams(self, rows: int, n: int, k: int) -> bool:
         """Whether the GEMM [rows, k] x [n, k]^T runs as the weight stream."""
@@ -56,10 +55,6 @@ class KernelChoices:
     def runs_row_kernels(self, cuda: bool) -> bool:
         """Whether an engine (on CUDA or not) runs its executor's row ops on Triton (``row_kernels``)."""
         return self.row_kernels if self.row_kernels is not None else cuda
-
-    def runs_argmax(self, cuda: bool) -> bool:
-        """Whether greedy steps (on CUDA or not) draw with the Triton argmax (``argmax``)."""
-        return self.argmax if self.argmax is not None else cuda
 
     def launches_pdl(self) -> bool:
         """Whether the step's kernels launch with PDL on this machine (never in the interpreter or off sm_90+)."""
