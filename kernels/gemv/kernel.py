@@ -249,7 +249,7 @@ GEMV_CONFIGS: dict[tuple[int, int, int], tuple[int, ...]] = {  # (row tile, N, K
     (1, 5120, 1024): (8, 512, 8, 3),  # 4.8 vs 6.4
     (1, 248320, 1024): (4, 512, 4, 1),  # 165.9 vs 181.9
     # 2-16 rows: the SWAP sweep at 16 rows (gemv-search/swap-h100/, an H100), us a call vs cuBLAS
-    (16, 7168, 1024): (64, 256, 4, 3, 1, 1),  # 6.7 vs 8.0 (the current dot order 7.2)
+    (16, 7168, 1024): (64, 256, 4, 3, 1, 1),  # 6.7 vs 8.0 (the input first in tl.dot: 7.2)
     (16, 1024, 3584): (64, 256, 4, 2, 8, 1),  # 5.9 vs 7.6 (6.4)
     (16, 8224, 1024): (64, 256, 4, 3, 1, 1),  # 7.1 vs 8.8 (7.7)
     (16, 1024, 2048): (32, 256, 4, 1, 8),  # 4.5 vs 5.8 (SWAP 4.6)
@@ -261,8 +261,8 @@ GEMV_CONFIGS: dict[tuple[int, int, int], tuple[int, ...]] = {  # (row tile, N, K
     # 33-64 rows: gemv_wide_h200.md, and the SWAP sweep at 64 rows (an H100: no SWAP pick; two shapes leave cuBLAS)
     (64, 7168, 1024): (64, 128, 4, 4),  # 6.5 vs 7.2 (H100: 7.5 vs 8.3)
     (64, 8224, 1024): (64, 128, 4, 4),  # 6.8 vs 7.5 (H100: 8.2 vs 9.1)
-    (64, 5120, 1024): (64, 128, 4, 4),  # H100: 6.5 vs 6.9
-    (64, 1024, 3584): (32, 128, 4, 4, 4),  # H100: 7.3 vs 7.9
+    (64, 5120, 1024): (64, 128, 4, 4),  # H100: 6.5 vs 6.9 (the H200 search: 5.9 vs 5.9)
+    (64, 1024, 3584): (32, 128, 4, 4, 4),  # H100: 7.3 vs 7.9 (the H200 search, no staged split: 9.1 vs 8.5)
     # Qwen3.5-2B, from models/bench/results/gemv_2b_h200.md (an H200, rows 1 and 16; 4-16 rows: where Triton won at 16)
     (1, 12288, 2048): (8, 1024, 4, 1),  # 12.8 vs 15.5
     (1, 2048, 6144): (2, 2048, 8, 1),  # 6.7 vs 11.9
