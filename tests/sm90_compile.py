@@ -8,7 +8,8 @@ runs on garbage. It drives (1) the tiny model's engine on CPU tensors with the T
 decode, the executor's row kernels, the prefill's fused row-wise work, PDL launches), both arms (its attention
 torch's: ``TritonDecode`` takes CUDA or the interpreter); (2) the weight stream at every configured shape
 (``GEMV_CONFIGS``, ``NORM_CONFIGS``, ``SILU_MUL_CONFIGS``), which the engine streams on CUDA only, and with the
-weight tile first in tl.dot; (3) the paged decode attention at the 0.8B shape, 1 to 64 rows."""
+weight tile first in tl.dot; (3) the paged decode attention at the 0.8B shape, 1 to 64 rows; (4) greedy's argmax
+over the 0.8B vocabulary at 1 to 64 rows."""
 
 from __future__ import annotations
 
@@ -67,7 +68,8 @@ def _engines() -> None:
     from models.engine import Engine, EngineConfig, Planning
     from models.engine.requests import Request, SamplingParams
 
-    kc = KernelChoices(pdl=True, gemv=GemvPick.EVERY, fused_decode=True, prefill_fused=True, row_kernels=True)
+    kc = KernelChoices(pdl=True, gemv=GemvPick.EVERY, fused_decode=True, prefill_fused=True, row_kernels=True,
+                       argmax=True)
     for planning in (Planning.RESIDENT, Planning.HOST):
         cfg = EngineConfig(planning=planning, max_running=4, max_seq_len=128, kernels=kc)
         engine = Engine.build("qwen3_5-tiny", cfg)
@@ -101,10 +103,17 @@ def _attention() -> None:
         paged_decode(q, kv, table, lens, dim**-0.5, torch.empty_like(q), torch.empty(1 << 22), pdl=True)
 
 
+def _argmax() -> None:
+    from kernels.argmax import argmax_rows
+
+    for b in (1, 16, 64):  # the 0.8B vocabulary: 122 tiles a row
+        argmax_rows(torch.zeros(b, 248320, dtype=torch.bfloat16), torch.empty(b, dtype=torch.int64), pdl=True)
+
+
 def main() -> int:
     driver.set_active(CompileOnlyDriver())
     JITFunction.run, Autotuner.run = _compile_only, _tuned_compile_only
-    for part in (_engines, _weight_streams, _attention):
+    for part in (_engines, _weight_streams, _attention, _argmax):
         try:
             part()
         except Exception:  # noqa: BLE001 (a part that breaks on garbage outputs is a failure of the check)
