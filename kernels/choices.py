@@ -37,6 +37,7 @@ class KernelChoices:
     prefill_fused: bool | None = None  # prefill's row-wise work on our Triton kernels; None: where weights are on CUDA
     row_kernels: bool | None = None  # the executor's in-graph row ops (scatter, gather, commit: kernels.rows) on
     # Triton, else their torch references; None: on CUDA (off it, Triton's interpreter is for the kernels' own tests)
+    argmax: bool = False  # greedy steps draw with kernels.argmax (not yet timed on a GPU), else torch's argmax
 
     def streams(self, rows: int, n: int, k: int) -> bool:
         """Whether the GEMM [rows, k] x [n, k]^T runs as the weight stream."""

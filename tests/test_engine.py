@@ -76,6 +76,17 @@ def test_resident_matches_host_greedy(case):
         assert s.mixed_steps > 0
 
 
+@pytest.mark.skipif(not (interpreted() or torch.cuda.is_available()), reason="Triton runs compiled or interpreted")
+def test_greedy_steps_drawn_by_the_triton_argmax_give_torchs_tokens():
+    """kernels.argmax (interpreted on the CPU) in the greedy graphs of both arms: torch's argmax's tokens (the tiny
+    vocabulary is one tile: the one-launch path; tests/test_argmax.py holds the two-launch one to numpy's)."""
+    cfg = attrs.evolve(BASE, max_running=4)
+    want = run_arms(QWEN, attrs.evolve(cfg, kernels=KernelChoices(argmax=False)), PROMPTS[:8])
+    got = run_arms(QWEN, attrs.evolve(cfg, kernels=KernelChoices(argmax=True)), PROMPTS[:8])
+    assert_same(got, PROMPTS[:8])
+    assert got[R].tokens == want[R].tokens
+
+
 def test_seeded_sampling_matches_across_arms():
     reqs = random_requests(QWEN, 16, (3, 12), (4, 10), seed=2, temperature=0.9, top_p=0.9, top_k=32)
     runs = run_arms(QWEN, attrs.evolve(BASE, max_running=4), reqs)

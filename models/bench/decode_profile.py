@@ -32,7 +32,7 @@ from kernels.choices import GemvPick, KernelChoices
 from models.bench.timing import replay_us
 from models.cli import OneLineParser, positive_int
 from models.engine import build_adapter
-from models.engine.sampler import Sampler
+from models.engine.sampler import Sampler, greedy
 from models.layers.flashinfer_attention import Workspaces, XQADecode
 from models.layers.triton_attention import TritonDecode
 from models.qwen3_5 import KV_POOL
@@ -104,6 +104,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--top", type=int, default=12, help="kernels listed per profile")
     ap.add_argument("--sampler", default="full", choices=["full", "greedy"],
                     help="full: the engine's in-graph sampler; greedy: argmax only")
+    ap.add_argument("--argmax", default="torch",
+                    help="greedy's argmax: torch (the engine's default), triton (kernels.argmax) or torch,triton (A/B)")
     ap.add_argument("--attention", default="xqa", choices=["xqa", "triton"], help="the plan-free decode attention")
     ap.add_argument("--gemv", default="measured", choices=["measured", "all"],
                     help="measured: the weight stream where GEMV_CONFIGS says it wins; all: every GEMM of <= 64 rows")
@@ -128,6 +130,8 @@ def main(argv: list[str] | None = None) -> None:
     for flag, value in (("--silu-mul", a.silu_mul), ("--norm", a.norm)):
         if not set(value.split(",")) <= {"fold", "split"}:
             ap.error(f"{flag} takes fold, split or fold,split; got {value!r}")
+    if not set(a.argmax.split(",")) <= {"triton", "torch"}:
+        ap.error(f"--argmax takes torch, triton or torch,triton; got {a.argmax!r}")
     if not set(a.pdl.split(",")) <= {"on", "off"}:
         ap.error(f"--pdl takes on, off or on,off; got {a.pdl!r}")
     if not set(a.state_dtype.split(",")) <= set(STATE_DTYPE_NAMES):
@@ -167,14 +171,14 @@ def main(argv: list[str] | None = None) -> None:
         bufs = _bufs(layout, b, a.ctx, ps, W, num_pages, dev, rng)
         ids = torch.randint(0, model.cfg.vocab_size, (b,), device=dev)
         out = torch.empty(b, dtype=torch.int64, device=dev)
-        variants = [(p, m == "on", f, n, sd) for p in a.paths.split(",") for m in a.pdl.split(",")
+        variants = [(p, m == "on", f, n, sd, g) for p in a.paths.split(",") for m in a.pdl.split(",")
                     for f in a.silu_mul.split(",") for n in a.norm.split(",")
-                    for sd in a.state_dtype.split(",")]  # fmt: skip
-        for path, pdl_on, silu, norm, sd in variants:
+                    for sd in a.state_dtype.split(",") for g in a.argmax.split(",")]  # fmt: skip
+        for path, pdl_on, silu, norm, sd, arg in variants:
             state = states[sd]
             floor_us = step_bytes(model, state, b, a.ctx) / bandwidth * 1e6
             kc = KernelChoices(pdl=pdl_on, fold_silu_mul=silu == "fold", fold_norm=norm == "fold", gemv=gemv_pick,
-                               fused_decode={"fused": True, "torch": False}[path])  # fmt: skip
+                               fused_decode={"fused": True, "torch": False}[path], argmax=arg == "triton")  # fmt: skip
             if a.attention != "xqa":
                 attn = TritonDecode(hq, hk, d, ps, max_batch=max(batches), max_pages_per_row=W, device=dev, dtype=dt,
                                     pdl=pdl_on)  # fmt: skip
@@ -182,10 +186,14 @@ def main(argv: list[str] | None = None) -> None:
             label += " (silu_mul split)" if silu == "split" and path == "fused" else ""
             label += " (norm split)" if norm == "split" and path == "fused" else ""
             label += f" ({sd} state)" if sd != "float32" else ""
+            label += " (Triton argmax)" if arg == "triton" and a.sampler == "greedy" else ""
 
             def step(ids=ids, bufs=bufs, out=out, attn=attn, kc=kc, state=state) -> None:
                 logits = model.decode(state, ids, bufs, attn, kc)
-                out.copy_(logits.argmax(-1) if a.sampler == "greedy" else sampler(logits, bufs.sampler, bufs.positions))
+                if a.sampler == "greedy":
+                    greedy(logits, out, kc)
+                else:
+                    out.copy_(sampler(logits, bufs.sampler, bufs.positions))
 
             steps.append((b, label, floor_us, Graph(step, dev)))
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

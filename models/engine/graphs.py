@@ -16,7 +16,7 @@ import torch
 from kernels.choices import KernelChoices
 from models.engine.adapters import DECODE, Adapter
 from models.engine.launcher import Launcher
-from models.engine.sampler import Sampler, SamplingMode, logprobs
+from models.engine.sampler import Sampler, SamplingMode, greedy, logprobs
 from models.layers.decode_attention import Backend
 from models.layers.flashinfer_attention import Workspaces, make_decode_attention
 from resplan import (
@@ -104,7 +104,7 @@ def step_fn(adapter: Adapter, model_state, executor: Executor, launcher: Launche
                 ids = torch.where(src >= 0, last[src.clamp(min=0)], host_ids)  # [b] last step's token, or the host's
             logits = adapter.decode(model_state, ids, bufs, attn, kc)  # [b, V]
             if mode is SamplingMode.GREEDY:
-                out.copy_(logits.argmax(-1))
+                greedy(logits, out, kc)
             elif mode is SamplingMode.SAMPLE:
                 out.copy_(sampler(logits, bufs.sampler, bufs.positions))
             else:  # (temperature 0 rows: the argmax)

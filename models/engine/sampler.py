@@ -23,6 +23,8 @@ import enum
 
 import torch
 
+from kernels.argmax import argmax_rows
+from kernels.choices import KernelChoices
 from models.engine.requests import CANDIDATES, MAX_LOGPROBS  # the tokens a row draws from; top logprobs kept
 from resplan.layout import BANNED_STOPS, SamplerCell
 
@@ -35,6 +37,15 @@ class SamplingMode(enum.Enum):
     GREEDY = "greedy"  # every row greedy: argmax, no sampler
     SAMPLE = "sample"  # the sampler
     LOGPROBS = "logprobs"  # the sampler, and every row's logprobs (a row asks for them)
+
+
+def greedy(logits: torch.Tensor, out: torch.Tensor, kc: KernelChoices) -> None:
+    """out[r] = argmax(logits[r]) (the first index of the largest): ``kernels.argmax`` written into ``out`` where the
+    choices ask for it (``KernelChoices.argmax``), else torch's argmax copied in. logits [b, V], out [b] int64."""
+    if kc.argmax:
+        argmax_rows(logits, out, pdl=kc.pdl)
+    else:
+        out.copy_(logits.argmax(-1))
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
