@@ -16,13 +16,12 @@ and no two touch one address.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from kernels.pdl import launch_options, pdl_wait
+from kernels.runtime import stream_workspace
 
 BLOCK = 2048  # logits a program of the first launch reduces
 MAX_PARTIALS = 1 << 20  # (value, index) partials a workspace holds: rows x tiles
@@ -88,16 +87,14 @@ def _row_kernel(
     tl.store(out_ptr + r, idx.to(out_ptr.dtype.element_ty))
 
 
-@functools.cache
-def _workspace(device: torch.device, stream: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The partials of the launches on one stream (as kernels.gemv's split-K workspace: shared by the launches of a
-    stream, which run one after another; made before any capture, kept for the process): values [MAX_PARTIALS]
-    float32, indices [MAX_PARTIALS] int32. Every launch writes what it reads: nothing carries over."""
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError("the argmax workspace of a stream is made before a capture on that stream, not during it: "
-                           "run the work once on the capture stream first (resplan.Graph's warm-up, run_on)")
+def _partials(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Values [MAX_PARTIALS] float32, indices [MAX_PARTIALS] int32. Every launch writes what it reads: nothing carries
+    over."""
     return (torch.empty(MAX_PARTIALS, dtype=torch.float32, device=device),
             torch.empty(MAX_PARTIALS, dtype=torch.int32, device=device))  # fmt: skip
+
+
+_workspace = stream_workspace("argmax workspace", _partials)  # (kernels.runtime: one a stream, made before capture)
 
 
 def argmax_rows(
@@ -114,8 +111,7 @@ def argmax_rows(
         return out
     tiles = triton.cdiv(V, BLOCK)
     assert rows * tiles <= MAX_PARTIALS, f"{rows} rows of {tiles} tiles: more partials than the workspace holds"
-    stream = torch.cuda.current_stream(logits.device).cuda_stream if logits.device.type == "cuda" else 0
-    part_v, part_i = _workspace(logits.device, stream)
+    part_v, part_i = _workspace(logits.device)
     opts = launch_options(pdl)
     _tile_kernel[(rows, tiles)](logits, out, part_v, part_i, V, logits.stride(0), TILES=tiles, BLOCK=BLOCK,
                                 num_warps=4, **opts)  # fmt: skip

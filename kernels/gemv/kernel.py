@@ -34,14 +34,12 @@ an x element by one rounding. The residual s is bit for bit either way.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from kernels.pdl import launch_options, pdl_wait
-from kernels.runtime import interpreted
+from kernels.runtime import interpreted, stream_workspace
 
 MAX_ROWS = 64  # more rows than this: the GEMM is no longer a weight stream; use cuBLAS
 ROW_TILES = (1, 16, 32, 64)  # the rows a program's tile holds (1: the CUDA cores; else tl.dot, padded)
@@ -372,27 +370,20 @@ SPLIT_PARTS = 1 << 20  # float32 partial sums a split-K workspace holds (4 MiB):
 SPLIT_COUNTS = 1 << 12  # column blocks a split-K workspace counts
 
 
-@functools.cache
-def _workspace(device: torch.device, stream: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The split-K workspace of the launches on one stream: partials [SPLIT_PARTS] float32, counts [SPLIT_COUNTS]
-    int32 at zero (each launch's last splits set their counts back to 0). Launches on one stream run one after another
-    (under PDL a kernel touches it only after its wait), so they share it; graphs that may replay at the same time must
-    be captured on distinct streams, as for cuBLAS's workspace (resplan.Graph). Kept for the process: a graph
-    captured with it holds its address. Never made during a capture: it would live in the graph's private pool, where
-    the intermediates of graphs captured earlier in that pool alias it (their replays overwrite the counts), and its
-    zeroing would run only in that graph's replays."""
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError("the split-K workspace of a stream is made before a capture on that stream, not during "
-                           "it: run the work once on the capture stream first (resplan.Graph's warm-up, run_on)")
+def _split_parts(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Partials [SPLIT_PARTS] float32, counts [SPLIT_COUNTS] int32 at zero (each launch's last splits set their counts
+    back to 0)."""
     return (torch.empty(SPLIT_PARTS, dtype=torch.float32, device=device),
             torch.zeros(SPLIT_COUNTS, dtype=torch.int32, device=device))  # fmt: skip
+
+
+_workspace = stream_workspace("split-K workspace", _split_parts)  # (kernels.runtime: one a stream, made before capture)
 
 
 def split_workspace(device: torch.device, parts: int, counts: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The current stream's split-K workspace (partials, counts), checked to hold ``parts`` and ``counts``."""
     assert parts <= SPLIT_PARTS and counts <= SPLIT_COUNTS, (parts, counts)
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    return _workspace(device, stream)
+    return _workspace(device)
 
 
 def _launch(x, w, out, config, M: int, N: int, K: int, silu_mul: bool = False, norm: tuple | None = None,
