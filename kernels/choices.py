@@ -37,7 +37,8 @@ class KernelChoices:
     prefill_fused: bool | None = None  # prefill's row-wise work on our Triton kernels; None: where weights are on CUDA
     row_kernels: bool | None = None  # the executor's in-graph row ops (scatter, gather, commit: kernels.rows) on
     # Triton, else their torch references; None: on CUDA (off it, Triton's interpreter is for the kernels' own tests)
-    argmax: bool = False  # greedy steps draw with kernels.argmax (not yet timed on a GPU), else torch's argmax
+    argmax: bool | None = None  # greedy steps draw with kernels.argmax, else torch's argmax; None: on CUDA (the
+    # kernel measured 0.5-1.6% off the H100's step at 1-64 rows; off it, the interpreter is for the kernel's own tests)
 
     def streams(self, rows: int, n: int, k: int) -> bool:
         """Whether the GEMM [rows, k] x [n, k]^T runs as the weight stream."""
@@ -56,6 +57,10 @@ class KernelChoices:
     def runs_row_kernels(self, cuda: bool) -> bool:
         """Whether an engine (on CUDA or not) runs its executor's row ops on Triton (``row_kernels``)."""
         return self.row_kernels if self.row_kernels is not None else cuda
+
+    def draws_argmax_kernel(self, cuda: bool) -> bool:
+        """Whether a greedy step (on CUDA or not) draws its tokens with ``kernels.argmax`` (``argmax``)."""
+        return self.argmax if self.argmax is not None else cuda
 
     def launches_pdl(self) -> bool:
         """Whether the step's kernels launch with PDL on this machine (never in the interpreter or off sm_90+)."""

@@ -72,3 +72,12 @@ def test_argmax_writes_int32_and_reads_rows_of_a_strided_batch():
     x = torch.randn(6, 4 * BLOCK, generator=torch.Generator().manual_seed(5)).to(DEVICE)
     view = x[::2, : 3 * BLOCK + 1]  # rows 2 apart, each ending inside a tile
     assert torch.equal(_draw(view, torch.int32), argmax_rows_ref(view))
+
+
+def test_the_kernel_draws_greedy_steps_on_cuda_by_default_and_where_asked():
+    """KernelChoices.argmax None: the kernel on CUDA, torch's argmax off it; True/False: as asked on either."""
+    from kernels.choices import KernelChoices
+
+    assert KernelChoices().draws_argmax_kernel(cuda=True) and not KernelChoices().draws_argmax_kernel(cuda=False)
+    assert KernelChoices(argmax=True).draws_argmax_kernel(cuda=False)
+    assert not KernelChoices(argmax=False).draws_argmax_kernel(cuda=True)

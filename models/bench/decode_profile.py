@@ -104,8 +104,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--top", type=int, default=12, help="kernels listed per profile")
     ap.add_argument("--sampler", default="full", choices=["full", "greedy"],
                     help="full: the engine's in-graph sampler; greedy: argmax only")
-    ap.add_argument("--argmax", default="torch",
-                    help="greedy's argmax: torch (the engine's default), triton (kernels.argmax) or torch,triton (A/B)")
+    ap.add_argument("--argmax", default="triton",
+                    help="greedy's argmax: triton (kernels.argmax, the engine's default on CUDA), torch, or "
+                         "torch,triton (A/B)")
     ap.add_argument("--attention", default="xqa", choices=["xqa", "triton"], help="the plan-free decode attention")
     ap.add_argument("--gemv", default="measured", choices=["measured", "all"],
                     help="measured: the weight stream where GEMV_CONFIGS says it wins; all: every GEMM of <= 64 rows")
@@ -186,7 +187,7 @@ def main(argv: list[str] | None = None) -> None:
             label += " (silu_mul split)" if silu == "split" and path == "fused" else ""
             label += " (norm split)" if norm == "split" and path == "fused" else ""
             label += f" ({sd} state)" if sd != "float32" else ""
-            label += " (Triton argmax)" if arg == "triton" and a.sampler == "greedy" else ""
+            label += " (torch argmax)" if arg == "torch" and a.sampler == "greedy" else ""
 
             def step(ids=ids, bufs=bufs, out=out, attn=attn, kc=kc, state=state) -> None:
                 logits = model.decode(state, ids, bufs, attn, kc)

@@ -41,8 +41,9 @@ class SamplingMode(enum.Enum):
 
 def greedy(logits: torch.Tensor, out: torch.Tensor, kc: KernelChoices) -> None:
     """out[r] = argmax(logits[r]) (the first index of the largest): ``kernels.argmax`` written into ``out`` where the
-    choices ask for it (``KernelChoices.argmax``), else torch's argmax copied in. logits [b, V], out [b] int64."""
-    if kc.argmax:
+    choices ask for it (``KernelChoices.draws_argmax_kernel``), else torch's argmax copied in. logits [b, V], out [b]
+    int64."""
+    if kc.draws_argmax_kernel(logits.is_cuda):
         argmax_rows(logits, out, pdl=kc.pdl)
     else:
         out.copy_(logits.argmax(-1))
