@@ -1,5 +1,5 @@
-"""Greedy decoding's argmax over the vocabulary, written into the step's token buffer (not yet timed on a GPU; off by
-default, ``KernelChoices.argmax``).
+"""Greedy decoding's argmax over the vocabulary, written into the step's token buffer (on CUDA by default,
+``KernelChoices.argmax``).
 
 ``kernel``: the Triton kernels and their wrapper; ``naive``: the reference.
 """

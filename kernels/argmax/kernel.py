@@ -1,6 +1,7 @@
 """Greedy decoding's draw: ``out[r]`` = the first index of the largest of ``logits[r]``, a NaN counting as the largest
-(as ``torch.argmax``), written straight into the step's token buffer. Not yet timed on a GPU: off by default
-(``KernelChoices.argmax``).
+(as ``torch.argmax``), written straight into the step's token buffer: on CUDA a greedy step's draw by default
+(``KernelChoices.argmax``). On an H100, 2.8 / 7.2 / 19.0 us a call at 1 / 16 / 64 rows of the 0.8B vocabulary against
+torch's argmax and copy's 10.2 / 17.0 / 33.1 (models/bench/results/argmax-h100/).
 
 Two launches, no atomics. ``_tile_kernel``: one program a (row, tile of ``BLOCK`` logits), each storing its tile's
 (best value, first index) as a partial; ``_row_kernel``: one program a row, combining the row's partials in tile order
