@@ -39,6 +39,8 @@ class KernelChoices:
     # Triton, else their torch references; None: on CUDA (off it, Triton's interpreter is for the kernels' own tests)
     argmax: bool | None = None  # greedy steps draw with kernels.argmax, else torch's argmax; None: on CUDA (the
     # kernel measured 0.5-1.6% off the H100's step at 1-64 rows; off it, the interpreter is for the kernel's own tests)
+    sampler: bool | None = None  # sampled steps (and prefills' first tokens) draw with kernels.sample, else torch's
+    # topk and its ~20 ops; None: on CUDA
 
     def streams(self, rows: int, n: int, k: int) -> bool:
         """Whether the GEMM [rows, k] x [n, k]^T runs as the weight stream."""
@@ -61,6 +63,10 @@ class KernelChoices:
     def draws_argmax_kernel(self, cuda: bool) -> bool:
         """Whether a greedy step (on CUDA or not) draws its tokens with ``kernels.argmax`` (``argmax``)."""
         return self.argmax if self.argmax is not None else cuda
+
+    def draws_sample_kernel(self, cuda: bool) -> bool:
+        """Whether sampled draws (on CUDA or not) run ``kernels.sample`` (``sampler``)."""
+        return self.sampler if self.sampler is not None else cuda
 
     def launches_pdl(self) -> bool:
         """Whether the step's kernels launch with PDL on this machine (never in the interpreter or off sm_90+)."""

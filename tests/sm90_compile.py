@@ -9,7 +9,7 @@ decode, the executor's row kernels, the prefill's fused row-wise work, PDL launc
 torch's: ``TritonDecode`` takes CUDA or the interpreter); (2) the weight stream at every configured shape
 (``GEMV_CONFIGS``, ``NORM_CONFIGS``, ``SILU_MUL_CONFIGS``), which the engine streams on CUDA only, and with the
 weight tile first in tl.dot; (3) the paged decode attention at the 0.8B shape, 1 to 64 rows; (4) greedy's argmax
-over the 0.8B vocabulary at 1 to 64 rows."""
+and the sampled draw over the 0.8B vocabulary at 1 to 64 rows."""
 
 from __future__ import annotations
 
@@ -110,10 +110,21 @@ def _argmax() -> None:
         argmax_rows(torch.zeros(b, 248320, dtype=torch.bfloat16), torch.empty(b, dtype=torch.int64), pdl=True)
 
 
+def _sample() -> None:
+    from kernels.sample import sample_rows
+    from resplan.layout import SamplerCell
+
+    # (the engines above draw greedily: a sampled draw compiled, not run, would hand them garbage token ids)
+    for b, V in ((1, 248320), (16, 248320), (64, 248320), (4, 200)):  # 0.8B: 31 tiles a row; a head under 256
+        sample_rows(torch.zeros(b, V, dtype=torch.bfloat16), torch.zeros(b, len(SamplerCell), dtype=torch.int32),
+                    torch.zeros(b, dtype=torch.int64), torch.empty(b, dtype=torch.int64),
+                    torch.empty(b, min(V, 256), dtype=torch.int64), pdl=True)  # fmt: skip
+
+
 def main() -> int:
     driver.set_active(CompileOnlyDriver())
     JITFunction.run, Autotuner.run = _compile_only, _tuned_compile_only
-    for part in (_engines, _weight_streams, _attention, _argmax):
+    for part in (_engines, _weight_streams, _attention, _argmax, _sample):
         try:
             part()
         except Exception:  # noqa: BLE001 (a part that breaks on garbage outputs is a failure of the check)

@@ -37,6 +37,7 @@ from models.layers.flashinfer_attention import Workspaces, XQADecode
 from models.layers.triton_attention import TritonDecode
 from models.qwen3_5 import KV_POOL
 from resplan import Graph, KVPool, RowLayout, StepBuffers
+from resplan.layout import SamplerCell
 
 STATE_DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # --state-dtype
 
@@ -102,8 +103,10 @@ def parser() -> argparse.ArgumentParser:
                     help="rounds over every (batch, variant) step, alternated; the table gives the median of the "
                          "rounds' medians and, from two rounds, their range (default 1)")
     ap.add_argument("--top", type=int, default=12, help="kernels listed per profile")
-    ap.add_argument("--sampler", default="full", choices=["full", "greedy"],
-                    help="full: the engine's in-graph sampler; greedy: argmax only")
+    ap.add_argument("--sampler", default="full",
+                    help="full: the engine's in-graph sampler (kernels.sample on CUDA), every row at temperature 0.8, "
+                         "top-p 0.95, top-k 20; full-torch: the same draw in torch ops (topk); greedy: argmax only; "
+                         "comma-separated for an A/B (default full)")
     ap.add_argument("--argmax", default="triton",
                     help="greedy's argmax: triton (kernels.argmax, the engine's default on CUDA), torch, or "
                          "torch,triton (A/B)")
@@ -133,6 +136,8 @@ def main(argv: list[str] | None = None) -> None:
             ap.error(f"{flag} takes fold, split or fold,split; got {value!r}")
     if not set(a.argmax.split(",")) <= {"triton", "torch"}:
         ap.error(f"--argmax takes torch, triton or torch,triton; got {a.argmax!r}")
+    if not set(a.sampler.split(",")) <= {"full", "full-torch", "greedy"}:
+        ap.error(f"--sampler takes full, full-torch or greedy, comma-separated; got {a.sampler!r}")
     if not set(a.pdl.split(",")) <= {"on", "off"}:
         ap.error(f"--pdl takes on, off or on,off; got {a.pdl!r}")
     if not set(a.state_dtype.split(",")) <= set(STATE_DTYPE_NAMES):
@@ -157,7 +162,6 @@ def main(argv: list[str] | None = None) -> None:
         attn = XQADecode(hq, hk, d, ps, max_batch=max(batches), device=dev, enable_pdl=pdl, workspaces=Workspaces(dev))
     else:
         attn = None  # per variant below: its launches follow the variant's PDL choice
-    sampler = Sampler(model.cfg.vocab_size, dev)
     rng = np.random.default_rng(0)
     print(f"# decode step on {torch.cuda.get_device_name()}: {a.model}, ctx {a.ctx}, page {ps}, "
           f"{'XQA (pdl ' + a.xqa_pdl + ')' if a.attention == 'xqa' else 'Triton attention'}, "
@@ -170,12 +174,18 @@ def main(argv: list[str] | None = None) -> None:
     steps = []  # (b, label, floor us, graph): every variant captured, then timed in alternating rounds
     for b in batches:
         bufs = _bufs(layout, b, a.ctx, ps, W, num_pages, dev, rng)
+        bufs.sampler[:, SamplerCell.TEMPERATURE] = torch.tensor(0.8).view(torch.int32)  # (read by the full samplers)
+        bufs.sampler[:, SamplerCell.TOP_P] = torch.tensor(0.95).view(torch.int32)
+        bufs.sampler[:, SamplerCell.TOP_K] = 20
+        bufs.sampler[:, SamplerCell.SEED] = torch.arange(b, dtype=torch.int32)
+        bufs.sampler[:, SamplerCell.STOP_0 :] = -1
         ids = torch.randint(0, model.cfg.vocab_size, (b,), device=dev)
         out = torch.empty(b, dtype=torch.int64, device=dev)
-        variants = [(p, m == "on", f, n, sd, g) for p in a.paths.split(",") for m in a.pdl.split(",")
+        variants = [(p, m == "on", f, n, sd, g, s) for p in a.paths.split(",") for m in a.pdl.split(",")
                     for f in a.silu_mul.split(",") for n in a.norm.split(",")
-                    for sd in a.state_dtype.split(",") for g in a.argmax.split(",")]  # fmt: skip
-        for path, pdl_on, silu, norm, sd, arg in variants:
+                    for sd in a.state_dtype.split(",") for g in a.argmax.split(",")
+                    for s in a.sampler.split(",")]  # fmt: skip
+        for path, pdl_on, silu, norm, sd, arg, draw in variants:
             state = states[sd]
             floor_us = step_bytes(model, state, b, a.ctx) / bandwidth * 1e6
             kc = KernelChoices(pdl=pdl_on, fold_silu_mul=silu == "fold", fold_norm=norm == "fold", gemv=gemv_pick,
@@ -187,11 +197,13 @@ def main(argv: list[str] | None = None) -> None:
             label += " (silu_mul split)" if silu == "split" and path == "fused" else ""
             label += " (norm split)" if norm == "split" and path == "fused" else ""
             label += f" ({sd} state)" if sd != "float32" else ""
-            label += " (torch argmax)" if arg == "torch" and a.sampler == "greedy" else ""
+            label += " (torch argmax)" if arg == "torch" and draw == "greedy" else ""
+            label += {"greedy": "", "full": " (sampled)", "full-torch": " (sampled in torch ops)"}[draw]
+            sampler = None if draw == "greedy" else Sampler(model.cfg.vocab_size, kernel=draw == "full", pdl=pdl_on)
 
-            def step(ids=ids, bufs=bufs, out=out, attn=attn, kc=kc, state=state) -> None:
+            def step(ids=ids, bufs=bufs, out=out, attn=attn, kc=kc, state=state, sampler=sampler) -> None:
                 logits = model.decode(state, ids, bufs, attn, kc)
-                if a.sampler == "greedy":
+                if sampler is None:
                     greedy(logits, out, kc)
                 else:
                     out.copy_(sampler(logits, bufs.sampler, bufs.positions))

@@ -3,8 +3,10 @@
     python -m models.bench.sampler [--rows 1,8,32,64] [--vocab 248320]
 
 Each form runs in a CUDA graph on fresh bf16 logits [rows, vocab] (the lm_head's output) and reports the median replay:
-``argmax`` (what a greedy decode graph runs), ``Sampler`` (temperature, top-k, top-p, Gumbel draw), and the candidate
-selection inside it: ``topk`` of the 256 most likely tokens in float32 (as the sampler takes it) and in bf16.
+torch's ``argmax`` and ``kernels.argmax`` (what a greedy decode graph runs), the ``Sampler`` (temperature 0.8, top-k
+50, top-p 0.95, the Gumbel draw) as ``kernels.sample`` (the engine's on CUDA) and in torch ops, and the candidate
+selection inside the latter: ``topk`` of the 256 most likely tokens in float32 (as it takes it) and in bf16. Before
+timing, the two samplers' tokens are compared (they differ only where a row's head holds equal logits).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import argparse
 
 import torch
 
+from kernels.argmax import argmax_rows
 from models.bench.timing import replay_us
 from models.cli import OneLineParser
 from models.engine.requests import CANDIDATES
@@ -30,22 +33,28 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _times(sampler: Sampler, b: int, vocab: int, iters: int, dev: torch.device) -> list[float]:
-    """us of each form at b rows: argmax, the sampler, topk in float32 and in bf16."""
+def _times(b: int, vocab: int, iters: int, dev: torch.device) -> tuple[list[float], int]:
+    """(us of each form at b rows, the rows where the two samplers drew differently)."""
     logits = torch.randn(b, vocab, device=dev).to(torch.bfloat16) * 4
-    cells = torch.zeros(b, 4, dtype=torch.int32, device=dev)
+    cells = torch.full((b, len(SamplerCell)), -1, dtype=torch.int32, device=dev)
     cells[:, SamplerCell.TEMPERATURE] = torch.tensor(0.8).view(torch.int32)
     cells[:, SamplerCell.TOP_P] = torch.tensor(0.95).view(torch.int32)
     cells[:, SamplerCell.TOP_K] = 50
     cells[:, SamplerCell.SEED] = torch.arange(b, dtype=torch.int32, device=dev)
+    cells[:, SamplerCell.MIN_POSITION] = 0
     pos = torch.arange(b, device=dev)
+    kernel, torch_ops = Sampler(vocab, kernel=True), Sampler(vocab)
+    out = torch.empty(b, dtype=torch.int64, device=dev)
+    differ = int((kernel(logits, cells, pos) != torch_ops(logits, cells, pos)).sum())
     forms = [
         lambda: logits.argmax(-1),
-        lambda: sampler(logits, cells, pos),
+        lambda: argmax_rows(logits, out),
+        lambda: kernel(logits, cells, pos),
+        lambda: torch_ops(logits, cells, pos),
         lambda: logits.float().topk(CANDIDATES, dim=-1),
         lambda: logits.topk(CANDIDATES, dim=-1),
     ]
-    return [replay_us(Graph(f, dev), iters) for f in forms]
+    return [replay_us(Graph(f, dev), iters) for f in forms], differ
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -53,12 +62,13 @@ def main(argv: list[str] | None = None) -> None:
     if not torch.cuda.is_available():
         raise SystemExit("the sampler bench times GPU graphs: it needs CUDA")
     dev = torch.device("cuda")
-    sampler = Sampler(a.vocab, dev)
-    print(f"# sampler, vocab {a.vocab}, bf16 logits, median of {a.iters} graph replays (us)\n")
-    print("| rows | argmax | Sampler | topk 256 float32 | topk 256 bf16 |\n|---|---|---|---|---|")
+    print(f"# sampler on {torch.cuda.get_device_name()}, vocab {a.vocab}, bf16 logits, median of {a.iters} graph "
+          "replays (us)\n")
+    print("| rows | torch argmax | kernels.argmax | Sampler: kernels.sample | Sampler: torch ops | topk 256 float32 | "
+          "topk 256 bf16 | rows drawn differently |\n|---|---|---|---|---|---|---|---|")
     for b in (int(r) for r in a.rows.split(",")):
-        us = _times(sampler, b, a.vocab, a.iters, dev)
-        print(f"| {b} | " + " | ".join(f"{u:.0f}" for u in us) + " |")
+        us, differ = _times(b, a.vocab, a.iters, dev)
+        print(f"| {b} | " + " | ".join(f"{u:.1f}" for u in us) + f" | {differ} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -3,11 +3,13 @@
 Cells per row (``resplan.SamplerCell``): temperature and top_p as float32 bit patterns, top_k (0 = off), seed.
 ``temperature == 0`` is greedy (argmax, first index on ties). Otherwise the logits are divided by the temperature, cut
 to the top-k, then to the smallest head of the sorted distribution whose mass reaches top_p, and one token is drawn by
-Gumbel-max with noise from a counter-based hash of (seed, position, token id) in torch integer ops. Sampling looks at
-the ``CANDIDATES`` most likely tokens only (submission refuses a top-k above it; top-p's mass is taken within them): a
-full sort of a 248k vocabulary every step cost milliseconds of GPU time at c=64; ``topk`` of 256 costs a fraction.
-The same function samples a prefill's first token and every decode token, so both planning arms (and any batch a row
-lands in) draw the same token from the same logits. A row under its ``min_tokens`` draws with its stop tokens at -inf
+Gumbel-max with noise from a counter-based hash of (seed, position, token id) (``kernels.sample.naive``). Sampling
+looks at the ``CANDIDATES`` most likely tokens only (submission refuses a top-k above it; top-p's mass is taken within
+them): a full sort of a 248k vocabulary every step cost milliseconds of GPU time at c=64. On CUDA the draw is
+``kernels.sample`` (the head found by a radix select, two launches; ``KernelChoices.sampler``); elsewhere torch's
+``topk`` of 256 and ~20 small ops, which on an H100 cost 236 us at one row and 602 at 64. The same ``Sampler`` samples
+a prefill's first token and every decode token, so both planning arms (and any batch a row lands in) draw the same
+token from the same logits. A row under its ``min_tokens`` draws with its stop tokens at -inf
 (``ban_stops_``); its logprobs stay those of the raw logits.
 
 A step's ``SamplingMode`` picks its graph: all rows greedy, argmax; any row sampled, the sampler; any row asking for
@@ -25,10 +27,10 @@ import torch
 
 from kernels.argmax import argmax_rows
 from kernels.choices import KernelChoices
+from kernels.sample import sample_rows
+from kernels.sample.naive import ban_stops_, draw_head
 from models.engine.requests import CANDIDATES, MAX_LOGPROBS  # the tokens a row draws from; top logprobs kept
-from resplan.layout import BANNED_STOPS, SamplerCell
-
-M32 = 0xFFFFFFFF
+from resplan.layout import SamplerCell
 
 
 class SamplingMode(enum.Enum):
@@ -49,38 +51,15 @@ def greedy(logits: torch.Tensor, out: torch.Tensor, kc: KernelChoices) -> None:
         out.copy_(logits.argmax(-1))
 
 
-def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
-    """(x * c) mod 2^32 for int64 x in [0, 2^32), exact in int64 (the high half of c enters 16 bits at a time)."""
-    lo, hi = c & 0xFFFF, c >> 16
-    return (x * lo + (((x * hi) & 0xFFFF) << 16)) & M32
-
-
-def hash32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer mix (lowbias32) on int64 tensors holding values in [0, 2^32)."""
-    x = x ^ (x >> 16)
-    x = _mul32(x, 0x7FEB352D)
-    x = x ^ (x >> 15)
-    x = _mul32(x, 0x846CA68B)
-    return x ^ (x >> 16)
-
-
-def uniforms(seed: torch.Tensor, position: torch.Tensor, salt: torch.Tensor) -> torch.Tensor:
-    """[b, n] float32 in (0, 1): one uniform per (row's seed, row's position, token). seed, position [b] int;
-    salt [n] or [b, n] int64 (hash32 of the token ids)."""
-    key = hash32(hash32(seed.long() & M32) ^ (position.long() & M32))  # [b]
-    r = hash32((key[:, None] + (salt if salt.ndim == 2 else salt[None, :])) & M32)  # [b, n]
-    return ((r >> 8).float() + 0.5) * (1.0 / 2**24)
-
-
 class Sampler:
     """``sampler(logits [b, V], cells [b, len(SamplerCell)] int32, positions [b] int) -> tokens [b] int64``;
-    ``draw`` also returns the candidates."""
+    ``draw`` also returns the candidates. ``kernel``: draw with ``kernels.sample`` (two launches, the head found
+    without sorting the vocabulary; its order among equal logits is by id), else in torch ops (``topk``)."""
 
-    def __init__(self, vocab_size: int, device: torch.device | str) -> None:
+    def __init__(self, vocab_size: int, *, kernel: bool = False, pdl: bool | None = None) -> None:
         self.vocab_size = vocab_size
-        ids = torch.arange(vocab_size, dtype=torch.int64, device=device)
-        self.salt = hash32((ids * 0x9E3779B9) & M32)  # [V]
-        self.rank = torch.arange(vocab_size, device=device)  # [V]
+        self.kernel = kernel
+        self.pdl = pdl  # the kernel's launches (kernels.pdl)
 
     def __call__(self, logits: torch.Tensor, cells: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.draw(logits, cells, positions)[0]
@@ -89,38 +68,19 @@ class Sampler:
              positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         """The tokens [b] int64, and the candidates they were drawn from: [b, min(V, CANDIDATES)] int64 ids, most
         likely first."""
-        logits = logits.float()
+        K = min(self.vocab_size, CANDIDATES)
+        if self.kernel:
+            tokens = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
+            head = torch.empty(logits.shape[0], K, dtype=torch.int64, device=logits.device)
+            sample_rows(logits, cells, positions, tokens, head, candidates=CANDIDATES, pdl=self.pdl)
+            return tokens, head
         temp = cells[:, SamplerCell.TEMPERATURE].view(torch.float32)  # [b]
-        top_p = cells[:, SamplerCell.TOP_P].view(torch.float32)  # [b]
-        top_k = cells[:, SamplerCell.TOP_K].long()  # [b]
-        scaled = logits / torch.where(temp > 0, temp, 1.0)[:, None]  # [b, V] (a greedy row's: its logits)
+        scaled = logits.float() / torch.where(temp > 0, temp, 1.0)[:, None]  # [b, V] (a greedy row's: its logits)
         ban_stops_(scaled, cells, positions)
         greedy = scaled.argmax(-1)  # [b]
-        K = min(self.vocab_size, CANDIDATES)
         vals, idx = scaled.topk(K, dim=-1)  # [b, K] descending
-        k = torch.where(top_k > 0, top_k.clamp(max=K), K)  # [b]
-        keep = self.rank[None, :K] < k[:, None]  # [b, K] in sorted order
-        probs = torch.softmax(vals.masked_fill(~keep, float("-inf")), dim=-1)
-        before = probs.cumsum(-1) - probs  # mass strictly ahead of each sorted token
-        keep &= before < top_p[:, None]
-        keep[:, 0] = True
-        seeds = cells[:, SamplerCell.SEED]  # [b]
-        noise = -torch.log(-torch.log(uniforms(seeds, positions, self.salt[idx])))  # [b, K] by token id
-        score = torch.where(keep, vals + noise, float("-inf"))
-        drawn = idx.gather(1, score.argmax(-1, keepdim=True))[:, 0]  # [b]
+        drawn = draw_head(vals, idx, cells, positions)
         return torch.where(temp > 0, drawn, greedy), idx
-
-
-def ban_stops_(scores: torch.Tensor, cells: torch.Tensor, positions: torch.Tensor) -> None:
-    """In place: a row drawing at a position below its MIN_POSITION cell gets -inf for each of its STOP cells' ids
-    (a request's ``min_tokens``). scores [b, V] float, cells [b, len(SamplerCell)] int32, positions [b] int. Static
-    shapes, no host sync: a [b, BANNED_STOPS] gather and scatter. Padding ids (-1) repeat the row's first id, so that
-    every write to a column carries one value: -inf on a banned row (whose first id is a real one), else the column's
-    own."""
-    ids = cells[:, SamplerCell.STOP_0 : SamplerCell.STOP_0 + BANNED_STOPS].long()  # [b, S]
-    ids = torch.where(ids >= 0, ids, ids[:, :1].clamp(min=0))
-    banned = positions.long() < cells[:, SamplerCell.MIN_POSITION].long()  # [b]
-    scores.scatter_(1, ids, torch.where(banned[:, None], float("-inf"), scores.gather(1, ids)))
 
 
 def logprobs(logits: torch.Tensor, tokens: torch.Tensor,

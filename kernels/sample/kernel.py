@@ -1,0 +1,258 @@
+"""A sampled step's draw over the whole vocabulary in two launches: each row's head (its ``K`` largest scaled logits,
+ordered by value descending then id ascending, a NaN the largest) found exactly without sorting the vocabulary, then
+top-k, top-p and the Gumbel-max draw on the head, as ``naive.sample_rows_ref``.
+
+``_select_tile_kernel``, one program a (row, tile of ``BLOCK`` logits): scales the tile (logits / temperature; a
+temperature of 0 divides by 1), sets the row's banned stop ids to -inf, maps each value to a 32-bit key whose unsigned
+order is the value's, and keeps the tile's ``K`` largest keys by a radix select (four 8-bit digits from the top, each
+a 256-bin histogram of the keys still tied with the threshold's digits so far; the threshold's ties go to the first
+indices), written in index order into the row's candidates. ``_draw_row_kernel``, one program a row: the same select
+over the row's tiles' candidates (in index order: tile t's before tile t + 1's) gives the head, which it sorts (K keys,
+each packed with its id), then draws.
+
+Why: the torch sampler (``topk`` of 256 over 248,320 logits, then ~20 small ops) cost 236 us at one row and 602 at 64
+on an H100, a quarter of a sampled decode step (models/bench/results/sampler-h100/).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.pdl import launch_options, pdl_wait
+from kernels.runtime import stream_workspace
+from resplan.layout import BANNED_STOPS, SamplerCell
+
+BLOCK = 8192  # logits a program of the first launch selects from
+MAX_CANDIDATES = 1 << 22  # (key, id) candidates the workspace holds: rows x tiles x K
+MAX_ID = 2**31 - 1  # vocabularies hold fewer logits than this (ids are int32)
+CELLS = len(SamplerCell)
+_TEMPERATURE = tl.constexpr(int(SamplerCell.TEMPERATURE))
+_TOP_P = tl.constexpr(int(SamplerCell.TOP_P))
+_TOP_K = tl.constexpr(int(SamplerCell.TOP_K))
+_SEED = tl.constexpr(int(SamplerCell.SEED))
+_MIN_POSITION = tl.constexpr(int(SamplerCell.MIN_POSITION))
+_STOP_0 = tl.constexpr(int(SamplerCell.STOP_0))
+_BANNED = tl.constexpr(BANNED_STOPS)
+_CELLS = tl.constexpr(CELLS)
+_NO_ID = tl.constexpr(-1)  # the id of an empty candidate slot
+_MAX_ID = tl.constexpr(MAX_ID)
+
+
+@triton.jit
+def _key(v):
+    """float32 -> uint32 whose order is the value's: -0.0 as 0.0, every NaN the largest key."""
+    v = v + 0.0  # (-0.0 + 0.0 = 0.0)
+    u = v.to(tl.uint32, bitcast=True)
+    k = tl.where((u >> 31) != 0, u ^ 0xFFFFFFFF, u | 0x80000000)
+    return tl.where(v != v, 0xFFFFFFFF, k)
+
+
+@triton.jit
+def _value(k):
+    """The inverse of ``_key`` (a NaN's key gives a NaN)."""
+    u = tl.where((k >> 31) != 0, k & 0x7FFFFFFF, k ^ 0xFFFFFFFF)
+    return u.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _select(k, valid, need):
+    """The mask of the ``need`` largest of keys ``k`` (a 1-d block of uint32; ``valid`` masks the real ones), ties at
+    the threshold going to the first positions; every valid key where fewer than ``need`` are valid."""
+    bins = tl.arange(0, 512)
+    match = valid
+    above = need * 0  # keys found above the threshold so far (`match`: those still tied with its digits)
+    for r in tl.static_range(4):
+        shift = 24 - 8 * r
+        digit = ((k >> shift) & 255).to(tl.int32)
+        h = tl.histogram(tl.where(match, digit + 256, 0), 512)  # [512]: bins 256 + d count the tied keys' digit d
+        h = tl.where(bins >= 256, h, 0)
+        s = tl.sum(h, axis=0) - tl.cumsum(h, axis=0) + h  # [512] keys still tied whose digit is >= the bin's
+        d = tl.sum((s >= need - above).to(tl.int32), axis=0) - 1  # the threshold's digit (+256); -1: too few
+        above += tl.sum(tl.where(bins == d, s - h, 0), axis=0)
+        match = match & (digit == d - 256)
+    ties = match  # keys equal to the threshold
+    rank = tl.cumsum(ties.to(tl.int32), axis=0) - 1
+    thr = tl.max(tl.where(ties, k, 0), axis=0)
+    take = (valid & (k > thr)) | (ties & (rank < need - above))
+    n_valid = tl.sum(valid.to(tl.int32), axis=0)
+    return tl.where(n_valid <= need, valid, take)
+
+
+@triton.jit
+def _compact(take, k, ids, key_ptr, id_ptr, SLOTS: tl.constexpr, SLOTS_PAD: tl.constexpr):
+    """Store the taken (key, id) pairs, in block order, in slots [0, n) of ``key_ptr`` / ``id_ptr`` and mark the rest
+    of the ``SLOTS`` slots empty (id -1). ``SLOTS_PAD``: a power of two >= SLOTS."""
+    at = tl.cumsum(take.to(tl.int32), axis=0) - 1
+    tl.store(key_ptr + at, k, mask=take)
+    tl.store(id_ptr + at, ids, mask=take)
+    n = tl.sum(take.to(tl.int32), axis=0)
+    slot = tl.arange(0, SLOTS_PAD)
+    empty = (slot >= n) & (slot < SLOTS)
+    tl.store(key_ptr + slot, tl.zeros([SLOTS_PAD], tl.uint32), mask=empty)
+    tl.store(id_ptr + slot, tl.full([SLOTS_PAD], _NO_ID, tl.int32), mask=empty)
+
+
+@triton.jit
+def _select_tile_kernel(
+    x_ptr,  # [rows, V] logits
+    cells_ptr,  # [rows, CELLS] int32
+    pos_ptr,  # [rows] int: each row's position
+    cand_k_ptr,  # [rows, TILES, K] uint32 keys
+    cand_i_ptr,  # [rows, TILES, K] int32 ids (-1: empty)
+    V,
+    x_r,
+    TILES: tl.constexpr,
+    K: tl.constexpr,  # the head's length: min(V, candidates)
+    K_PAD: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    pdl_wait(PDL)  # kernels/pdl.py: the logits are the step's lm_head output
+    r = tl.program_id(0)
+    t = tl.program_id(1)
+    at = t * BLOCK + tl.arange(0, BLOCK)
+    valid = at < V
+    cell = cells_ptr + r * _CELLS
+    temp = tl.load(cell + _TEMPERATURE).to(tl.float32, bitcast=True)
+    v = tl.load(x_ptr + r.to(tl.int64) * x_r + at, mask=valid, other=0.0).to(tl.float32)
+    v = v / tl.where(temp > 0, temp, 1.0)
+    banned = tl.load(pos_ptr + r).to(tl.int64) < tl.load(cell + _MIN_POSITION).to(tl.int64)
+    for j in tl.static_range(_BANNED):
+        stop = tl.load(cell + _STOP_0 + j)
+        v = tl.where(banned & (at == stop), float("-inf"), v)
+    k = _key(v)
+    take = _select(k, valid, K)
+    base = (r * TILES + t) * K
+    _compact(take, k, at, cand_k_ptr + base, cand_i_ptr + base, K, K_PAD)
+
+
+@triton.jit
+def _hash32(x):
+    """lowbias32 on uint32 (``naive.hash32``)."""
+    x = x ^ (x >> 16)
+    x = x * 0x7FEB352D
+    x = x ^ (x >> 15)
+    x = x * 0x846CA68B
+    return x ^ (x >> 16)
+
+
+@triton.jit
+def _draw_row_kernel(
+    cand_k_ptr,  # [rows, TILES, K] uint32
+    cand_i_ptr,  # [rows, TILES, K] int32
+    head_k_ptr,  # [rows, K_PAD] uint32: a scratch for the row's head before it is sorted
+    head_i_ptr,  # [rows, K_PAD] int32
+    cells_ptr,  # [rows, CELLS] int32
+    pos_ptr,  # [rows] int
+    out_ptr,  # [rows] int64 or int32: the drawn tokens
+    top_ptr,  # [rows, K] int64: the head's ids in order (written where TOP)
+    TILES: tl.constexpr,
+    K: tl.constexpr,
+    K_PAD: tl.constexpr,
+    N_PAD: tl.constexpr,  # >= TILES * K, a power of two
+    TOP: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    pdl_wait(PDL)  # the candidates are the first launch's
+    r = tl.program_id(0)
+    c = tl.arange(0, N_PAD)
+    inside = c < TILES * K
+    k = tl.load(cand_k_ptr + r * (TILES * K) + c, mask=inside, other=0)
+    ids = tl.load(cand_i_ptr + r * (TILES * K) + c, mask=inside, other=_NO_ID)
+    take = _select(k, ids >= 0, K)  # (candidates in id order: ties at the threshold go to the first ids)
+    _compact(take, k, ids, head_k_ptr + r * K_PAD, head_i_ptr + r * K_PAD, K_PAD, K_PAD)
+    tl.debug_barrier()  # the head's slots, written above by the program's threads, read below by others
+    slot = tl.arange(0, K_PAD)
+    hk = tl.load(head_k_ptr + r * K_PAD + slot)
+    hi = tl.load(head_i_ptr + r * K_PAD + slot)
+    # sort by (key descending, id ascending): an empty slot (id -1) packs below every real one
+    top_id = tl.full([K_PAD], _MAX_ID, tl.int32)
+    packed = (hk.to(tl.uint64) << 32) | (top_id - hi).to(tl.uint32).to(tl.uint64)
+    packed = tl.where(hi >= 0, packed, 0)
+    packed = tl.sort(packed, descending=True)
+    hk = (packed >> 32).to(tl.uint32)
+    hi = top_id - (packed & 0xFFFFFFFF).to(tl.int32)
+    real = packed != 0
+    hi = tl.where(real, hi, _NO_ID)
+    vals = _value(hk)  # [K_PAD] the head's scaled logits, largest first
+
+    cell = cells_ptr + r * _CELLS
+    temp = tl.load(cell + _TEMPERATURE).to(tl.float32, bitcast=True)
+    top_p = tl.load(cell + _TOP_P).to(tl.float32, bitcast=True)
+    top_k = tl.load(cell + _TOP_K)
+    kk = tl.where(top_k > 0, tl.minimum(top_k, K), K)
+    keep = (slot < kk) & real
+    m = tl.max(tl.where(keep, vals, float("-inf")), axis=0)
+    m = tl.where(m == float("-inf"), 0.0, m)  # (a row all -inf: no mass anywhere, its head's first drawn)
+    e = tl.where(keep, tl.exp(vals - m), 0.0)
+    z = tl.sum(e, axis=0)
+    probs = e / tl.where(z > 0, z, 1.0)
+    before = tl.cumsum(probs, axis=0) - probs
+    keep = (keep & (before < top_p)) | (slot == 0)
+
+    seed = tl.load(cell + _SEED).to(tl.uint32)
+    pos = tl.load(pos_ptr + r).to(tl.uint32)  # (its low 32 bits)
+    key = _hash32(_hash32(seed) ^ pos)
+    salt = _hash32(hi.to(tl.uint32) * 0x9E3779B9)
+    u = ((_hash32(key + salt) >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+    score = tl.where(keep, vals - tl.log(-tl.log(u)), float("-inf"))
+    best = tl.max(score, axis=0)
+    first = tl.min(tl.where(score == best, slot, K_PAD), axis=0)
+    drawn = tl.sum(tl.where(slot == first, hi, 0), axis=0)
+    greedy = tl.sum(tl.where(slot == 0, hi, 0), axis=0)
+    tok = tl.where(temp > 0, drawn, greedy)
+    tl.store(out_ptr + r, tok.to(out_ptr.dtype.element_ty))
+    if TOP:
+        tl.store(top_ptr + r * K + slot, hi.to(tl.int64), mask=slot < K)
+
+
+def _buffers(device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Candidate keys and ids [MAX_CANDIDATES], head keys and ids [MAX_CANDIDATES // 8]. Every launch writes what it
+    reads: nothing carries over."""
+    return (torch.empty(MAX_CANDIDATES, dtype=torch.uint32, device=device),
+            torch.empty(MAX_CANDIDATES, dtype=torch.int32, device=device),
+            torch.empty(MAX_CANDIDATES // 8, dtype=torch.uint32, device=device),
+            torch.empty(MAX_CANDIDATES // 8, dtype=torch.int32, device=device))  # fmt: skip
+
+
+_workspace = stream_workspace("sampler workspace", _buffers)  # (kernels.runtime: one a stream, made before capture)
+
+
+def sample_rows(
+    logits: torch.Tensor,  # [rows, V], unit stride in V
+    cells: torch.Tensor,  # [rows, len(SamplerCell)] int32: the rows' sampler cells
+    positions: torch.Tensor,  # [rows] int: the position each row draws at (the noise's counter)
+    out: torch.Tensor,  # [rows] int64 or int32: the drawn tokens
+    head: torch.Tensor | None = None,  # [rows, min(V, candidates)] int64: the head's ids in order, where given
+    candidates: int = 256,
+    pdl: bool | None = None,  # launch with PDL (kernels.pdl); None reads the process default: an engine passes a bool
+) -> torch.Tensor:
+    """out[r] = the token row r draws (``naive.sample_rows_ref``: its head of ``candidates`` by top-k, top-p and
+    Gumbel-max; the head's first at temperature 0); ``head`` its head's ids, largest first. See the module doc."""
+    rows, V = logits.shape
+    K = min(V, candidates)
+    assert logits.stride(-1) == 1 and cells.shape == (rows, CELLS) and cells.dtype == torch.int32, (
+        logits.shape, cells.shape, cells.dtype)  # fmt: skip
+    assert out.shape == (rows,) and out.dtype in (torch.int64, torch.int32) and positions.shape == (rows,), (
+        out.shape, out.dtype, positions.shape)  # fmt: skip
+    assert head is None or (head.shape == (rows, K) and head.dtype == torch.int64), (
+        None if head is None else (head.shape, head.dtype))  # fmt: skip
+    assert 0 < V < MAX_ID, f"a vocabulary of {V} logits: ids must fit int32"
+    assert 0 < candidates <= 1024 and candidates & (candidates - 1) == 0, f"candidates {candidates}: a power of two"
+    if rows == 0:
+        return out
+    block = min(BLOCK, triton.next_power_of_2(V))
+    tiles = triton.cdiv(V, block)
+    K_PAD = triton.next_power_of_2(K)
+    assert rows * tiles * K <= MAX_CANDIDATES and rows * K_PAD <= MAX_CANDIDATES // 8, (
+        f"{rows} rows of {tiles} tiles of {K} candidates: more than the sampler's workspace holds")  # fmt: skip
+    cand_k, cand_i, head_k, head_i = _workspace(logits.device)
+    opts = launch_options(pdl)
+    _select_tile_kernel[(rows, tiles)](logits, cells, positions, cand_k, cand_i, V, logits.stride(0), TILES=tiles, K=K,
+                                K_PAD=K_PAD, BLOCK=block, num_warps=16, **opts)  # fmt: skip
+    _draw_row_kernel[(rows,)](cand_k, cand_i, head_k, head_i, cells, positions, out, head if head is not None else out,
+                         TILES=tiles, K=K, K_PAD=K_PAD, N_PAD=triton.next_power_of_2(tiles * K), TOP=head is not None,
+                         num_warps=16, **opts)  # fmt: skip
+    return out

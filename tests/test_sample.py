@@ -1,0 +1,116 @@
+"""kernels.sample (a sampled step's draw) against its torch reference on fresh random rows: vocabularies below the
+head's length, of one tile and of several (ending inside a tile), every temperature / top-k / top-p regime, banned
+stop ids, equal logits across tiles (the head's order among them by id), rows of -inf, a NaN, both output dtypes. The
+reference against the engine's torch-op sampler (``topk``) where no head holds a tie. Without CUDA the kernels run in
+Triton's interpreter; on a GPU compiled, in bf16 too."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from kernels.sample import sample_rows, sample_rows_ref  # noqa: E402  (after TRITON_INTERPRET)
+from kernels.sample.kernel import BLOCK  # noqa: E402
+from models.engine.sampler import Sampler  # noqa: E402
+from resplan.layout import BANNED_STOPS, SamplerCell  # noqa: E402
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+DEVICE = "cpu" if INTERPRET or not torch.cuda.is_available() else "cuda"
+DTYPES = [torch.float32] + ([torch.bfloat16] if DEVICE == "cuda" else [])  # bf16: compiled only
+pytestmark = [pytest.mark.gpu] if DEVICE == "cuda" else []
+
+
+def _cells(g: torch.Generator, b: int, V: int, *, greedy_frac=0.25, ban_frac=0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cells [b, 16] int32, positions [b] int64) with random regimes: temperature 0 (a quarter), 0.3-1.5; top-k off,
+    1, small or above the head; top-p 1, 0.9, tiny; random seeds; ``ban_frac`` of the rows under their min_tokens with
+    1-11 random stop ids."""
+    cells = torch.full((b, len(SamplerCell)), -1, dtype=torch.int32)
+    temp = torch.rand(b, generator=g) * 1.2 + 0.3
+    temp[torch.rand(b, generator=g) < greedy_frac] = 0.0
+    cells[:, SamplerCell.TEMPERATURE] = temp.view(torch.int32)
+    top_p = torch.tensor([1.0, 0.9, 0.5, 1e-6])[torch.randint(0, 4, (b,), generator=g)]
+    cells[:, SamplerCell.TOP_P] = top_p.view(torch.int32)
+    top_k = torch.tensor([0, 1, 20, 300], dtype=torch.int32)
+    cells[:, SamplerCell.TOP_K] = top_k[torch.randint(0, 4, (b,), generator=g)]
+    cells[:, SamplerCell.SEED] = torch.randint(-(2**31), 2**31 - 1, (b,), generator=g, dtype=torch.int32)
+    positions = torch.randint(0, 2**40, (b,), generator=g)
+    banned = torch.rand(b, generator=g) < ban_frac
+    cells[:, SamplerCell.MIN_POSITION] = torch.where(banned, (positions + 1).clamp(max=2**31 - 1), 0).int()
+    positions = torch.where(banned, positions.clamp(max=2**31 - 2), positions)
+    stops = torch.randint(0, V, (b, BANNED_STOPS), generator=g, dtype=torch.int32)
+    count = torch.randint(1, BANNED_STOPS + 1, (b, 1), generator=g)  # (the engine packs a row's stop ids first)
+    stops[torch.arange(BANNED_STOPS)[None, :] >= count] = -1
+    cells[:, SamplerCell.STOP_0 :] = stops
+    return cells, positions
+
+
+def _draw(x, cells, positions, out_dtype=torch.int64):
+    b, V = x.shape
+    out = torch.full((b,), -7, dtype=out_dtype, device=x.device)
+    head = torch.full((b, min(V, 256)), -7, dtype=torch.int64, device=x.device)
+    sample_rows(x, cells.to(x.device), positions.to(x.device), out, head)
+    return out.cpu().long(), head.cpu()
+
+
+def _check(x, cells, positions, out_dtype=torch.int64):
+    tokens, head = _draw(x, cells, positions, out_dtype)
+    want_tokens, want_head = sample_rows_ref(x.cpu(), cells, positions)
+    assert torch.equal(head, want_head), (head != want_head).nonzero()[:5]
+    assert torch.equal(tokens, want_tokens), (tokens, want_tokens)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("V", [7, 200, 256, 3000, 2 * BLOCK + 123])
+def test_draws_equal_the_reference_on_random_rows(V, dtype):
+    """Random logits (ties improbable in float32, frequent in bf16) in every sampling regime, stop ids banned in half
+    the rows: the same head (ids, in order) and the same token as the reference."""
+    g = torch.Generator().manual_seed(V)
+    b = 6
+    x = (torch.randn(b, V, generator=g) * 4).to(dtype).to(DEVICE)
+    cells, positions = _cells(g, b, V, ban_frac=0.5)
+    _check(x, cells, positions)
+
+
+def test_equal_logits_across_tiles_order_the_head_by_id_and_int32_outputs():
+    """Logits of a few distinct values (hundreds of copies of each, in every tile): the head is each value's ids in
+    ascending order, as the reference's stable sort orders them; the token into an int32 buffer."""
+    V = 2 * BLOCK + 5
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(0, 6, (4, V), generator=g).float().to(DEVICE)
+    cells, positions = _cells(g, 4, V, greedy_frac=0.5)
+    _check(x, cells, positions, out_dtype=torch.int32)
+
+
+def test_rows_of_minus_inf_and_a_nan():
+    """A row all -inf but one id (drawn at any temperature), a row all -inf (its head's first: id 0, as the
+    reference), and a greedy row with a NaN (the largest, so drawn)."""
+    V = BLOCK + 77
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(4, V, generator=g)
+    x[0] = float("-inf")
+    x[0, 4321] = 1.0
+    x[1] = float("-inf")
+    x[2, 999] = float("nan")
+    cells, positions = _cells(g, 4, V, greedy_frac=0.0)
+    cells[2, SamplerCell.TEMPERATURE] = 0
+    tokens, head = _draw(x.to(DEVICE), cells, positions)
+    want_tokens, want_head = sample_rows_ref(x, cells, positions)
+    assert tokens[0] == 4321 and tokens[2] == 999
+    assert torch.equal(head[[0, 2]], want_head[[0, 2]]) and torch.equal(tokens[[0, 1, 2]], want_tokens[[0, 1, 2]])
+
+
+def test_the_reference_draws_as_the_engines_torch_sampler():
+    """Where no row's head holds equal logits (float32 normals), the reference and ``Sampler``'s torch ops (``topk``)
+    draw the same tokens and heads: the kernel's semantics are the engine's."""
+    V = 5000
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(16, V, generator=g) * 3
+    cells, positions = _cells(g, 16, V, ban_frac=0.5)
+    tokens, head = Sampler(V).draw(x, cells, positions)
+    want_tokens, want_head = sample_rows_ref(x, cells, positions)
+    assert torch.equal(head, want_head) and torch.equal(tokens, want_tokens)
