@@ -25,6 +25,8 @@ from kernels.runtime import stream_workspace
 from resplan.layout import BANNED_STOPS, SamplerCell
 
 BLOCK = 8192  # logits a program of the first launch selects from
+TILE_WARPS = 16  # warps a program of the first launch
+ROW_WARPS = 16  # and of the second
 MAX_CANDIDATES = 1 << 22  # (key, id) candidates the workspace holds: rows x tiles x K
 MAX_ID = 2**31 - 1  # vocabularies hold fewer logits than this (ids are int32)
 CELLS = len(SamplerCell)
@@ -251,8 +253,8 @@ def sample_rows(
     cand_k, cand_i, head_k, head_i = _workspace(logits.device)
     opts = launch_options(pdl)
     _select_tile_kernel[(rows, tiles)](logits, cells, positions, cand_k, cand_i, V, logits.stride(0), TILES=tiles, K=K,
-                                K_PAD=K_PAD, BLOCK=block, num_warps=16, **opts)  # fmt: skip
+                                K_PAD=K_PAD, BLOCK=block, num_warps=TILE_WARPS, **opts)  # fmt: skip
     _draw_row_kernel[(rows,)](cand_k, cand_i, head_k, head_i, cells, positions, out, head if head is not None else out,
                          TILES=tiles, K=K, K_PAD=K_PAD, N_PAD=triton.next_power_of_2(tiles * K), TOP=head is not None,
-                         num_warps=16, **opts)  # fmt: skip
+                         num_warps=ROW_WARPS, **opts)  # fmt: skip
     return out
