@@ -26,7 +26,10 @@ from resplan.layout import BANNED_STOPS, SamplerCell
 
 BLOCK = 8192  # logits a program of the first launch selects from
 TILE_WARPS = 16  # warps a program of the first launch
-ROW_WARPS = 16  # and of the second
+ROW_WARPS = 16  # and of the second (BLOCK and both warps: the fastest of 4096-16384 x 8-32 at 1, 16 and 64 rows, H100)
+FASTER_UP_TO_ROWS = 16  # the rows up to which this draw is measured faster than the torch sampler's (an H100: 94 /
+# 221 us against 267 / 354 at 1 / 16 rows; 755 against 637 at 64: each program's four histograms of 8192 keys, one
+# program an SM, are the time; models/bench/results/sampler-h100/)
 MAX_CANDIDATES = 1 << 22  # (key, id) candidates the workspace holds: rows x tiles x K
 MAX_ID = 2**31 - 1  # vocabularies hold fewer logits than this (ids are int32)
 CELLS = len(SamplerCell)

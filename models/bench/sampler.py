@@ -3,8 +3,9 @@
     python -m models.bench.sampler [--rows 1,8,32,64] [--vocab 248320]
 
 Each form runs in a CUDA graph on fresh bf16 logits [rows, vocab] (the lm_head's output) and reports the median replay:
-torch's ``argmax`` and ``kernels.argmax`` (what a greedy decode graph runs), the ``Sampler`` (temperature 0.8, top-k
-50, top-p 0.95, the Gumbel draw) as ``kernels.sample`` (the engine's on CUDA) and in torch ops, and the candidate
+torch's ``argmax`` and ``kernels.argmax`` (what a greedy decode graph runs), the draw (temperature 0.8, top-k 50,
+top-p 0.95, the Gumbel draw) as ``kernels.sample`` (the engine's ``Sampler`` on CUDA up to its
+``FASTER_UP_TO_ROWS``) and as the ``Sampler``'s torch ops, and the candidate
 selection inside the latter: ``topk`` of the 256 most likely tokens in float32 (as it takes it) and in bf16. Before
 timing, the two samplers' tokens are compared (they differ only where a row's head holds equal logits).
 """
@@ -16,6 +17,7 @@ import argparse
 import torch
 
 from kernels.argmax import argmax_rows
+from kernels.sample import sample_rows
 from models.bench.timing import replay_us
 from models.cli import OneLineParser
 from models.engine.requests import CANDIDATES
@@ -43,13 +45,14 @@ def _times(b: int, vocab: int, iters: int, dev: torch.device) -> tuple[list[floa
     cells[:, SamplerCell.SEED] = torch.arange(b, dtype=torch.int32, device=dev)
     cells[:, SamplerCell.MIN_POSITION] = 0
     pos = torch.arange(b, device=dev)
-    kernel, torch_ops = Sampler(vocab, kernel=True), Sampler(vocab)
+    torch_ops = Sampler(vocab)
     out = torch.empty(b, dtype=torch.int64, device=dev)
-    differ = int((kernel(logits, cells, pos) != torch_ops(logits, cells, pos)).sum())
+    head = torch.empty(b, min(vocab, CANDIDATES), dtype=torch.int64, device=dev)
+    differ = int((sample_rows(logits, cells, pos, out, head) != torch_ops(logits, cells, pos)).sum())
     forms = [
         lambda: logits.argmax(-1),
         lambda: argmax_rows(logits, out),
-        lambda: kernel(logits, cells, pos),
+        lambda: sample_rows(logits, cells, pos, out, head),
         lambda: torch_ops(logits, cells, pos),
         lambda: logits.float().topk(CANDIDATES, dim=-1),
         lambda: logits.topk(CANDIDATES, dim=-1),
@@ -64,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     dev = torch.device("cuda")
     print(f"# sampler on {torch.cuda.get_device_name()}, vocab {a.vocab}, bf16 logits, median of {a.iters} graph "
           "replays (us)\n")
-    print("| rows | torch argmax | kernels.argmax | Sampler: kernels.sample | Sampler: torch ops | topk 256 float32 | "
+    print("| rows | torch argmax | kernels.argmax | kernels.sample | Sampler: torch ops | topk 256 float32 | "
           "topk 256 bf16 | rows drawn differently |\n|---|---|---|---|---|---|---|---|")
     for b in (int(r) for r in a.rows.split(",")):
         us, differ = _times(b, a.vocab, a.iters, dev)
