@@ -121,6 +121,23 @@ def test_plan_free_attention_and_fa2_agree_on_most_greedy_tokens(backend):
     assert first == 16
 
 
+def test_sampled_requests_on_gpu_graphs_draw_with_the_sample_kernel_as_with_torch_ops():
+    """Sampled requests (min_tokens over stop ids in half of them) on the tiny model's captured graphs in float32:
+    both arms draw with kernels.sample (prefills' first tokens, and the sampling graphs up to its rows) the same
+    tokens, and those of the torch-op sampler (no equal logits in a float32 head). Buckets of 8 and 32 rows: the
+    kernel below its row limit, torch's ops above."""
+    adapter = build_adapter("qwen3_5-tiny", seed=0, device="cuda", dtype=torch.float32)
+    reqs = random_requests(adapter, 40, prompt_len=(4, 24), gen_len=(6, 14), seed=11, temperature=0.9, top_p=0.9,
+                           top_k=16)  # fmt: skip
+    reqs = [attrs.evolve(r, sampling=attrs.evolve(r.sampling, min_tokens=3, stop_token_ids=tuple(range(1, 12))))
+            if i % 2 else r for i, r in enumerate(reqs)]  # fmt: skip
+    for running in (8, 32):
+        cfg = EngineConfig(device="cuda", max_running=running, page_size=4, max_seq_len=64, prefill=IN_STEP)
+        got = run_arms(adapter, attrs.evolve(cfg, kernels=KernelChoices(sampler=True)), reqs)
+        want = run_arms(adapter, attrs.evolve(cfg, kernels=KernelChoices(sampler=False)), reqs, arms=(R,))
+        assert got[R].tokens == got[H].tokens == want[R].tokens, running
+
+
 def test_tiny_model_on_gpu_graphs_matches_transformers():
     """Our tiny Qwen3.5 served through captured graphs (float32, torch attention) vs transformers' generate."""
     transformers = pytest.importorskip("transformers")
