@@ -112,12 +112,13 @@ def _argmax() -> None:
 
 def _sample() -> None:
     from kernels.sample import sample_rows
+    from models.engine.sampler import COLUMNS
     from resplan.layout import SamplerCell
 
     # (the engines above draw greedily: a sampled draw compiled, not run, would hand them garbage token ids)
     for b, V in ((1, 248320), (16, 248320), (64, 248320), (4, 200)):  # 0.8B: 31 tiles a row; a head under 256
         sample_rows(torch.zeros(b, V, dtype=torch.bfloat16), torch.zeros(b, len(SamplerCell), dtype=torch.int32),
-                    torch.zeros(b, dtype=torch.int64), torch.empty(b, dtype=torch.int64),
+                    torch.zeros(b, dtype=torch.int64), COLUMNS, torch.empty(b, dtype=torch.int64),
                     torch.empty(b, min(V, 256), dtype=torch.int64), pdl=True)  # fmt: skip
 
 

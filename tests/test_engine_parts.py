@@ -13,6 +13,7 @@ from kernels.sample.naive import ban_stops_, hash32
 from models.engine import AdmitRefusal, AdmitRefused, PagePool, Sampler, decode_buckets, recurrent_pool
 from models.engine.host_arm import HostFill
 from models.engine.planning import HostArm
+from models.engine.sampler import COLUMNS
 from resplan import HostStreams, KVPool, RowLayout, SamplerCell, StepBuffers, StreamMode, float_bits
 from resplan.layout import BANNED_STOPS
 
@@ -66,7 +67,7 @@ def test_ban_stops_masks_a_rows_stop_ids_below_its_minimum_position_only():
         cells[r, SamplerCell.MIN_POSITION] = int(rng.integers(0, 8)) if n else 0
     pos = torch.from_numpy(rng.integers(0, 8, b))
     got = scores.clone()
-    ban_stops_(got, torch.from_numpy(cells), pos)
+    ban_stops_(got, torch.from_numpy(cells), pos, COLUMNS)
     want = scores.clone()
     for r in range(b):
         if pos[r] < cells[r, SamplerCell.MIN_POSITION]:

@@ -16,7 +16,7 @@ if not torch.cuda.is_available():
 
 from kernels.sample import sample_rows, sample_rows_ref  # noqa: E402  (after TRITON_INTERPRET)
 from kernels.sample.kernel import BLOCK  # noqa: E402
-from models.engine.sampler import Sampler  # noqa: E402
+from models.engine.sampler import COLUMNS, Sampler  # noqa: E402
 from resplan.layout import BANNED_STOPS, SamplerCell  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -53,13 +53,13 @@ def _draw(x, cells, positions, out_dtype=torch.int64):
     b, V = x.shape
     out = torch.full((b,), -7, dtype=out_dtype, device=x.device)
     head = torch.full((b, min(V, 256)), -7, dtype=torch.int64, device=x.device)
-    sample_rows(x, cells.to(x.device), positions.to(x.device), out, head)
+    sample_rows(x, cells.to(x.device), positions.to(x.device), COLUMNS, out, head)
     return out.cpu().long(), head.cpu()
 
 
 def _check(x, cells, positions, out_dtype=torch.int64):
     tokens, head = _draw(x, cells, positions, out_dtype)
-    want_tokens, want_head = sample_rows_ref(x.cpu(), cells, positions)
+    want_tokens, want_head = sample_rows_ref(x.cpu(), cells, positions, COLUMNS)
     assert torch.equal(head, want_head), (head != want_head).nonzero()[:5]
     assert torch.equal(tokens, want_tokens), (tokens, want_tokens)
 
@@ -99,7 +99,7 @@ def test_rows_of_minus_inf_and_a_nan():
     cells, positions = _cells(g, 4, V, greedy_frac=0.0)
     cells[2, SamplerCell.TEMPERATURE] = 0
     tokens, head = _draw(x.to(DEVICE), cells, positions)
-    want_tokens, want_head = sample_rows_ref(x, cells, positions)
+    want_tokens, want_head = sample_rows_ref(x, cells, positions, COLUMNS)
     assert tokens[0] == 4321 and tokens[2] == 999
     assert torch.equal(head[[0, 2]], want_head[[0, 2]]) and torch.equal(tokens[[0, 1, 2]], want_tokens[[0, 1, 2]])
 
@@ -112,5 +112,5 @@ def test_the_reference_draws_as_the_engines_torch_sampler():
     x = torch.randn(16, V, generator=g) * 3
     cells, positions = _cells(g, 16, V, ban_frac=0.5)
     tokens, head = Sampler(V).draw(x, cells, positions)
-    want_tokens, want_head = sample_rows_ref(x, cells, positions)
+    want_tokens, want_head = sample_rows_ref(x, cells, positions, COLUMNS)
     assert torch.equal(head, want_head) and torch.equal(tokens, want_tokens)

@@ -5,6 +5,6 @@ token buffer.
 """
 
 from kernels.sample.kernel import FASTER_UP_TO_ROWS, sample_rows
-from kernels.sample.naive import sample_rows_ref
+from kernels.sample.naive import CellColumns, sample_rows_ref
 
-__all__ = ["FASTER_UP_TO_ROWS", "sample_rows", "sample_rows_ref"]
+__all__ = ["FASTER_UP_TO_ROWS", "CellColumns", "sample_rows", "sample_rows_ref"]

@@ -22,7 +22,7 @@ import triton.language as tl
 
 from kernels.pdl import launch_options, pdl_wait
 from kernels.runtime import stream_workspace
-from resplan.layout import BANNED_STOPS, SamplerCell
+from kernels.sample.naive import CellColumns
 
 BLOCK = 8192  # logits a program of the first launch selects from
 TILE_WARPS = 16  # warps a program of the first launch
@@ -32,15 +32,6 @@ FASTER_UP_TO_ROWS = 16  # the rows up to which this draw is measured faster than
 # program an SM, are the time; models/bench/results/sampler-h100/)
 MAX_CANDIDATES = 1 << 22  # (key, id) candidates the workspace holds: rows x tiles x K
 MAX_ID = 2**31 - 1  # vocabularies hold fewer logits than this (ids are int32)
-CELLS = len(SamplerCell)
-_TEMPERATURE = tl.constexpr(int(SamplerCell.TEMPERATURE))
-_TOP_P = tl.constexpr(int(SamplerCell.TOP_P))
-_TOP_K = tl.constexpr(int(SamplerCell.TOP_K))
-_SEED = tl.constexpr(int(SamplerCell.SEED))
-_MIN_POSITION = tl.constexpr(int(SamplerCell.MIN_POSITION))
-_STOP_0 = tl.constexpr(int(SamplerCell.STOP_0))
-_BANNED = tl.constexpr(BANNED_STOPS)
-_CELLS = tl.constexpr(CELLS)
 _NO_ID = tl.constexpr(-1)  # the id of an empty candidate slot
 _MAX_ID = tl.constexpr(MAX_ID)
 
@@ -102,7 +93,7 @@ def _compact(take, k, ids, key_ptr, id_ptr, SLOTS: tl.constexpr, SLOTS_PAD: tl.c
 @triton.jit
 def _select_tile_kernel(
     x_ptr,  # [rows, V] logits
-    cells_ptr,  # [rows, CELLS] int32
+    cells_ptr,  # [rows, WIDTH] int32
     pos_ptr,  # [rows] int: each row's position
     cand_k_ptr,  # [rows, TILES, K] uint32 keys
     cand_i_ptr,  # [rows, TILES, K] int32 ids (-1: empty)
@@ -112,6 +103,11 @@ def _select_tile_kernel(
     K: tl.constexpr,  # the head's length: min(V, candidates)
     K_PAD: tl.constexpr,
     BLOCK: tl.constexpr,
+    WIDTH: tl.constexpr,  # the cells' columns (CellColumns)
+    TEMPERATURE: tl.constexpr,
+    MIN_POSITION: tl.constexpr,
+    STOP_0: tl.constexpr,
+    STOPS: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_wait(PDL)  # kernels/pdl.py: the logits are the step's lm_head output
@@ -119,13 +115,13 @@ def _select_tile_kernel(
     t = tl.program_id(1)
     at = t * BLOCK + tl.arange(0, BLOCK)
     valid = at < V
-    cell = cells_ptr + r * _CELLS
-    temp = tl.load(cell + _TEMPERATURE).to(tl.float32, bitcast=True)
+    cell = cells_ptr + r * WIDTH
+    temp = tl.load(cell + TEMPERATURE).to(tl.float32, bitcast=True)
     v = tl.load(x_ptr + r.to(tl.int64) * x_r + at, mask=valid, other=0.0).to(tl.float32)
     v = v / tl.where(temp > 0, temp, 1.0)
-    banned = tl.load(pos_ptr + r).to(tl.int64) < tl.load(cell + _MIN_POSITION).to(tl.int64)
-    for j in tl.static_range(_BANNED):
-        stop = tl.load(cell + _STOP_0 + j)
+    banned = tl.load(pos_ptr + r).to(tl.int64) < tl.load(cell + MIN_POSITION).to(tl.int64)
+    for j in tl.static_range(STOPS):
+        stop = tl.load(cell + STOP_0 + j)
         v = tl.where(banned & (at == stop), float("-inf"), v)
     k = _key(v)
     take = _select(k, valid, K)
@@ -149,7 +145,7 @@ def _draw_row_kernel(
     cand_i_ptr,  # [rows, TILES, K] int32
     head_k_ptr,  # [rows, K_PAD] uint32: a scratch for the row's head before it is sorted
     head_i_ptr,  # [rows, K_PAD] int32
-    cells_ptr,  # [rows, CELLS] int32
+    cells_ptr,  # [rows, WIDTH] int32
     pos_ptr,  # [rows] int
     out_ptr,  # [rows] int64 or int32: the drawn tokens
     top_ptr,  # [rows, K] int64: the head's ids in order (written where TOP)
@@ -158,6 +154,11 @@ def _draw_row_kernel(
     K_PAD: tl.constexpr,
     N_PAD: tl.constexpr,  # >= TILES * K, a power of two
     TOP: tl.constexpr,
+    WIDTH: tl.constexpr,  # the cells' columns (CellColumns)
+    TEMPERATURE: tl.constexpr,
+    TOP_P: tl.constexpr,
+    TOP_K: tl.constexpr,
+    SEED: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_wait(PDL)  # the candidates are the first launch's
@@ -183,10 +184,10 @@ def _draw_row_kernel(
     hi = tl.where(real, hi, _NO_ID)
     vals = _value(hk)  # [K_PAD] the head's scaled logits, largest first
 
-    cell = cells_ptr + r * _CELLS
-    temp = tl.load(cell + _TEMPERATURE).to(tl.float32, bitcast=True)
-    top_p = tl.load(cell + _TOP_P).to(tl.float32, bitcast=True)
-    top_k = tl.load(cell + _TOP_K)
+    cell = cells_ptr + r * WIDTH
+    temp = tl.load(cell + TEMPERATURE).to(tl.float32, bitcast=True)
+    top_p = tl.load(cell + TOP_P).to(tl.float32, bitcast=True)
+    top_k = tl.load(cell + TOP_K)
     kk = tl.where(top_k > 0, tl.minimum(top_k, K), K)
     keep = (slot < kk) & real
     m = tl.max(tl.where(keep, vals, float("-inf")), axis=0)
@@ -197,7 +198,7 @@ def _draw_row_kernel(
     before = tl.cumsum(probs, axis=0) - probs
     keep = (keep & (before < top_p)) | (slot == 0)
 
-    seed = tl.load(cell + _SEED).to(tl.uint32)
+    seed = tl.load(cell + SEED).to(tl.uint32)
     pos = tl.load(pos_ptr + r).to(tl.uint32)  # (its low 32 bits)
     key = _hash32(_hash32(seed) ^ pos)
     salt = _hash32(hi.to(tl.uint32) * 0x9E3779B9)
@@ -227,8 +228,9 @@ _workspace = stream_workspace("sampler workspace", _buffers)  # (kernels.runtime
 
 def sample_rows(
     logits: torch.Tensor,  # [rows, V], unit stride in V
-    cells: torch.Tensor,  # [rows, len(SamplerCell)] int32: the rows' sampler cells
+    cells: torch.Tensor,  # [rows, cols.width] int32: the rows' sampler cells
     positions: torch.Tensor,  # [rows] int: the position each row draws at (the noise's counter)
+    cols: CellColumns,  # where the cells sit
     out: torch.Tensor,  # [rows] int64 or int32: the drawn tokens
     head: torch.Tensor | None = None,  # [rows, min(V, candidates)] int64: the head's ids in order, where given
     candidates: int = 256,
@@ -238,14 +240,14 @@ def sample_rows(
     Gumbel-max; the head's first at temperature 0); ``head`` its head's ids, largest first. See the module doc."""
     rows, V = logits.shape
     K = min(V, candidates)
-    assert logits.stride(-1) == 1 and cells.shape == (rows, CELLS) and cells.dtype == torch.int32, (
+    assert logits.stride(-1) == 1 and cells.shape == (rows, cols.width) and cells.dtype == torch.int32, (
         logits.shape, cells.shape, cells.dtype)  # fmt: skip
     assert out.shape == (rows,) and out.dtype in (torch.int64, torch.int32) and positions.shape == (rows,), (
         out.shape, out.dtype, positions.shape)  # fmt: skip
     assert head is None or (head.shape == (rows, K) and head.dtype == torch.int64), (
         None if head is None else (head.shape, head.dtype))  # fmt: skip
     assert 0 < V < MAX_ID, f"a vocabulary of {V} logits: ids must fit int32"
-    assert 0 < candidates <= 1024 and candidates & (candidates - 1) == 0, f"candidates {candidates}: a power of two"
+    assert 0 < candidates <= 1024, f"candidates {candidates}: the head is sorted in one program, of at most 1024"
     if rows == 0:
         return out
     block = min(BLOCK, triton.next_power_of_2(V))
@@ -256,8 +258,11 @@ def sample_rows(
     cand_k, cand_i, head_k, head_i = _workspace(logits.device)
     opts = launch_options(pdl)
     _select_tile_kernel[(rows, tiles)](logits, cells, positions, cand_k, cand_i, V, logits.stride(0), TILES=tiles, K=K,
-                                K_PAD=K_PAD, BLOCK=block, num_warps=TILE_WARPS, **opts)  # fmt: skip
+                                       K_PAD=K_PAD, BLOCK=block, WIDTH=cols.width, TEMPERATURE=cols.temperature,
+                                       MIN_POSITION=cols.min_position, STOP_0=cols.stop_0, STOPS=cols.stops,
+                                       num_warps=TILE_WARPS, **opts)  # fmt: skip
     _draw_row_kernel[(rows,)](cand_k, cand_i, head_k, head_i, cells, positions, out, head if head is not None else out,
-                         TILES=tiles, K=K, K_PAD=K_PAD, N_PAD=triton.next_power_of_2(tiles * K), TOP=head is not None,
-                         num_warps=ROW_WARPS, **opts)  # fmt: skip
+                              TILES=tiles, K=K, K_PAD=K_PAD, N_PAD=triton.next_power_of_2(tiles * K),
+                              TOP=head is not None, WIDTH=cols.width, TEMPERATURE=cols.temperature, TOP_P=cols.top_p,
+                              TOP_K=cols.top_k, SEED=cols.seed, num_warps=ROW_WARPS, **opts)  # fmt: skip
     return out

@@ -21,7 +21,7 @@ from kernels.sample import sample_rows
 from models.bench.timing import replay_us
 from models.cli import OneLineParser
 from models.engine.requests import CANDIDATES
-from models.engine.sampler import Sampler
+from models.engine.sampler import COLUMNS, Sampler
 from resplan import Graph
 from resplan.layout import SamplerCell
 
@@ -48,11 +48,11 @@ def _times(b: int, vocab: int, iters: int, dev: torch.device) -> tuple[list[floa
     torch_ops = Sampler(vocab)
     out = torch.empty(b, dtype=torch.int64, device=dev)
     head = torch.empty(b, min(vocab, CANDIDATES), dtype=torch.int64, device=dev)
-    differ = int((sample_rows(logits, cells, pos, out, head) != torch_ops(logits, cells, pos)).sum())
+    differ = int((sample_rows(logits, cells, pos, COLUMNS, out, head) != torch_ops(logits, cells, pos)).sum())
     forms = [
         lambda: logits.argmax(-1),
         lambda: argmax_rows(logits, out),
-        lambda: sample_rows(logits, cells, pos, out, head),
+        lambda: sample_rows(logits, cells, pos, COLUMNS, out, head),
         lambda: torch_ops(logits, cells, pos),
         lambda: logits.float().topk(CANDIDATES, dim=-1),
         lambda: logits.topk(CANDIDATES, dim=-1),

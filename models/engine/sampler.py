@@ -28,10 +28,13 @@ import torch
 
 from kernels.argmax import argmax_rows
 from kernels.choices import KernelChoices
-from kernels.sample import FASTER_UP_TO_ROWS, sample_rows
+from kernels.sample import FASTER_UP_TO_ROWS, CellColumns, sample_rows
 from kernels.sample.naive import ban_stops_, draw_head
 from models.engine.requests import CANDIDATES, MAX_LOGPROBS  # the tokens a row draws from; top logprobs kept
-from resplan.layout import SamplerCell
+from resplan.layout import BANNED_STOPS, SamplerCell
+
+COLUMNS = CellColumns(SamplerCell.TEMPERATURE, SamplerCell.TOP_P, SamplerCell.TOP_K, SamplerCell.SEED,
+                      SamplerCell.MIN_POSITION, SamplerCell.STOP_0, BANNED_STOPS, len(SamplerCell))  # fmt: skip
 
 
 class SamplingMode(enum.Enum):
@@ -74,14 +77,14 @@ class Sampler:
         if self.kernel and logits.shape[0] <= FASTER_UP_TO_ROWS:
             tokens = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
             head = torch.empty(logits.shape[0], K, dtype=torch.int64, device=logits.device)
-            sample_rows(logits, cells, positions, tokens, head, candidates=CANDIDATES, pdl=self.pdl)
+            sample_rows(logits, cells, positions, COLUMNS, tokens, head, candidates=CANDIDATES, pdl=self.pdl)
             return tokens, head
         temp = cells[:, SamplerCell.TEMPERATURE].view(torch.float32)  # [b]
         scaled = logits.float() / torch.where(temp > 0, temp, 1.0)[:, None]  # [b, V] (a greedy row's: its logits)
-        ban_stops_(scaled, cells, positions)
+        ban_stops_(scaled, cells, positions, COLUMNS)
         greedy = scaled.argmax(-1)  # [b]
         vals, idx = scaled.topk(K, dim=-1)  # [b, K] descending
-        drawn = draw_head(vals, idx, cells, positions)
+        drawn = draw_head(vals, idx, cells, positions, COLUMNS)
         return torch.where(temp > 0, drawn, greedy), idx
 
 
