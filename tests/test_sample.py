@@ -2,7 +2,7 @@
 head's length, of one tile and of several (ending inside a tile), every temperature / top-k / top-p regime, banned
 stop ids, equal logits across tiles (the head's order among them by id), rows of -inf, a NaN, both output dtypes. The
 reference against the engine's torch-op sampler (``topk``) where no head holds a tie. Without CUDA the kernels run in
-Triton's interpreter; on a GPU compiled, in bf16 too."""
+Triton's interpreter; on a GPU compiled; float32 logits (keyed scaled, 32 bits) and bf16 (keyed raw, 16 bits)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from resplan.layout import BANNED_STOPS, SamplerCell  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 DEVICE = "cpu" if INTERPRET or not torch.cuda.is_available() else "cuda"
-DTYPES = [torch.float32] + ([torch.bfloat16] if DEVICE == "cuda" else [])  # bf16: compiled only
+DTYPES = [torch.float32, torch.bfloat16]  # (bf16 logits take the 16-bit keys)
 pytestmark = [pytest.mark.gpu] if DEVICE == "cuda" else []
 
 
@@ -76,12 +76,14 @@ def test_draws_equal_the_reference_on_random_rows(V, dtype):
     _check(x, cells, positions)
 
 
-def test_equal_logits_across_tiles_order_the_head_by_id_and_int32_outputs():
-    """Logits of a few distinct values (hundreds of copies of each, in every tile): the head is each value's ids in
-    ascending order, as the reference's stable sort orders them; the token into an int32 buffer."""
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+def test_equal_logits_across_tiles_order_the_head_by_id_and_int32_outputs(dtype):
+    """Logits of a few distinct values (hundreds of copies of each, in every tile), -0.0 among them: the head is
+    each value's ids in ascending order, as the reference's stable sort orders them; the token into an int32 buffer."""
     V = 2 * BLOCK + 5
     g = torch.Generator().manual_seed(1)
-    x = torch.randint(0, 6, (4, V), generator=g).float().to(DEVICE)
+    x = (torch.randint(0, 6, (4, V), generator=g).float() - 3.0).to(dtype).to(DEVICE)
+    x[:, ::7] = -0.0
     cells, positions = _cells(g, 4, V, greedy_frac=0.5)
     _check(x, cells, positions, out_dtype=torch.int32)
 

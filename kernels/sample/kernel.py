@@ -53,14 +53,14 @@ def _value(k):
 
 
 @triton.jit
-def _select(k, valid, need):
-    """The mask of the ``need`` largest of keys ``k`` (a 1-d block of uint32; ``valid`` masks the real ones), ties at
-    the threshold going to the first positions; every valid key where fewer than ``need`` are valid."""
+def _select(k, valid, need, BITS: tl.constexpr):
+    """The mask of the ``need`` largest of keys ``k`` (a 1-d block of uint32 below 2^BITS; ``valid`` masks the real
+    ones), ties at the threshold going to the first positions; every valid key where fewer than ``need`` are valid."""
     bins = tl.arange(0, 512)
     match = valid
     above = need * 0  # keys found above the threshold so far (`match`: those still tied with its digits)
-    for r in tl.static_range(4):
-        shift = 24 - 8 * r
+    for r in tl.static_range(BITS // 8):
+        shift = BITS - 8 - 8 * r
         digit = ((k >> shift) & 255).to(tl.int32)
         h = tl.histogram(tl.where(match, digit + 256, 0), 512)  # [512]: bins 256 + d count the tied keys' digit d
         h = tl.where(bins >= 256, h, 0)
@@ -108,6 +108,7 @@ def _select_tile_kernel(
     MIN_POSITION: tl.constexpr,
     STOP_0: tl.constexpr,
     STOPS: tl.constexpr,
+    BITS: tl.constexpr,  # 16: bf16 logits, keyed by their own 16 bits (two digits); 32: the scaled float32 values
     PDL: tl.constexpr,
 ):
     pdl_wait(PDL)  # kernels/pdl.py: the logits are the step's lm_head output
@@ -118,13 +119,14 @@ def _select_tile_kernel(
     cell = cells_ptr + r * WIDTH
     temp = tl.load(cell + TEMPERATURE).to(tl.float32, bitcast=True)
     v = tl.load(x_ptr + r.to(tl.int64) * x_r + at, mask=valid, other=0.0).to(tl.float32)
-    v = v / tl.where(temp > 0, temp, 1.0)
+    if BITS == 32:  # (bf16 logits are keyed unscaled: a positive temperature keeps their order and their ties)
+        v = tl.div_rn(v, tl.where(temp > 0, temp, 1.0))  # (IEEE-rounded, as torch divides)
     banned = tl.load(pos_ptr + r).to(tl.int64) < tl.load(cell + MIN_POSITION).to(tl.int64)
     for j in tl.static_range(STOPS):
         stop = tl.load(cell + STOP_0 + j)
         v = tl.where(banned & (at == stop), float("-inf"), v)
-    k = _key(v)
-    take = _select(k, valid, K)
+    k = _key(v) >> (32 - BITS)  # (a bf16 value's float32 bits end in 16 zeros: its key in the top 16)
+    take = _select(k, valid, K, BITS)
     base = (r * TILES + t) * K
     _compact(take, k, at, cand_k_ptr + base, cand_i_ptr + base, K, K_PAD)
 
@@ -159,6 +161,7 @@ def _draw_row_kernel(
     TOP_P: tl.constexpr,
     TOP_K: tl.constexpr,
     SEED: tl.constexpr,
+    BITS: tl.constexpr,  # the first launch's keys (16: unscaled bf16 values)
     PDL: tl.constexpr,
 ):
     pdl_wait(PDL)  # the candidates are the first launch's
@@ -167,7 +170,7 @@ def _draw_row_kernel(
     inside = c < TILES * K
     k = tl.load(cand_k_ptr + r * (TILES * K) + c, mask=inside, other=0)
     ids = tl.load(cand_i_ptr + r * (TILES * K) + c, mask=inside, other=_NO_ID)
-    take = _select(k, ids >= 0, K)  # (candidates in id order: ties at the threshold go to the first ids)
+    take = _select(k, ids >= 0, K, BITS)  # (candidates in id order: ties at the threshold go to the first ids)
     _compact(take, k, ids, head_k_ptr + r * K_PAD, head_i_ptr + r * K_PAD, K_PAD, K_PAD)
     tl.debug_barrier()  # the head's slots, written above by the program's threads, read below by others
     slot = tl.arange(0, K_PAD)
@@ -182,10 +185,14 @@ def _draw_row_kernel(
     hi = top_id - (packed & 0xFFFFFFFF).to(tl.int32)
     real = packed != 0
     hi = tl.where(real, hi, _NO_ID)
-    vals = _value(hk)  # [K_PAD] the head's scaled logits, largest first
-
     cell = cells_ptr + r * WIDTH
     temp = tl.load(cell + TEMPERATURE).to(tl.float32, bitcast=True)
+    full = hk << (32 - BITS)  # the float32 key: a 16-bit key's low half as the value's zero bits were keyed
+    if BITS == 16:
+        full = full | tl.where((hk >> 15) != 0, 0, 0xFFFF)
+    vals = tl.where(real, _value(full), float("-inf"))  # [K_PAD] the head's logits, largest first
+    if BITS == 16:
+        vals = tl.div_rn(vals, tl.where(temp > 0, temp, 1.0))  # (scaled, IEEE-rounded as torch divides)
     top_p = tl.load(cell + TOP_P).to(tl.float32, bitcast=True)
     top_k = tl.load(cell + TOP_K)
     kk = tl.where(top_k > 0, tl.minimum(top_k, K), K)
@@ -256,13 +263,14 @@ def sample_rows(
     assert rows * tiles * K <= MAX_CANDIDATES and rows * K_PAD <= MAX_CANDIDATES // 8, (
         f"{rows} rows of {tiles} tiles of {K} candidates: more than the sampler's workspace holds")  # fmt: skip
     cand_k, cand_i, head_k, head_i = _workspace(logits.device)
+    bits = 16 if logits.dtype == torch.bfloat16 else 32
     opts = launch_options(pdl)
     _select_tile_kernel[(rows, tiles)](logits, cells, positions, cand_k, cand_i, V, logits.stride(0), TILES=tiles, K=K,
                                        K_PAD=K_PAD, BLOCK=block, WIDTH=cols.width, TEMPERATURE=cols.temperature,
                                        MIN_POSITION=cols.min_position, STOP_0=cols.stop_0, STOPS=cols.stops,
-                                       num_warps=TILE_WARPS, **opts)  # fmt: skip
+                                       BITS=bits, num_warps=TILE_WARPS, **opts)  # fmt: skip
     _draw_row_kernel[(rows,)](cand_k, cand_i, head_k, head_i, cells, positions, out, head if head is not None else out,
                               TILES=tiles, K=K, K_PAD=K_PAD, N_PAD=triton.next_power_of_2(tiles * K),
                               TOP=head is not None, WIDTH=cols.width, TEMPERATURE=cols.temperature, TOP_P=cols.top_p,
-                              TOP_K=cols.top_k, SEED=cols.seed, num_warps=ROW_WARPS, **opts)  # fmt: skip
+                              TOP_K=cols.top_k, SEED=cols.seed, BITS=bits, num_warps=ROW_WARPS, **opts)  # fmt: skip
     return out
