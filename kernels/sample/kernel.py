@@ -10,8 +10,9 @@ indices), written in index order into the row's candidates. ``_draw_row_kernel``
 over the row's tiles' candidates (in index order: tile t's before tile t + 1's) gives the head, which it sorts (K keys,
 each packed with its id), then draws.
 
-Why: the torch sampler (``topk`` of 256 over 248,320 logits, then ~20 small ops) cost 236 us at one row and 602 at 64
-on an H100, a quarter of a sampled decode step (models/bench/results/sampler-h100/).
+Why: the torch sampler (``topk`` of 256 over 248,320 logits, then ~20 small ops) cost 264 us at one row and 639 at 64
+on an H100, a quarter of a sampled decode step; this draw, on bf16 logits, 61 and 453 (``faster_than_torch``;
+models/bench/results/sampler-h100/).
 """
 
 from __future__ import annotations
@@ -27,9 +28,6 @@ from kernels.sample.naive import CellColumns
 BLOCK = 8192  # logits a program of the first launch selects from
 TILE_WARPS = 16  # warps a program of the first launch
 ROW_WARPS = 16  # and of the second (BLOCK and both warps: the fastest of 4096-16384 x 8-32 at 1, 16 and 64 rows, H100)
-FASTER_UP_TO_ROWS = 16  # the rows up to which this draw is measured faster than the torch sampler's (an H100: 94 /
-# 221 us against 267 / 354 at 1 / 16 rows; 755 against 637 at 64: each program's four histograms of 8192 keys, one
-# program an SM, are the time; models/bench/results/sampler-h100/)
 MAX_CANDIDATES = 1 << 22  # (key, id) candidates the workspace holds: rows x tiles x K
 MAX_ID = 2**31 - 1  # vocabularies hold fewer logits than this (ids are int32)
 _NO_ID = tl.constexpr(-1)  # the id of an empty candidate slot
@@ -219,6 +217,14 @@ def _draw_row_kernel(
     tl.store(out_ptr + r, tok.to(out_ptr.dtype.element_ty))
     if TOP:
         tl.store(top_ptr + r * K + slot, hi.to(tl.int64), mask=slot < K)
+
+
+def faster_than_torch(rows: int, dtype: torch.dtype) -> bool:
+    """Whether this draw was measured faster than the torch sampler's at ``rows`` rows of ``dtype`` logits (an H100,
+    the 0.8B vocabulary): bf16 keys of 16 bits at every row count (61 / 138 / 453 us against 264 / 358 / 639 at 1 / 16
+    / 64 rows); 32-bit keys (float32 logits) up to 16 rows (94 / 221 us against 267 / 354; 755 against 637 at 64:
+    four histograms a program, one program an SM, are the time). models/bench/results/sampler-h100/."""
+    return dtype == torch.bfloat16 or rows <= 16
 
 
 def _buffers(device: torch.device) -> tuple[torch.Tensor, ...]:

@@ -6,8 +6,9 @@ to the top-k, then to the smallest head of the sorted distribution whose mass re
 Gumbel-max with noise from a counter-based hash of (seed, position, token id) (``kernels.sample.naive``). Sampling
 looks at the ``CANDIDATES`` most likely tokens only (submission refuses a top-k above it; top-p's mass is taken within
 them): a full sort of a 248k vocabulary every step cost milliseconds of GPU time at c=64. On CUDA the draw is
-``kernels.sample`` up to 16 rows (the head found by a radix select, two launches; ``KernelChoices.sampler``), else
-torch's ``topk`` of 256 and ~20 small ops, which on an H100 cost 267 us at one row, 354 at 16 and 637 at 64; the two
+``kernels.sample`` (the head found by a radix select, two launches; ``KernelChoices.sampler``) where it was measured
+faster: bf16 logits at any row count, float32 up to 16 rows; else torch's ``topk`` of 256 and ~20 small ops (264 us
+on an H100 at one row and 639 at 64, against the kernel's 61 and 453 on bf16 logits); the two
 draw alike but where equal logits straddle a top-k or top-p cut in the head (the kernel orders them by id). The same
 ``Sampler`` samples a prefill's first token and every decode token, so both planning arms (and any batch a row lands
 in) draw the same token from the same logits. A row under its ``min_tokens`` draws with its stop tokens at -inf
@@ -28,7 +29,7 @@ import torch
 
 from kernels.argmax import argmax_rows
 from kernels.choices import KernelChoices
-from kernels.sample import FASTER_UP_TO_ROWS, CellColumns, sample_rows
+from kernels.sample import CellColumns, faster_than_torch, sample_rows
 from kernels.sample.naive import ban_stops_, draw_head
 from models.engine.requests import CANDIDATES, MAX_LOGPROBS  # the tokens a row draws from; top logprobs kept
 from resplan.layout import BANNED_STOPS, SamplerCell
@@ -58,8 +59,8 @@ def greedy(logits: torch.Tensor, out: torch.Tensor, kc: KernelChoices) -> None:
 class Sampler:
     """``sampler(logits [b, V], cells [b, len(SamplerCell)] int32, positions [b] int) -> tokens [b] int64``;
     ``draw`` also returns the candidates. ``kernel``: draw with ``kernels.sample`` (two launches, the head found
-    without sorting the vocabulary; its order among equal logits is by id) where it is measured faster (up to
-    ``FASTER_UP_TO_ROWS`` rows), else in torch ops (``topk``)."""
+    without sorting the vocabulary; its order among equal logits is by id) where it is measured faster
+    (``faster_than_torch``: bf16 logits at any row count, float32 up to 16 rows), else in torch ops (``topk``)."""
 
     def __init__(self, vocab_size: int, *, kernel: bool = False, pdl: bool | None = None) -> None:
         self.vocab_size = vocab_size
@@ -74,7 +75,7 @@ class Sampler:
         """The tokens [b] int64, and the candidates they were drawn from: [b, min(V, CANDIDATES)] int64 ids, most
         likely first."""
         K = min(self.vocab_size, CANDIDATES)
-        if self.kernel and logits.shape[0] <= FASTER_UP_TO_ROWS:
+        if self.kernel and faster_than_torch(logits.shape[0], logits.dtype):
             tokens = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
             head = torch.empty(logits.shape[0], K, dtype=torch.int64, device=logits.device)
             sample_rows(logits, cells, positions, COLUMNS, tokens, head, candidates=CANDIDATES, pdl=self.pdl)
