@@ -28,7 +28,7 @@ from kernels.sample.naive import CellColumns
 BLOCK = 8192  # logits a program of the first launch selects from
 TILE_WARPS = 16  # warps a program of the first launch
 ROW_WARPS = 16  # and of the second (BLOCK and both warps: the fastest of 4096-16384 x 8-32 at 1, 16 and 64 rows, H100)
-MAX_CANDIDATES = 1 << 22  # (key, id) candidates the workspace holds: rows x tiles x K
+MAX_CANDIDATES = 1 << 22  # (key, id) candidates the workspace holds: rows x tiles x K of one launch pair
 MAX_ID = 2**31 - 1  # vocabularies hold fewer logits than this (ids are int32)
 _NO_ID = tl.constexpr(-1)  # the id of an empty candidate slot
 _MAX_ID = tl.constexpr(MAX_ID)
@@ -248,13 +248,17 @@ def sample_rows(
     head: torch.Tensor | None = None,  # [rows, min(V, candidates)] int64: the head's ids in order, where given
     candidates: int = 256,
     pdl: bool | None = None,  # launch with PDL (kernels.pdl); None reads the process default: an engine passes a bool
+    rows_a_launch: int | None = None,  # rows one launch pair draws; None: as many as the workspace holds
 ) -> torch.Tensor:
     """out[r] = the token row r draws (``naive.sample_rows_ref``: its head of ``candidates`` by top-k, top-p and
-    Gumbel-max; the head's first at temperature 0); ``head`` its head's ids, largest first. See the module doc."""
+    Gumbel-max; the head's first at temperature 0); ``head`` its head's ids, largest first. See the module doc. Rows
+    beyond what the workspace holds at once (~528 of a 248k vocabulary) are drawn by further launch pairs."""
     rows, V = logits.shape
     K = min(V, candidates)
     assert logits.stride(-1) == 1 and cells.shape == (rows, cols.width) and cells.dtype == torch.int32, (
         logits.shape, cells.shape, cells.dtype)  # fmt: skip
+    assert cells.is_contiguous() and positions.is_contiguous() and out.is_contiguous(), "cells, positions, out: dense"
+    assert head is None or head.is_contiguous(), "head: dense"
     assert out.shape == (rows,) and out.dtype in (torch.int64, torch.int32) and positions.shape == (rows,), (
         out.shape, out.dtype, positions.shape)  # fmt: skip
     assert head is None or (head.shape == (rows, K) and head.dtype == torch.int64), (
@@ -266,17 +270,22 @@ def sample_rows(
     block = min(BLOCK, triton.next_power_of_2(V))
     tiles = triton.cdiv(V, block)
     K_PAD = triton.next_power_of_2(K)
-    assert rows * tiles * K <= MAX_CANDIDATES and rows * K_PAD <= MAX_CANDIDATES // 8, (
-        f"{rows} rows of {tiles} tiles of {K} candidates: more than the sampler's workspace holds")  # fmt: skip
     cand_k, cand_i, head_k, head_i = _workspace(logits.device)
+    fits = min(cand_k.numel() // (tiles * K), head_k.numel() // K_PAD)
+    assert fits > 0, f"a row of {tiles} tiles of {K} candidates: more than the sampler's workspace holds"
+    step = min(fits, rows_a_launch or fits)
     bits = 16 if logits.dtype == torch.bfloat16 else 32
     opts = launch_options(pdl)
-    _select_tile_kernel[(rows, tiles)](logits, cells, positions, cand_k, cand_i, V, logits.stride(0), TILES=tiles, K=K,
-                                       K_PAD=K_PAD, BLOCK=block, WIDTH=cols.width, TEMPERATURE=cols.temperature,
-                                       MIN_POSITION=cols.min_position, STOP_0=cols.stop_0, STOPS=cols.stops,
-                                       BITS=bits, num_warps=TILE_WARPS, **opts)  # fmt: skip
-    _draw_row_kernel[(rows,)](cand_k, cand_i, head_k, head_i, cells, positions, out, head if head is not None else out,
-                              TILES=tiles, K=K, K_PAD=K_PAD, N_PAD=triton.next_power_of_2(tiles * K),
-                              TOP=head is not None, WIDTH=cols.width, TEMPERATURE=cols.temperature, TOP_P=cols.top_p,
-                              TOP_K=cols.top_k, SEED=cols.seed, BITS=bits, num_warps=ROW_WARPS, **opts)  # fmt: skip
+    for r0 in range(0, rows, step):
+        n = min(step, rows - r0)
+        x, c, p, o = logits[r0 : r0 + n], cells[r0 : r0 + n], positions[r0 : r0 + n], out[r0 : r0 + n]
+        h = head[r0 : r0 + n] if head is not None else o
+        _select_tile_kernel[(n, tiles)](x, c, p, cand_k, cand_i, V, x.stride(0), TILES=tiles, K=K, K_PAD=K_PAD,
+                                        BLOCK=block, WIDTH=cols.width, TEMPERATURE=cols.temperature,
+                                        MIN_POSITION=cols.min_position, STOP_0=cols.stop_0, STOPS=cols.stops, BITS=bits,
+                                        num_warps=TILE_WARPS, **opts)  # fmt: skip
+        _draw_row_kernel[(n,)](cand_k, cand_i, head_k, head_i, c, p, o, h, TILES=tiles, K=K, K_PAD=K_PAD,
+                               N_PAD=triton.next_power_of_2(tiles * K), TOP=head is not None, WIDTH=cols.width,
+                               TEMPERATURE=cols.temperature, TOP_P=cols.top_p, TOP_K=cols.top_k, SEED=cols.seed,
+                               BITS=bits, num_warps=ROW_WARPS, **opts)  # fmt: skip
     return out
