@@ -23,6 +23,7 @@ import triton.language as tl
 
 from kernels.pdl import launch_options, pdl_wait
 from kernels.runtime import stream_workspace
+from kernels.tiles import load_row_tile
 
 BLOCK = 2048  # logits a program of the first launch reduces
 MAX_PARTIALS = 1 << 20  # (value, index) partials a workspace holds: rows x tiles
@@ -56,15 +57,12 @@ def _tile_kernel(
     PDL: tl.constexpr,
 ):
     pdl_wait(PDL)  # kernels/pdl.py: the logits are the step's lm_head output
-    r = tl.program_id(0)
-    t = tl.program_id(1)
-    at = t * BLOCK + tl.arange(0, BLOCK)
-    valid = at < V
-    v = tl.load(x_ptr + r.to(tl.int64) * x_r + at, mask=valid, other=0.0).to(tl.float32)
+    r, at, valid, v = load_row_tile(x_ptr, x_r, V, BLOCK)
     val, idx = _best(v, at, valid)
     if TILES == 1:
         tl.store(out_ptr + r, idx.to(out_ptr.dtype.element_ty))
     else:
+        t = tl.program_id(1)
         tl.store(part_v_ptr + r * TILES + t, val)
         tl.store(part_i_ptr + r * TILES + t, idx)
 

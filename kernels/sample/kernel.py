@@ -24,6 +24,7 @@ import triton.language as tl
 from kernels.pdl import launch_options, pdl_wait
 from kernels.runtime import stream_workspace
 from kernels.sample.naive import CellColumns
+from kernels.tiles import load_row_tile
 
 BLOCK = 8192  # logits a program of the first launch selects from
 TILE_WARPS = 16  # warps a program of the first launch
@@ -110,13 +111,9 @@ def _select_tile_kernel(
     PDL: tl.constexpr,
 ):
     pdl_wait(PDL)  # kernels/pdl.py: the logits are the step's lm_head output
-    r = tl.program_id(0)
-    t = tl.program_id(1)
-    at = t * BLOCK + tl.arange(0, BLOCK)
-    valid = at < V
+    r, at, valid, v = load_row_tile(x_ptr, x_r, V, BLOCK)
     cell = cells_ptr + r * WIDTH
     temp = tl.load(cell + TEMPERATURE).to(tl.float32, bitcast=True)
-    v = tl.load(x_ptr + r.to(tl.int64) * x_r + at, mask=valid, other=0.0).to(tl.float32)
     if BITS == 32:  # (bf16 logits are keyed unscaled: a positive temperature keeps their order and their ties)
         v = tl.div_rn(v, tl.where(temp > 0, temp, 1.0))  # (IEEE-rounded, as torch divides)
     banned = tl.load(pos_ptr + r).to(tl.int64) < tl.load(cell + MIN_POSITION).to(tl.int64)
@@ -125,7 +122,7 @@ def _select_tile_kernel(
         v = tl.where(banned & (at == stop), float("-inf"), v)
     k = _key(v) >> (32 - BITS)  # (a bf16 value's float32 bits end in 16 zeros: its key in the top 16)
     take = _select(k, valid, K, BITS)
-    base = (r * TILES + t) * K
+    base = (r * TILES + tl.program_id(1)) * K
     _compact(take, k, at, cand_k_ptr + base, cand_i_ptr + base, K, K_PAD)
 
 
