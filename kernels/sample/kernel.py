@@ -2,11 +2,13 @@
 ordered by value descending then id ascending, a NaN the largest) found exactly without sorting the vocabulary, then
 top-k, top-p and the Gumbel-max draw on the head, as ``naive.sample_rows_ref``.
 
-``_select_tile_kernel``, one program a (row, tile of ``BLOCK`` logits): scales the tile (logits / temperature; a
-temperature of 0 divides by 1), sets the row's banned stop ids to -inf, maps each value to a 32-bit key whose unsigned
-order is the value's, and keeps the tile's ``K`` largest keys by a radix select (four 8-bit digits from the top, each
-a 256-bin histogram of the keys still tied with the threshold's digits so far; the threshold's ties go to the first
-indices), written in index order into the row's candidates. ``_draw_row_kernel``, one program a row: the same select
+``_select_tile_kernel``, one program a (row, tile of ``BLOCK`` logits): sets the row's banned stop ids to -inf, maps
+each value to a key whose unsigned order is the value's, and keeps the tile's ``K`` largest keys by a radix select
+(8-bit digits from the top, each a 256-bin histogram of the keys still tied with the threshold's digits so far; the
+threshold's ties go to the first indices), written in index order into the row's candidates. Float32 logits are
+scaled first (logits / temperature; a temperature of 0 divides by 1) and keyed by 32 bits, four digits; bf16 logits
+are keyed unscaled by their own 16 bits, two digits (a positive temperature keeps their order and their ties, and
+the second launch scales the head). ``_draw_row_kernel``, one program a row: the same select
 over the row's tiles' candidates (in index order: tile t's before tile t + 1's) gives the head, which it sorts (K keys,
 each packed with its id), then draws.
 
