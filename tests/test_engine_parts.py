@@ -46,7 +46,7 @@ def test_hash32_is_uint32_arithmetic_in_int64():
 
 def test_greedy_and_top_k_1_are_argmax():
     logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(0))
-    s = Sampler(50)
+    s = Sampler(50, "cpu")
     pos = torch.arange(6)
     assert torch.equal(s(logits, _cells(6), pos), logits.argmax(-1))
     assert torch.equal(s(logits, _cells(6, temperature=2.0, top_k=1, seed=3), pos), logits.argmax(-1))
@@ -79,14 +79,14 @@ def test_ban_stops_masks_a_rows_stop_ids_below_its_minimum_position_only():
     for temperature in (0.0, 1.0):
         c = cells.copy()
         c[:, SamplerCell.TEMPERATURE] = float_bits(temperature)
-        drawn = Sampler(V)(scores, torch.from_numpy(c), pos)
+        drawn = Sampler(V, "cpu")(scores, torch.from_numpy(c), pos)
         assert not banned[torch.arange(b), drawn].any()
 
 
 def test_a_draw_depends_on_seed_and_position_only():
     V = 40
     logits = torch.zeros(1, V)  # uniform: the noise alone decides
-    s = Sampler(V)
+    s = Sampler(V, "cpu")
     one = s(logits, _cells(1, temperature=1.0, seed=7), torch.tensor([5]))
     batch = s(logits.expand(4, V), _cells(4, temperature=1.0, seed=7), torch.tensor([9, 5, 5, 2]))
     assert batch[1] == one and batch[2] == one
@@ -99,7 +99,7 @@ def test_a_draw_depends_on_seed_and_position_only():
 def test_draws_follow_the_tempered_distribution():
     V, n = 6, 6000
     logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, -3.0]])
-    s = Sampler(V)
+    s = Sampler(V, "cpu")
     draws = s(logits.expand(n, V), _cells(n, temperature=0.8, seed=11), torch.arange(n))
     freq = torch.bincount(draws, minlength=V).double() / n
     want = torch.softmax(logits[0].double() / 0.8, -1)
@@ -108,7 +108,7 @@ def test_draws_follow_the_tempered_distribution():
 
 def test_top_p_keeps_the_smallest_head_reaching_p():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
-    s = Sampler(4)
+    s = Sampler(4, "cpu")
     n = 500
     for top_p, allowed in ((0.5, {0}), (0.6, {0, 1}), (0.85, {0, 1, 2})):
         d = s(logits.expand(n, 4), _cells(n, temperature=1.0, top_p=top_p, seed=1), torch.arange(n))

@@ -80,8 +80,8 @@ def test_logprobs_are_log_softmax_of_the_raw_logits_and_temperature_0_draws_the_
         logits = (torch.randn(6, 50, generator=g) * 3).to(dtype)
         logits[2, [7, 30]] = logits[2].max() + 1  # a tie for the first place
         cells = _cells([0.0] * 3 + [1.0, 0.3, 2.5])
-        tokens, candidates = Sampler(50).draw(logits, cells, torch.arange(6))
-        assert torch.equal(tokens, Sampler(50)(logits, cells, torch.arange(6)))
+        tokens, candidates = Sampler(50, "cpu").draw(logits, cells, torch.arange(6))
+        assert torch.equal(tokens, Sampler(50, "cpu")(logits, cells, torch.arange(6)))
         assert torch.equal(tokens[:3], logits[:3].argmax(-1)) and tokens[2] == 7
         lp, ids, top = logprobs(logits, tokens, candidates)
         want = torch.log_softmax(logits.float(), -1)

@@ -114,6 +114,6 @@ def test_the_reference_draws_as_the_engines_torch_sampler():
     g = torch.Generator().manual_seed(3)
     x = torch.randn(16, V, generator=g) * 3
     cells, positions = _cells(g, 16, V, ban_frac=0.5)
-    tokens, head = Sampler(V).draw(x, cells, positions)
+    tokens, head = Sampler(V, "cpu").draw(x, cells, positions)
     want_tokens, want_head = sample_rows_ref(x, cells, positions, COLUMNS)
     assert torch.equal(head, want_head) and torch.equal(tokens, want_tokens)

@@ -68,12 +68,13 @@ def ban_stops_(scores: torch.Tensor, cells: torch.Tensor, positions: torch.Tenso
     scores.scatter_(1, ids, torch.where(banned[:, None], float("-inf"), scores.gather(1, ids)))
 
 
-def draw_head(vals: torch.Tensor, idx: torch.Tensor, cells: torch.Tensor, positions: torch.Tensor,
-              cols: CellColumns) -> torch.Tensor:  # fmt: skip
+def draw_head(vals: torch.Tensor, idx: torch.Tensor, cells: torch.Tensor, positions: torch.Tensor, cols: CellColumns,
+              salt: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """The sampled token [b] int64 of each row from its head: ``vals`` [b, K] float32 its K largest scaled logits in
     order, ``idx`` [b, K] int64 their ids. Top-k keeps the first k (top_k 0: all K), top-p the shortest prefix of
     those whose softmax mass reaches top_p (the first always), and the draw is the kept id of the largest vals +
-    Gumbel noise keyed by (seed, position, token id)."""
+    Gumbel noise keyed by (seed, position, token id). ``salt``: [b, K] ``token_salt(idx)`` if the caller has it
+    (a gather from a table is cheaper than the hash)."""
     K = vals.shape[1]
     top_p = cells[:, cols.top_p].view(torch.float32)  # [b]
     top_k = cells[:, cols.top_k].long()  # [b]
@@ -83,7 +84,8 @@ def draw_head(vals: torch.Tensor, idx: torch.Tensor, cells: torch.Tensor, positi
     before = probs.cumsum(-1) - probs  # mass strictly ahead of each sorted token
     keep &= before < top_p[:, None]
     keep[:, 0] = True
-    noise = -torch.log(-torch.log(uniforms(cells[:, cols.seed], positions, token_salt(idx))))  # [b, K]
+    salt = token_salt(idx) if salt is None else salt
+    noise = -torch.log(-torch.log(uniforms(cells[:, cols.seed], positions, salt)))  # [b, K]
     score = torch.where(keep, vals + noise, float("-inf"))
     return idx.gather(1, score.argmax(-1, keepdim=True))[:, 0]
 

@@ -199,7 +199,8 @@ def main(argv: list[str] | None = None) -> None:
             label += f" ({sd} state)" if sd != "float32" else ""
             label += " (torch argmax)" if arg == "torch" and draw == "greedy" else ""
             label += {"greedy": "", "full": " (sampled)", "full-torch": " (sampled in torch ops)"}[draw]
-            sampler = None if draw == "greedy" else Sampler(model.cfg.vocab_size, kernel=draw == "full", pdl=pdl_on)
+            sampler = None if draw == "greedy" else Sampler(model.cfg.vocab_size, dev, kernel=draw == "full",
+                                                            pdl=pdl_on)  # fmt: skip
 
             def step(ids=ids, bufs=bufs, out=out, attn=attn, kc=kc, state=state, sampler=sampler) -> None:
                 logits = model.decode(state, ids, bufs, attn, kc)

@@ -45,7 +45,7 @@ def _times(b: int, vocab: int, iters: int, dev: torch.device) -> tuple[list[floa
     cells[:, SamplerCell.SEED] = torch.arange(b, dtype=torch.int32, device=dev)
     cells[:, SamplerCell.MIN_POSITION] = 0
     pos = torch.arange(b, device=dev)
-    torch_ops = Sampler(vocab)
+    torch_ops = Sampler(vocab, dev)
     out = torch.empty(b, dtype=torch.int64, device=dev)
     head = torch.empty(b, min(vocab, CANDIDATES), dtype=torch.int64, device=dev)
     differ = int((sample_rows(logits, cells, pos, COLUMNS, out, head) != torch_ops(logits, cells, pos)).sum())

@@ -31,7 +31,7 @@ import torch
 from kernels.argmax import argmax_rows
 from kernels.choices import KernelChoices
 from kernels.sample import CellColumns, faster_than_torch, sample_rows
-from kernels.sample.naive import ban_stops_, draw_head
+from kernels.sample.naive import ban_stops_, draw_head, token_salt
 from models.engine.requests import CANDIDATES, MAX_LOGPROBS  # the tokens a row draws from; top logprobs kept
 from resplan.layout import BANNED_STOPS, SamplerCell
 
@@ -63,10 +63,12 @@ class Sampler:
     without sorting the vocabulary; its order among equal logits is by id) where it is measured faster
     (``faster_than_torch``: bf16 logits at any row count, float32 up to 16 rows), else in torch ops (``topk``)."""
 
-    def __init__(self, vocab_size: int, *, kernel: bool = False, pdl: bool | None = None) -> None:
+    def __init__(self, vocab_size: int, device: torch.device | str, *, kernel: bool = False,
+                 pdl: bool | None = None) -> None:  # fmt: skip
         self.vocab_size = vocab_size
         self.kernel = kernel
         self.pdl = pdl  # the kernel's launches (kernels.pdl)
+        self.salt = token_salt(torch.arange(vocab_size, dtype=torch.int64, device=device))  # [V] (the torch ops')
 
     def __call__(self, logits: torch.Tensor, cells: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.draw(logits, cells, positions)[0]
@@ -86,7 +88,7 @@ class Sampler:
         ban_stops_(scaled, cells, positions, COLUMNS)
         greedy = scaled.argmax(-1)  # [b]
         vals, idx = scaled.topk(K, dim=-1)  # [b, K] descending
-        drawn = draw_head(vals, idx, cells, positions, COLUMNS)
+        drawn = draw_head(vals, idx, cells, positions, COLUMNS, self.salt[idx])
         return torch.where(temp > 0, drawn, greedy), idx
 
 
