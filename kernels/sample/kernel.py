@@ -12,7 +12,7 @@ the second launch scales the head). ``_draw_row_kernel``, one program a row: the
 over the row's tiles' candidates (in index order: tile t's before tile t + 1's) gives the head, which it sorts (K keys,
 each packed with its id), then draws.
 
-Why: the torch sampler (``topk`` of 256 over 248,320 logits, then ~20 small ops) cost 264 us at one row and 639 at 64
+Why: the torch sampler (``topk`` of 256 over 248,320 logits, then ~20 small ops) cost 236 us at one row and 602 at 64
 on an H100, a quarter of a sampled decode step; this draw, on bf16 logits, 61 and 453 (``faster_than_torch``;
 models/bench/results/sampler-h100/).
 """
@@ -220,8 +220,8 @@ def _draw_row_kernel(
 
 def faster_than_torch(rows: int, dtype: torch.dtype) -> bool:
     """Whether this draw was measured faster than the torch sampler's at ``rows`` rows of ``dtype`` logits (an H100,
-    the 0.8B vocabulary): bf16 keys of 16 bits at every row count (61 / 138 / 453 us against 264 / 358 / 639 at 1 / 16
-    / 64 rows); 32-bit keys (float32 logits) up to 16 rows (94 / 221 us against 267 / 354; 755 against 637 at 64:
+    the 0.8B vocabulary): bf16 keys of 16 bits at every row count (61 / 138 / 453 us against 236 / 324 / 602 at 1 / 16
+    / 64 rows); 32-bit keys (float32 logits) up to 16 rows (94 / 221 us against 236 / 324; 755 against 602 at 64:
     four histograms a program, one program an SM, are the time). models/bench/results/sampler-h100/."""
     return dtype == torch.bfloat16 or rows <= 16
 

@@ -7,8 +7,8 @@ Gumbel-max with noise from a counter-based hash of (seed, position, token id) (`
 looks at the ``CANDIDATES`` most likely tokens only (submission refuses a top-k above it; top-p's mass is taken within
 them): a full sort of a 248k vocabulary every step cost milliseconds of GPU time at c=64. On CUDA the draw is
 ``kernels.sample`` (the head found by a radix select, two launches; ``KernelChoices.sampler``) where it was measured
-faster: bf16 logits at any row count, float32 up to 16 rows; else torch's ``topk`` of 256 and ~20 small ops (264 us
-on an H100 at one row and 639 at 64, against the kernel's 61 and 453 on bf16 logits); the two
+faster: bf16 logits at any row count, float32 up to 16 rows; else torch's ``topk`` of 256 and ~20 small ops (236 us
+on an H100 at one row and 602 at 64, against the kernel's 61 and 453 on bf16 logits); the two
 draw alike but where equal logits straddle a top-k or top-p cut in the head (the kernel orders them by id). The same
 ``Sampler`` samples a prefill's first token and every decode token, so both planning arms (and any batch a row lands
 in) draw the same token from the same logits. A row under its ``min_tokens`` draws with its stop tokens at -inf
