@@ -2,7 +2,8 @@
 head's length, of one tile and of several (ending inside a tile), every temperature / top-k / top-p regime, banned
 stop ids, equal logits across tiles (the head's order among them by id), rows of -inf, a NaN, both output dtypes. The
 reference against the engine's torch-op sampler (``topk``) where no head holds a tie. Without CUDA the kernels run in
-Triton's interpreter; on a GPU compiled; float32 logits (keyed scaled, 32 bits) and bf16 (keyed raw, 16 bits)."""
+Triton's interpreter (with the tile load both vocabulary kernels share, ``kernels.tiles.load_row_tile``); on a GPU
+compiled; float32 logits (keyed scaled, 32 bits) and bf16 (keyed raw, 16 bits)."""
 
 from __future__ import annotations
 
@@ -117,3 +118,21 @@ def test_the_reference_draws_as_the_engines_torch_sampler():
     tokens, head = Sampler(V, "cpu").draw(x, cells, positions)
     want_tokens, want_head = sample_rows_ref(x, cells, positions, COLUMNS)
     assert torch.equal(head, want_head) and torch.equal(tokens, want_tokens)
+
+
+def test_the_engines_sampler_on_the_kernel_draws_into_the_step_buffer_and_hands_its_head_to_draw():
+    """``Sampler`` with the kernel chosen: a call writes the reference's tokens into the buffer it is given, and
+    ``draw`` returns them with the head."""
+    from kernels.choices import KernelChoices
+
+    V = 3000
+    g = torch.Generator().manual_seed(4)
+    x = (torch.randn(5, V, generator=g) * 3).to(DEVICE)
+    cells, positions = _cells(g, 5, V, ban_frac=0.5)
+    cells, positions = cells.to(DEVICE), positions.to(DEVICE)
+    sampler = Sampler(V, DEVICE, KernelChoices(sampler=True))
+    want_tokens, want_head = sample_rows_ref(x.cpu(), cells.cpu(), positions.cpu(), COLUMNS)
+    out = torch.full((5,), -7, dtype=torch.int64, device=DEVICE)
+    assert sampler(x, cells, positions, out) is out and torch.equal(out.cpu(), want_tokens)
+    tokens, head = sampler.draw(x, cells, positions)
+    assert torch.equal(tokens.cpu(), want_tokens) and torch.equal(head.cpu(), want_head)

@@ -68,6 +68,15 @@ def ban_stops_(scores: torch.Tensor, cells: torch.Tensor, positions: torch.Tenso
     scores.scatter_(1, ids, torch.where(banned[:, None], float("-inf"), scores.gather(1, ids)))
 
 
+def scaled_logits(logits: torch.Tensor, cells: torch.Tensor, positions: torch.Tensor,
+                  cols: CellColumns) -> torch.Tensor:  # fmt: skip
+    """[b, V] float32: logits / temperature (a temperature of 0 divides by 1), a row's banned stop ids -inf."""
+    temp = cells[:, cols.temperature].view(torch.float32)  # [b]
+    x = logits.float() / torch.where(temp > 0, temp, 1.0)[:, None]  # (a new tensor: the bans go in place)
+    ban_stops_(x, cells, positions, cols)
+    return x
+
+
 def draw_head(vals: torch.Tensor, idx: torch.Tensor, cells: torch.Tensor, positions: torch.Tensor, cols: CellColumns,
               salt: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """The sampled token [b] int64 of each row from its head: ``vals`` [b, K] float32 its K largest scaled logits in
@@ -96,10 +105,8 @@ def sample_rows_ref(logits: torch.Tensor, cells: torch.Tensor, positions: torch.
     temperature of 0 dividing by 1; its banned stop ids -inf) ordered by (value descending, id ascending, NaN first),
     the head's ids, and the token drawn from the head (``draw_head``), or the head's first where the temperature is
     0 (greedy)."""
-    x = logits.float().clone()
+    x = scaled_logits(logits, cells, positions, cols)
     temp = cells[:, cols.temperature].view(torch.float32)  # [b]
-    x /= torch.where(temp > 0, temp, 1.0)[:, None]
-    ban_stops_(x, cells, positions, cols)
     vals, idx = x.sort(dim=-1, descending=True, stable=True)  # (stable: ids ascending among equal values)
     K = min(x.shape[1], candidates)
     vals, idx = vals[:, :K], idx[:, :K]

@@ -25,6 +25,7 @@ import time
 from collections import defaultdict
 from types import SimpleNamespace
 
+import attrs
 import numpy as np
 import torch
 
@@ -199,15 +200,15 @@ def main(argv: list[str] | None = None) -> None:
             label += f" ({sd} state)" if sd != "float32" else ""
             label += " (torch argmax)" if arg == "torch" and draw == "greedy" else ""
             label += {"greedy": "", "full": " (sampled)", "full-torch": " (sampled in torch ops)"}[draw]
-            sampler = None if draw == "greedy" else Sampler(model.cfg.vocab_size, dev, kernel=draw == "full",
-                                                            pdl=pdl_on)  # fmt: skip
+            sampler = None if draw == "greedy" else Sampler(model.cfg.vocab_size, dev,
+                                                            attrs.evolve(kc, sampler=draw == "full"))  # fmt: skip
 
             def step(ids=ids, bufs=bufs, out=out, attn=attn, kc=kc, state=state, sampler=sampler) -> None:
                 logits = model.decode(state, ids, bufs, attn, kc)
                 if sampler is None:
                     greedy(logits, out, kc)
                 else:
-                    out.copy_(sampler(logits, bufs.sampler, bufs.positions))
+                    sampler(logits, bufs.sampler, bufs.positions, out)
 
             steps.append((b, label, floor_us, Graph(step, dev)))
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -17,6 +17,7 @@ import argparse
 import torch
 
 from kernels.argmax import argmax_rows
+from kernels.choices import KernelChoices
 from kernels.sample import sample_rows
 from models.bench.timing import replay_us
 from models.cli import OneLineParser
@@ -45,7 +46,7 @@ def _times(b: int, vocab: int, iters: int, dev: torch.device) -> tuple[list[floa
     cells[:, SamplerCell.SEED] = torch.arange(b, dtype=torch.int32, device=dev)
     cells[:, SamplerCell.MIN_POSITION] = 0
     pos = torch.arange(b, device=dev)
-    torch_ops = Sampler(vocab, dev)
+    torch_ops = Sampler(vocab, dev, KernelChoices(sampler=False))
     out = torch.empty(b, dtype=torch.int64, device=dev)
     head = torch.empty(b, min(vocab, CANDIDATES), dtype=torch.int64, device=dev)
     differ = int((sample_rows(logits, cells, pos, COLUMNS, out, head) != torch_ops(logits, cells, pos)).sum())

@@ -78,8 +78,7 @@ class Engine:
         self.executor = Executor(self.layout, self.buckets, self.device,
                                  KernelImpl.TRITON if kernels.runs_row_kernels(self.device.type == "cuda")
                                  else KernelImpl.REFERENCE)  # fmt: skip
-        sample_kernel = kernels.draws_sample_kernel(self.device.type == "cuda")
-        self.sampler = Sampler(adapter.vocab_size, self.device, kernel=sample_kernel, pdl=kernels.pdl)
+        self.sampler = Sampler(adapter.vocab_size, self.device, kernels)
         self.launcher = Launcher(self.buckets, H, self.device, cfg.timing, cfg.tokens_per_launch)
         decode_capture, prefill_capture, pass_stream = engine_streams(self.device)
         self.graphs = build_graphs(adapter, self.model_state, self.layout, self.buckets, cfg.attention,

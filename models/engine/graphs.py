@@ -106,7 +106,7 @@ def step_fn(adapter: Adapter, model_state, executor: Executor, launcher: Launche
             if mode is SamplingMode.GREEDY:
                 greedy(logits, out, kc)
             elif mode is SamplingMode.SAMPLE:
-                out.copy_(sampler(logits, bufs.sampler, bufs.positions))
+                sampler(logits, bufs.sampler, bufs.positions, out)
             else:  # (temperature 0 rows: the argmax)
                 drawn, candidates = sampler.draw(logits, bufs.sampler, bufs.positions)  # [b], [b, K]
                 out.copy_(drawn)

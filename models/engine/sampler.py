@@ -29,9 +29,9 @@ import enum
 import torch
 
 from kernels.argmax import argmax_rows
-from kernels.choices import KernelChoices
+from kernels.choices import DEFAULT, KernelChoices
 from kernels.sample import CellColumns, faster_than_torch, sample_rows
-from kernels.sample.naive import ban_stops_, draw_head, token_salt
+from kernels.sample.naive import draw_head, scaled_logits, token_salt
 from models.engine.requests import CANDIDATES, MAX_LOGPROBS  # the tokens a row draws from; top logprobs kept
 from resplan.layout import BANNED_STOPS, SamplerCell
 
@@ -58,38 +58,47 @@ def greedy(logits: torch.Tensor, out: torch.Tensor, kc: KernelChoices) -> None:
 
 
 class Sampler:
-    """``sampler(logits [b, V], cells [b, len(SamplerCell)] int32, positions [b] int) -> tokens [b] int64``;
-    ``draw`` also returns the candidates. ``kernel``: draw with ``kernels.sample`` (two launches, the head found
-    without sorting the vocabulary; its order among equal logits is by id) where it is measured faster
+    """``sampler(logits [b, V], cells [b, len(SamplerCell)] int32, positions [b] int[, out]) -> tokens [b] int64``
+    (into ``out`` where given); ``draw`` also returns the candidates. On CUDA where the choices ask for it
+    (``KernelChoices.draws_sample_kernel``) the draw is ``kernels.sample`` (two launches, the head found without
+    sorting the vocabulary; its order among equal logits is by id) where it is measured faster
     (``faster_than_torch``: bf16 logits at any row count, float32 up to 16 rows), else in torch ops (``topk``)."""
 
-    def __init__(self, vocab_size: int, device: torch.device | str, *, kernel: bool = False,
-                 pdl: bool | None = None) -> None:  # fmt: skip
+    def __init__(self, vocab_size: int, device: torch.device | str, kc: KernelChoices = DEFAULT) -> None:
+        device = torch.device(device)
         self.vocab_size = vocab_size
-        self.kernel = kernel
-        self.pdl = pdl  # the kernel's launches (kernels.pdl)
+        self.kernel = kc.draws_sample_kernel(device.type == "cuda")
+        self.pdl = kc.pdl  # the kernel's launches (kernels.pdl)
         self.salt = token_salt(torch.arange(vocab_size, dtype=torch.int64, device=device))  # [V] (the torch ops')
 
-    def __call__(self, logits: torch.Tensor, cells: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self.draw(logits, cells, positions)[0]
+    def __call__(self, logits: torch.Tensor, cells: torch.Tensor, positions: torch.Tensor,
+                 out: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+        """The tokens [b] int64, written into ``out`` where given (the kernel writes them there, and no head)."""
+        if self._kernel_draws(logits):
+            out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device) if out is None else out
+            return sample_rows(logits, cells, positions, COLUMNS, out, candidates=CANDIDATES, pdl=self.pdl)
+        tokens = self.draw(logits, cells, positions)[0]
+        return tokens if out is None else out.copy_(tokens)
 
     def draw(self, logits: torch.Tensor, cells: torch.Tensor,
              positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         """The tokens [b] int64, and the candidates they were drawn from: [b, min(V, CANDIDATES)] int64 ids, most
         likely first."""
         K = min(self.vocab_size, CANDIDATES)
-        if self.kernel and faster_than_torch(logits.shape[0], logits.dtype):
+        if self._kernel_draws(logits):
             tokens = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
             head = torch.empty(logits.shape[0], K, dtype=torch.int64, device=logits.device)
             sample_rows(logits, cells, positions, COLUMNS, tokens, head, candidates=CANDIDATES, pdl=self.pdl)
             return tokens, head
         temp = cells[:, SamplerCell.TEMPERATURE].view(torch.float32)  # [b]
-        scaled = logits.float() / torch.where(temp > 0, temp, 1.0)[:, None]  # [b, V] (a greedy row's: its logits)
-        ban_stops_(scaled, cells, positions, COLUMNS)
+        scaled = scaled_logits(logits, cells, positions, COLUMNS)  # [b, V] (a greedy row's: its logits)
         greedy = scaled.argmax(-1)  # [b]
         vals, idx = scaled.topk(K, dim=-1)  # [b, K] descending
         drawn = draw_head(vals, idx, cells, positions, COLUMNS, self.salt[idx])
         return torch.where(temp > 0, drawn, greedy), idx
+
+    def _kernel_draws(self, logits: torch.Tensor) -> bool:
+        return self.kernel and faster_than_torch(logits.shape[0], logits.dtype)
 
 
 def logprobs(logits: torch.Tensor, tokens: torch.Tensor,
