@@ -44,7 +44,8 @@ STATE_DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # --
 
 
 def _bufs(layout, b, ctx, ps, W, num_pages, device, rng) -> StepBuffers:
-    """StepBuffers of b rows of ``ctx`` tokens (this step's token the last), distinct pages, slots 1..b, greedy."""
+    """StepBuffers of b rows of ``ctx`` tokens (this step's token the last), distinct pages, slots 1..b; every row's
+    sampler cells at temperature 0.8, top-p 0.95, top-k 20, no stop ids (what the full samplers read)."""
     bufs = StepBuffers.allocate(layout, b, device)
     n = -(-ctx // ps)
     pages = rng.permutation(np.arange(1, num_pages))[: b * n].reshape(b, n)
@@ -57,6 +58,11 @@ def _bufs(layout, b, ctx, ps, W, num_pages, device, rng) -> StepBuffers:
     bufs.positions.fill_(ctx - 1)
     bufs.recurrent_slots.copy_(torch.arange(1, b + 1, dtype=torch.int32))
     bufs.sampler.zero_()
+    bufs.sampler[:, SamplerCell.TEMPERATURE] = torch.tensor(0.8).view(torch.int32)
+    bufs.sampler[:, SamplerCell.TOP_P] = torch.tensor(0.95).view(torch.int32)
+    bufs.sampler[:, SamplerCell.TOP_K] = 20
+    bufs.sampler[:, SamplerCell.SEED] = torch.arange(b, dtype=torch.int32)
+    bufs.sampler[:, SamplerCell.STOP_0 :] = -1
     return bufs
 
 
@@ -175,11 +181,6 @@ def main(argv: list[str] | None = None) -> None:
     steps = []  # (b, label, floor us, graph): every variant captured, then timed in alternating rounds
     for b in batches:
         bufs = _bufs(layout, b, a.ctx, ps, W, num_pages, dev, rng)
-        bufs.sampler[:, SamplerCell.TEMPERATURE] = torch.tensor(0.8).view(torch.int32)  # (read by the full samplers)
-        bufs.sampler[:, SamplerCell.TOP_P] = torch.tensor(0.95).view(torch.int32)
-        bufs.sampler[:, SamplerCell.TOP_K] = 20
-        bufs.sampler[:, SamplerCell.SEED] = torch.arange(b, dtype=torch.int32)
-        bufs.sampler[:, SamplerCell.STOP_0 :] = -1
         ids = torch.randint(0, model.cfg.vocab_size, (b,), device=dev)
         out = torch.empty(b, dtype=torch.int64, device=dev)
         variants = [(p, m == "on", f, n, sd, g, s) for p in a.paths.split(",") for m in a.pdl.split(",")
