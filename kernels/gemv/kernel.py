@@ -38,6 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.fence import release_fence
 from kernels.pdl import launch_options, pdl_wait
 from kernels.runtime import interpreted, stream_workspace
 
@@ -108,14 +109,6 @@ def _gemv_tile(
 
 
 @triton.jit
-def _release_fence(t):
-    """``fence.acq_rel.gpu`` in every thread (``t`` only gives the asm a shape): the thread's earlier stores are
-    visible GPU-wide before its later ones."""
-    return tl.inline_asm_elementwise("fence.acq_rel.gpu; mov.b32 $0, $1;", "=r,r", [t], dtype=tl.int32,
-                                     is_pure=False, pack=1)  # fmt: skip
-
-
-@triton.jit
 def _split_reduce(acc, part_ptr, count_ptr, N, offs_m, offs_n, mm, mn,
                   BLOCK_M: tl.constexpr, SPLIT: tl.constexpr, DOT: tl.constexpr, FENCE: tl.constexpr):  # fmt: skip
     """Store this split's partial ``acc`` and count it; return (the sum of the column block's SPLIT partials in split
@@ -128,7 +121,7 @@ def _split_reduce(acc, part_ptr, count_ptr, N, offs_m, offs_n, mm, mn,
     else:
         tl.store(part_ptr + split * N + offs_n, acc, mask=mn)
     if FENCE:  # the asm's value is never stored (no lane passes the mask); the store keeps the fence in place
-        f = _release_fence(offs_n)
+        f = release_fence(offs_n)
         tl.store(count_ptr + offs_n, f, mask=f < 0)
     tl.debug_barrier()  # every thread's partial stored (and fenced) before the count
     done = tl.atomic_add(count_ptr + tl.program_id(0), 1, sem="acq_rel")
