@@ -124,8 +124,7 @@ def test_plan_free_attention_and_fa2_agree_on_most_greedy_tokens(backend):
 def test_sampled_requests_on_gpu_graphs_draw_with_the_sample_kernel_as_with_torch_ops():
     """Sampled requests (min_tokens over stop ids in half of them) on the tiny model's captured graphs in float32:
     both arms draw with kernels.sample (prefills' first tokens, and the sampling graphs up to its rows) the same
-    tokens, and those of the torch-op sampler (no equal logits in a float32 head). Buckets of 8 and 32 rows: on
-    float32 logits the kernel up to 16 rows, torch's ops above (``faster_than_torch``)."""
+    tokens, and those of the torch-op sampler (no equal logits in a float32 head). Buckets of 8 and 32 rows."""
     adapter = build_adapter("qwen3_5-tiny", seed=0, device="cuda", dtype=torch.float32)
     reqs = random_requests(adapter, 40, prompt_len=(4, 24), gen_len=(6, 14), seed=11, temperature=0.9, top_p=0.9,
                            top_k=16)  # fmt: skip

@@ -16,7 +16,8 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from kernels.sample import sample_rows, sample_rows_ref  # noqa: E402  (after TRITON_INTERPRET)
-from kernels.sample.kernel import BLOCK  # noqa: E402
+from kernels.sample.kernel import BLOCK, GROUPS_A_TILE  # noqa: E402
+from kernels.sample.naive import scaled_logits  # noqa: E402
 from models.engine.sampler import COLUMNS, Sampler  # noqa: E402
 from resplan.layout import BANNED_STOPS, SamplerCell  # noqa: E402
 
@@ -50,17 +51,17 @@ def _cells(g: torch.Generator, b: int, V: int, *, greedy_frac=0.25, ban_frac=0.0
     return cells, positions
 
 
-def _draw(x, cells, positions, out_dtype=torch.int64, rows_a_launch=None):
+def _draw(x, cells, positions, out_dtype=torch.int64, rows_a_launch=None, **kw):
     b, V = x.shape
     out = torch.full((b,), -7, dtype=out_dtype, device=x.device)
-    head = torch.full((b, min(V, 256)), -7, dtype=torch.int64, device=x.device)
-    sample_rows(x, cells.to(x.device), positions.to(x.device), COLUMNS, out, head, rows_a_launch=rows_a_launch)
+    head = torch.full((b, min(V, kw.get("candidates", 256))), -7, dtype=torch.int64, device=x.device)
+    sample_rows(x, cells.to(x.device), positions.to(x.device), COLUMNS, out, head, rows_a_launch=rows_a_launch, **kw)
     return out.cpu().long(), head.cpu()
 
 
-def _check(x, cells, positions, out_dtype=torch.int64, rows_a_launch=None):
-    tokens, head = _draw(x, cells, positions, out_dtype, rows_a_launch)
-    want_tokens, want_head = sample_rows_ref(x.cpu(), cells, positions, COLUMNS)
+def _check(x, cells, positions, out_dtype=torch.int64, rows_a_launch=None, **kw):
+    tokens, head = _draw(x, cells, positions, out_dtype, rows_a_launch, **kw)
+    want_tokens, want_head = sample_rows_ref(x.cpu(), cells, positions, COLUMNS, kw.get("candidates", 256))
     assert torch.equal(head, want_head), (head != want_head).nonzero()[:5]
     assert torch.equal(tokens, want_tokens), (tokens, want_tokens)
 
@@ -69,13 +70,47 @@ def _check(x, cells, positions, out_dtype=torch.int64, rows_a_launch=None):
 @pytest.mark.parametrize("V", [7, 200, 256, 3000, 2 * BLOCK + 123])
 def test_draws_equal_the_reference_on_random_rows(V, dtype):
     """Random logits (ties improbable in float32, frequent in bf16) in every sampling regime, stop ids banned in half
-    the rows: the same head (ids, in order) and the same token as the reference; the rows drawn 4 a launch pair
+    the rows: the same head (ids, in order) and the same token as the reference; the rows drawn 4 a launch group
     (as a batch larger than the workspace is) where the vocabulary is 3000."""
     g = torch.Generator().manual_seed(V)
     b = 6
     x = (torch.randn(b, V, generator=g) * 4).to(dtype).to(DEVICE)
     cells, positions = _cells(g, b, V, ban_frac=0.5)
     _check(x, cells, positions, rows_a_launch=4 if V == 3000 else None)
+
+
+def _kept_a_tile(x, cells, positions, K):
+    """[b, tiles]: the keys each tile keeps for the row's select (``kernel``'s module doc, re-derived here on the
+    scaled values, whose order is the keys'): those >= the K-th largest group maximum, at most K. The tail past V is
+    -inf here (key 0 in the kernel: the two differ only where fewer than K groups hold a logit)."""
+    b, V = x.shape
+    block = min(BLOCK, 1 << (V - 1).bit_length())
+    tiles = -(-V // block)
+    s = torch.full((b, tiles * block), float("-inf"))
+    s[:, :V] = scaled_logits(x.cpu().float(), cells, positions, COLUMNS)
+    gmax = s.view(b, tiles * min(GROUPS_A_TILE, block), -1).amax(-1)
+    low = gmax.topk(K, dim=-1).values[:, -1:] if gmax.shape[1] >= K else float("-inf")  # (too few groups: every key)
+    return (s >= low).view(b, tiles, block).sum(-1).clamp(max=K)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("candidates, fast_slots", [(16, 48), (256, 16)])
+def test_rows_whose_tiles_keep_more_than_the_fast_select_reads(candidates, fast_slots, dtype):
+    """The row's select over the few slots a tile it reads where each tile kept few keys, and over every tile's K
+    slots where one kept more (here 12 and 4 slots a tile of 4): with a head of 16, a batch holding rows of both kinds
+    (some rows' heads clustered in one tile); with a head of 256, every row of the second. The same head and token as
+    the reference."""
+    V = 2 * BLOCK + 123
+    g = torch.Generator().manual_seed(5 + candidates)
+    b = 6
+    x = torch.randn(b, V, generator=g) * 4
+    x[:2, 100:140] += 40.0  # (two rows' heads in tile 0)
+    x = x.to(dtype).to(DEVICE)
+    cells, positions = _cells(g, b, V, ban_frac=0.5)
+    kept = _kept_a_tile(x, cells, positions, candidates).amax(-1)  # [b]
+    fast_w = fast_slots // 4
+    assert (kept > fast_w).any() and ((kept <= fast_w).any() or candidates == 256), kept
+    _check(x, cells, positions, candidates=candidates, fast_slots=fast_slots)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
@@ -97,14 +132,14 @@ def test_rows_of_minus_inf_and_a_nan():
     g = torch.Generator().manual_seed(2)
     x = torch.randn(4, V, generator=g)
     x[0] = float("-inf")
-    x[0, 4321] = 1.0
+    x[0, V - 50] = 1.0  # (in the second tile)
     x[1] = float("-inf")
     x[2, 999] = float("nan")
     cells, positions = _cells(g, 4, V, greedy_frac=0.0)
     cells[2, SamplerCell.TEMPERATURE] = 0
     tokens, head = _draw(x.to(DEVICE), cells, positions)
     want_tokens, want_head = sample_rows_ref(x, cells, positions, COLUMNS)
-    assert tokens[0] == 4321 and tokens[2] == 999
+    assert tokens[0] == V - 50 and tokens[2] == 999
     assert torch.equal(head[[0, 2]], want_head[[0, 2]]) and torch.equal(tokens[[0, 1, 2]], want_tokens[[0, 1, 2]])
 
 

@@ -4,7 +4,7 @@ token buffer.
 ``kernel``: the Triton kernels and their wrapper; ``naive``: the reference and the noise's hash.
 """
 
-from kernels.sample.kernel import faster_than_torch, sample_rows
+from kernels.sample.kernel import sample_rows
 from kernels.sample.naive import CellColumns, sample_rows_ref
 
-__all__ = ["CellColumns", "faster_than_torch", "sample_rows", "sample_rows_ref"]
+__all__ = ["CellColumns", "sample_rows", "sample_rows_ref"]

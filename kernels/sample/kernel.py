@@ -1,20 +1,29 @@
-"""A sampled step's draw over the whole vocabulary in two launches: each row's head (its ``K`` largest scaled logits,
-ordered by value descending then id ascending, a NaN the largest) found exactly without sorting the vocabulary, then
-top-k, top-p and the Gumbel-max draw on the head, as ``naive.sample_rows_ref``.
+"""A sampled step's draw over the whole vocabulary in three launches: each row's head (its ``K`` largest scaled
+logits, ordered by value descending then id ascending, a NaN the largest) found exactly without sorting the
+vocabulary, then top-k, top-p and the Gumbel-max draw on the head, as ``naive.sample_rows_ref``.
 
-``_select_tile_kernel``, one program a (row, tile of ``BLOCK`` logits): sets the row's banned stop ids to -inf, maps
-each value to a key whose unsigned order is the value's, and keeps the tile's ``K`` largest keys by a radix select
-(8-bit digits from the top, each a 256-bin histogram of the keys still tied with the threshold's digits so far; the
-threshold's ties go to the first indices), written in index order into the row's candidates. Float32 logits are
-scaled first (logits / temperature; a temperature of 0 divides by 1) and keyed by 32 bits, four digits; bf16 logits
-are keyed unscaled by their own 16 bits, two digits (a positive temperature keeps their order and their ties, and
-the second launch scales the head). ``_draw_row_kernel``, one program a row: the same select
-over the row's tiles' candidates (in index order: tile t's before tile t + 1's) gives the head, which it sorts (K keys,
-each packed with its id), then draws.
+Every logit is mapped to a key whose unsigned order is the value's (float32 logits scaled first: logits / temperature,
+a temperature of 0 dividing by 1, keyed by 32 bits; bf16 logits keyed unscaled by their own 16 bits, since a positive
+temperature keeps their order and their ties; a row's banned stop ids -inf). Then:
 
-Why: the torch sampler (``topk`` of 256 over 248,320 logits, then ~20 small ops) cost 236 us at one row and 602 at 64
-on an H100, a quarter of a sampled decode step; this draw, on bf16 logits, 61 and 453 (``faster_than_torch``;
-models/bench/results/sampler-h100/).
+1. ``_group_max_kernel``, one program a (row, tile of ``BLOCK`` logits): the tile's keys in ``GROUPS_A_TILE`` groups,
+   each group's largest key. K disjoint groups whose maxima are >= b hold K keys >= b, so the K-th largest group
+   maximum of a row, ``low``, is at most its K-th largest key: the head lies among the keys >= ``low``. On a row of
+   ~1000 groups only ~300 keys reach it (random logits, normal or heavy-tailed).
+2. ``_tile_head_kernel``, one program a (row, tile): ``low`` from the row's group maxima (a radix select: 8-bit digits
+   from the top, each a 256-bin histogram of the keys still tied with the threshold's digits so far), then the tile's
+   keys >= ``low`` written in index order into the tile's K slots; a tile holding more than K of them keeps its K
+   largest by the same select over the tile (ties at the threshold to the first indices).
+3. ``_draw_row_kernel``, one program a row: where every tile of the row kept at most ``FAST_W`` keys, the select of
+   the head runs over those few slots a tile (``FAST_SLOTS`` in all), else over every tile's K slots; either in index
+   order, so that ties go to the first ids. It sorts the head (K keys, each packed with its id) and draws.
+
+Why: the torch sampler (``topk`` of 256 over 248,320 logits, then ~20 small ops) cost 238 / 324 / 605 us at 1 / 16 /
+64 rows on an H100, a quarter of a sampled decode step; the two-launch form before this one (every tile's K largest by
+the radix select over the whole tile: ~40 us a program, one program an SM) 55 / 133 / 448 us on bf16 logits; this one
+25 / 43 / 127 (float32: 37 / 64 / 177), and 430 at 256 rows against torch's 1582. Where a row's head clusters in one
+tile (its 400 largest logits on consecutive ids) that tile selects its K largest and the row reads every tile's slots:
+91 us at one row (models/bench/results/sampler-h100/three-launches.md).
 """
 
 from __future__ import annotations
@@ -23,15 +32,21 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.fence import release_fence
 from kernels.pdl import launch_options, pdl_wait
-from kernels.runtime import stream_workspace
+from kernels.runtime import interpreted, stream_workspace
 from kernels.sample.naive import CellColumns
 from kernels.tiles import load_row_tile
 
-BLOCK = 8192  # logits a program of the first launch selects from
-TILE_WARPS = 16  # warps a program of the first launch
-ROW_WARPS = 16  # and of the second (BLOCK and both warps: the fastest of 4096-16384 x 8-32 at 1, 16 and 64 rows, H100)
-MAX_CANDIDATES = 1 << 22  # (key, id) candidates the workspace holds: rows x tiles x K of one launch pair
+# (the tile, groups, warps and fast slots: the fastest of 11 sweeps at 1, 16 and 64 rows on an H200, bf16)
+BLOCK = 4096  # logits a tile
+GROUPS_A_TILE = 16  # groups a tile's logits are split in for the lower bound (of 256 logits each: ~1000 a row)
+GROUP_WARPS = 8  # warps a program of the first launch
+TILE_WARPS = 4  # of the second
+ROW_WARPS = 8  # of the third
+FAST_SLOTS = 1024  # candidates a row's select reads where each tile kept <= FAST_SLOTS / tiles (tiles to 2^n)
+MAX_CANDIDATES = 1 << 22  # (key, id) candidates the workspace holds: rows x tiles x K of one launch group
+MAX_ROWS = 4096  # rows one launch group draws at most (each row's bound and count)
 MAX_ID = 2**31 - 1  # vocabularies hold fewer logits than this (ids are int32)
 _NO_ID = tl.constexpr(-1)  # the id of an empty candidate slot
 _MAX_ID = tl.constexpr(MAX_ID)
@@ -54,9 +69,10 @@ def _value(k):
 
 
 @triton.jit
-def _select(k, valid, need, BITS: tl.constexpr):
-    """The mask of the ``need`` largest of keys ``k`` (a 1-d block of uint32 below 2^BITS; ``valid`` masks the real
-    ones), ties at the threshold going to the first positions; every valid key where fewer than ``need`` are valid."""
+def _radix(k, valid, need, BITS: tl.constexpr):
+    """(the mask of the valid keys equal to the ``need``-th largest of keys ``k``, how many valid keys are larger):
+    a radix select over ``k`` (a 1-d block of uint32 below 2^BITS; ``valid`` masks the real ones). Where fewer than
+    ``need`` are valid the mask is empty."""
     bins = tl.arange(0, 512)
     match = valid
     above = need * 0  # keys found above the threshold so far (`match`: those still tied with its digits)
@@ -69,7 +85,21 @@ def _select(k, valid, need, BITS: tl.constexpr):
         d = tl.sum((s >= need - above).to(tl.int32), axis=0) - 1  # the threshold's digit (+256); -1: too few
         above += tl.sum(tl.where(bins == d, s - h, 0), axis=0)
         match = match & (digit == d - 256)
-    ties = match  # keys equal to the threshold
+    return match, above
+
+
+@triton.jit
+def _kth_key(k, valid, need, BITS: tl.constexpr):
+    """The ``need``-th largest of the valid keys ``k`` (``_radix``), 0 where fewer are valid."""
+    match, above = _radix(k, valid, need, BITS)
+    return tl.max(tl.where(match, k, 0), axis=0)
+
+
+@triton.jit
+def _select(k, valid, need, BITS: tl.constexpr):
+    """The mask of the ``need`` largest of keys ``k`` (a 1-d block of uint32 below 2^BITS; ``valid`` masks the real
+    ones), ties at the threshold going to the first positions; every valid key where fewer than ``need`` are valid."""
+    ties, above = _radix(k, valid, need, BITS)  # (ties: the keys equal to the threshold)
     rank = tl.cumsum(ties.to(tl.int32), axis=0) - 1
     thr = tl.max(tl.where(ties, k, 0), axis=0)
     take = (valid & (k > thr)) | (ties & (rank < need - above))
@@ -92,10 +122,71 @@ def _compact(take, k, ids, key_ptr, id_ptr, SLOTS: tl.constexpr, SLOTS_PAD: tl.c
 
 
 @triton.jit
-def _select_tile_kernel(
+def _keys(v, at, r, cells_ptr, pos_ptr, WIDTH: tl.constexpr, TEMPERATURE: tl.constexpr, MIN_POSITION: tl.constexpr,
+          STOP_0: tl.constexpr, STOPS: tl.constexpr, BITS: tl.constexpr):  # fmt: skip
+    """The keys (uint32 below 2^BITS) of row r's logits ``v`` (float32, any shape) at ids ``at``, as the module doc
+    says: a banned stop id's logit -inf."""
+    cell = cells_ptr + r * WIDTH
+    if BITS == 32:  # (bf16 logits are keyed unscaled: a positive temperature keeps their order and their ties)
+        temp = tl.load(cell + TEMPERATURE).to(tl.float32, bitcast=True)
+        v = tl.div_rn(v, tl.where(temp > 0, temp, 1.0))  # (IEEE-rounded, as torch divides)
+    if tl.load(pos_ptr + r).to(tl.int64) < tl.load(cell + MIN_POSITION).to(tl.int64):  # (the row's stops banned)
+        for j in tl.static_range(STOPS):
+            v = tl.where(at == tl.load(cell + STOP_0 + j), float("-inf"), v)
+    return _key(v) >> (32 - BITS)  # (a bf16 value's float32 bits end in 16 zeros: its key in the top 16)
+
+
+@triton.jit
+def _group_max_kernel(
     x_ptr,  # [rows, V] logits
     cells_ptr,  # [rows, WIDTH] int32
     pos_ptr,  # [rows] int: each row's position
+    gmax_ptr,  # [rows, TILES, GROUPS] uint32: each group's largest key
+    low_ptr,  # [rows] uint32: each row's K-th largest group maximum (its last program to finish writes it)
+    count_ptr,  # [rows] int32: the row's programs done (0 before and after the launch)
+    V,
+    x_r,
+    TILES: tl.constexpr,
+    GROUPS: tl.constexpr,  # groups a tile (a power of two dividing BLOCK)
+    G_PAD: tl.constexpr,  # >= TILES * GROUPS, a power of two
+    K: tl.constexpr,  # the head's length: min(V, candidates)
+    BLOCK: tl.constexpr,
+    WIDTH: tl.constexpr,  # the cells' columns (CellColumns)
+    TEMPERATURE: tl.constexpr,
+    MIN_POSITION: tl.constexpr,
+    STOP_0: tl.constexpr,
+    STOPS: tl.constexpr,
+    BITS: tl.constexpr,  # 16: bf16 logits, keyed by their own 16 bits; 32: the scaled float32 values
+    FENCE: tl.constexpr,  # compiled: each thread's maxima stored GPU-wide before the count
+    PDL: tl.constexpr,
+):
+    pdl_wait(PDL)  # kernels/pdl.py: the logits are the step's lm_head output
+    r = tl.program_id(0)
+    # the tile as [GROUPS, BLOCK // GROUPS]: a group a line
+    at = tl.program_id(1) * BLOCK + tl.arange(0, GROUPS)[:, None] * (BLOCK // GROUPS) + tl.arange(0, BLOCK // GROUPS)
+    valid = at < V
+    v = tl.load(x_ptr + r.to(tl.int64) * x_r + at, mask=valid, other=0.0).to(tl.float32)
+    k = tl.where(valid, _keys(v, at, r, cells_ptr, pos_ptr, WIDTH, TEMPERATURE, MIN_POSITION, STOP_0, STOPS, BITS), 0)
+    g = tl.arange(0, GROUPS)
+    tl.store(gmax_ptr + (r * TILES + tl.program_id(1)) * GROUPS + g, tl.max(k, axis=1))
+    if FENCE:  # the asm's value is never stored (no lane passes the mask); the store keeps the fence in place
+        f = release_fence(g)
+        tl.store(count_ptr + r + g, f, mask=f < 0)
+    tl.debug_barrier()  # every thread's maxima stored (and fenced) before the count
+    if tl.atomic_add(count_ptr + r, 1, sem="acq_rel") == TILES - 1:  # the row's last program: its bound
+        c = tl.arange(0, G_PAD)
+        groups = c < TILES * GROUPS
+        gmax = tl.load(gmax_ptr + r * (TILES * GROUPS) + c, mask=groups, other=0, cache_modifier=".cg")  # (from L2)
+        tl.store(low_ptr + r, _kth_key(gmax, groups, K, BITS))
+        tl.store(count_ptr + r, 0)
+
+
+@triton.jit
+def _tile_head_kernel(
+    x_ptr,  # [rows, V] logits
+    cells_ptr,  # [rows, WIDTH] int32
+    pos_ptr,  # [rows] int
+    low_ptr,  # [rows] uint32
     cand_k_ptr,  # [rows, TILES, K] uint32 keys
     cand_i_ptr,  # [rows, TILES, K] int32 ids (-1: empty)
     V,
@@ -104,26 +195,20 @@ def _select_tile_kernel(
     K: tl.constexpr,  # the head's length: min(V, candidates)
     K_PAD: tl.constexpr,
     BLOCK: tl.constexpr,
-    WIDTH: tl.constexpr,  # the cells' columns (CellColumns)
+    WIDTH: tl.constexpr,
     TEMPERATURE: tl.constexpr,
     MIN_POSITION: tl.constexpr,
     STOP_0: tl.constexpr,
     STOPS: tl.constexpr,
-    BITS: tl.constexpr,  # 16: bf16 logits, keyed by their own 16 bits (two digits); 32: the scaled float32 values
+    BITS: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    pdl_wait(PDL)  # kernels/pdl.py: the logits are the step's lm_head output
+    pdl_wait(PDL)  # the bounds are the first launch's
     r, at, valid, v = load_row_tile(x_ptr, x_r, V, BLOCK)
-    cell = cells_ptr + r * WIDTH
-    temp = tl.load(cell + TEMPERATURE).to(tl.float32, bitcast=True)
-    if BITS == 32:  # (bf16 logits are keyed unscaled: a positive temperature keeps their order and their ties)
-        v = tl.div_rn(v, tl.where(temp > 0, temp, 1.0))  # (IEEE-rounded, as torch divides)
-    banned = tl.load(pos_ptr + r).to(tl.int64) < tl.load(cell + MIN_POSITION).to(tl.int64)
-    for j in tl.static_range(STOPS):
-        stop = tl.load(cell + STOP_0 + j)
-        v = tl.where(banned & (at == stop), float("-inf"), v)
-    k = _key(v) >> (32 - BITS)  # (a bf16 value's float32 bits end in 16 zeros: its key in the top 16)
-    take = _select(k, valid, K, BITS)
+    k = _keys(v, at, r, cells_ptr, pos_ptr, WIDTH, TEMPERATURE, MIN_POSITION, STOP_0, STOPS, BITS)
+    take = valid & (k >= tl.load(low_ptr + r))  # (every key of the row's head; ~300 a row of random logits)
+    if tl.sum(take.to(tl.int32), axis=0) > K:  # (the tile's own K largest hold all of the head it has)
+        take = _select(k, take, K, BITS)
     base = (r * TILES + tl.program_id(1)) * K
     _compact(take, k, at, cand_k_ptr + base, cand_i_ptr + base, K, K_PAD)
 
@@ -136,6 +221,17 @@ def _hash32(x):
     x = x ^ (x >> 15)
     x = x * 0x846CA68B
     return x ^ (x >> 16)
+
+
+@triton.jit
+def _head(cand_k_ptr, cand_i_ptr, at, inside, head_k_ptr, head_i_ptr, K: tl.constexpr, K_PAD: tl.constexpr,
+          BITS: tl.constexpr):  # fmt: skip
+    """The ``K`` largest of the candidates at ``at`` (a 1-d block in id order; ``inside`` masks the real slots, an
+    empty one holds id -1), ties to the first, stored in index order in the head's ``K_PAD`` slots."""
+    k = tl.load(cand_k_ptr + at, mask=inside, other=0)
+    ids = tl.load(cand_i_ptr + at, mask=inside, other=_NO_ID)
+    take = _select(k, ids >= 0, K, BITS)
+    _compact(take, k, ids, head_k_ptr, head_i_ptr, K_PAD, K_PAD)
 
 
 @triton.jit
@@ -152,6 +248,9 @@ def _draw_row_kernel(
     K: tl.constexpr,
     K_PAD: tl.constexpr,
     N_PAD: tl.constexpr,  # >= TILES * K, a power of two
+    TILES_PAD: tl.constexpr,  # >= TILES, a power of two
+    FAST_W: tl.constexpr,  # slots a tile the fast select reads (<= K)
+    FAST_W_PAD: tl.constexpr,  # >= FAST_W, a power of two
     TOP: tl.constexpr,
     WIDTH: tl.constexpr,  # the cells' columns (CellColumns)
     TEMPERATURE: tl.constexpr,
@@ -161,14 +260,27 @@ def _draw_row_kernel(
     BITS: tl.constexpr,  # the first launch's keys (16: unscaled bf16 values)
     PDL: tl.constexpr,
 ):
-    pdl_wait(PDL)  # the candidates are the first launch's
+    pdl_wait(PDL)  # the candidates are the second launch's
     r = tl.program_id(0)
-    c = tl.arange(0, N_PAD)
-    inside = c < TILES * K
-    k = tl.load(cand_k_ptr + r * (TILES * K) + c, mask=inside, other=0)
-    ids = tl.load(cand_i_ptr + r * (TILES * K) + c, mask=inside, other=_NO_ID)
-    take = _select(k, ids >= 0, K, BITS)  # (candidates in id order: ties at the threshold go to the first ids)
-    _compact(take, k, ids, head_k_ptr + r * K_PAD, head_i_ptr + r * K_PAD, K_PAD, K_PAD)
+    row = r * (TILES * K)
+    if FAST_W < K:  # a tile that kept more than FAST_W keys has its slot FAST_W filled
+        t = tl.arange(0, TILES_PAD)
+        over = tl.load(cand_i_ptr + row + t * K + FAST_W, mask=t < TILES, other=_NO_ID) >= 0
+        spilled = tl.sum(over.to(tl.int32), axis=0)
+    else:
+        spilled = 0
+    # either way the candidates are read in id order (tile t's before tile t + 1's): ties at the threshold go to the
+    # first ids
+    # (the branches name their blocks apart: a name both assign must keep one shape across them)
+    if spilled == 0:
+        few = tl.arange(0, TILES_PAD * FAST_W_PAD)
+        _head(cand_k_ptr, cand_i_ptr, row + (few // FAST_W_PAD) * K + few % FAST_W_PAD,
+              (few // FAST_W_PAD < TILES) & (few % FAST_W_PAD < FAST_W), head_k_ptr + r * K_PAD,
+              head_i_ptr + r * K_PAD, K, K_PAD, BITS)  # fmt: skip
+    else:
+        every = tl.arange(0, N_PAD)
+        _head(cand_k_ptr, cand_i_ptr, row + every, every < TILES * K, head_k_ptr + r * K_PAD, head_i_ptr + r * K_PAD,
+              K, K_PAD, BITS)  # fmt: skip
     tl.debug_barrier()  # the head's slots, written above by the program's threads, read below by others
     slot = tl.arange(0, K_PAD)
     hk = tl.load(head_k_ptr + r * K_PAD + slot)
@@ -218,21 +330,17 @@ def _draw_row_kernel(
         tl.store(top_ptr + r * K + slot, hi.to(tl.int64), mask=slot < K)
 
 
-def faster_than_torch(rows: int, dtype: torch.dtype) -> bool:
-    """Whether this draw was measured faster than the torch sampler's at ``rows`` rows of ``dtype`` logits (an H100,
-    the 0.8B vocabulary): bf16 keys of 16 bits at every row count (61 / 138 / 453 us against 236 / 324 / 602 at 1 / 16
-    / 64 rows); 32-bit keys (float32 logits) up to 16 rows (94 / 221 us against 236 / 324; 755 against 602 at 64:
-    four histograms a program, one program an SM, are the time). models/bench/results/sampler-h100/."""
-    return dtype == torch.bfloat16 or rows <= 16
-
-
 def _buffers(device: torch.device) -> tuple[torch.Tensor, ...]:
-    """Candidate keys and ids [MAX_CANDIDATES], head keys and ids [MAX_CANDIDATES // 8]. Every launch writes what it
-    reads: nothing carries over."""
+    """Candidate keys and ids [MAX_CANDIDATES], head keys and ids [MAX_CANDIDATES // 8], group maxima
+    [MAX_CANDIDATES // 8], rows' bounds and counts [MAX_ROWS]. Every launch writes what it reads, but for the counts,
+    which start at 0 and which each row's last program sets back to 0."""
     return (torch.empty(MAX_CANDIDATES, dtype=torch.uint32, device=device),
             torch.empty(MAX_CANDIDATES, dtype=torch.int32, device=device),
             torch.empty(MAX_CANDIDATES // 8, dtype=torch.uint32, device=device),
-            torch.empty(MAX_CANDIDATES // 8, dtype=torch.int32, device=device))  # fmt: skip
+            torch.empty(MAX_CANDIDATES // 8, dtype=torch.int32, device=device),
+            torch.empty(MAX_CANDIDATES // 8, dtype=torch.uint32, device=device),
+            torch.empty(MAX_ROWS, dtype=torch.uint32, device=device),
+            torch.zeros(MAX_ROWS, dtype=torch.int32, device=device))  # fmt: skip
 
 
 _workspace = stream_workspace("sampler workspace", _buffers)  # (kernels.runtime: one a stream, made before capture)
@@ -247,11 +355,12 @@ def sample_rows(
     head: torch.Tensor | None = None,  # [rows, min(V, candidates)] int64: the head's ids in order, where given
     candidates: int = 256,
     pdl: bool | None = None,  # launch with PDL (kernels.pdl); None reads the process default: an engine passes a bool
-    rows_a_launch: int | None = None,  # rows one launch pair draws; None: as many as the workspace holds
+    rows_a_launch: int | None = None,  # rows one launch group draws; None: as many as the workspace holds
+    fast_slots: int = FAST_SLOTS,  # candidates a row's fast select reads (tests set it small to take the other path)
 ) -> torch.Tensor:
     """out[r] = the token row r draws (``naive.sample_rows_ref``: its head of ``candidates`` by top-k, top-p and
     Gumbel-max; the head's first at temperature 0); ``head`` its head's ids, largest first. See the module doc. Rows
-    beyond what the workspace holds at once (~528 of a 248k vocabulary) are drawn by further launch pairs."""
+    beyond what the workspace holds at once (~528 of a 248k vocabulary) are drawn by further launch groups."""
     rows, V = logits.shape
     K = min(V, candidates)
     assert logits.stride(-1) == 1 and cells.shape == (rows, cols.width) and cells.dtype == torch.int32, (
@@ -269,8 +378,11 @@ def sample_rows(
     block = min(BLOCK, triton.next_power_of_2(V))
     tiles = triton.cdiv(V, block)
     K_PAD = triton.next_power_of_2(K)
-    cand_k, cand_i, head_k, head_i = _workspace(logits.device)
-    fits = min(cand_k.numel() // (tiles * K), head_k.numel() // K_PAD)
+    groups = min(GROUPS_A_TILE, block)
+    tiles_pad = triton.next_power_of_2(tiles)
+    fast_w = min(K, max(1, fast_slots // tiles_pad))
+    cand_k, cand_i, head_k, head_i, gmax, low, count = _workspace(logits.device)
+    fits = min(cand_k.numel() // (tiles * K), head_k.numel() // K_PAD, gmax.numel() // (tiles * groups), MAX_ROWS)
     assert fits > 0, f"a row of {tiles} tiles of {K} candidates: more than the sampler's workspace holds"
     step = min(fits, rows_a_launch or fits)
     bits = 16 if logits.dtype == torch.bfloat16 else 32
@@ -279,12 +391,16 @@ def sample_rows(
         n = min(step, rows - r0)
         x, c, p, o = logits[r0 : r0 + n], cells[r0 : r0 + n], positions[r0 : r0 + n], out[r0 : r0 + n]
         h = head[r0 : r0 + n] if head is not None else o
-        _select_tile_kernel[(n, tiles)](x, c, p, cand_k, cand_i, V, x.stride(0), TILES=tiles, K=K, K_PAD=K_PAD,
-                                        BLOCK=block, WIDTH=cols.width, TEMPERATURE=cols.temperature,
-                                        MIN_POSITION=cols.min_position, STOP_0=cols.stop_0, STOPS=cols.stops, BITS=bits,
-                                        num_warps=TILE_WARPS, **opts)  # fmt: skip
+        keyed = dict(BLOCK=block, WIDTH=cols.width, TEMPERATURE=cols.temperature, MIN_POSITION=cols.min_position,
+                     STOP_0=cols.stop_0, STOPS=cols.stops, BITS=bits)  # fmt: skip
+        _group_max_kernel[(n, tiles)](x, c, p, gmax, low, count, V, x.stride(0), TILES=tiles, GROUPS=groups,
+                                      G_PAD=triton.next_power_of_2(tiles * groups), K=K, **keyed,
+                                      FENCE=not interpreted(), num_warps=GROUP_WARPS, **opts)  # fmt: skip
+        _tile_head_kernel[(n, tiles)](x, c, p, low, cand_k, cand_i, V, x.stride(0), TILES=tiles, K=K, K_PAD=K_PAD,
+                                      **keyed, num_warps=TILE_WARPS, **opts)  # fmt: skip
         _draw_row_kernel[(n,)](cand_k, cand_i, head_k, head_i, c, p, o, h, TILES=tiles, K=K, K_PAD=K_PAD,
-                               N_PAD=triton.next_power_of_2(tiles * K), TOP=head is not None, WIDTH=cols.width,
+                               N_PAD=triton.next_power_of_2(tiles * K), TILES_PAD=tiles_pad, FAST_W=fast_w,
+                               FAST_W_PAD=triton.next_power_of_2(fast_w), TOP=head is not None, WIDTH=cols.width,
                                TEMPERATURE=cols.temperature, TOP_P=cols.top_p, TOP_K=cols.top_k, SEED=cols.seed,
                                BITS=bits, num_warps=ROW_WARPS, **opts)  # fmt: skip
     return out

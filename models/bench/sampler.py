@@ -4,9 +4,9 @@
 
 Each form runs in a CUDA graph on fresh bf16 logits [rows, vocab] (the lm_head's output) and reports the median replay:
 torch's ``argmax`` and ``kernels.argmax`` (what a greedy decode graph runs), the draw (temperature 0.8, top-k 50,
-top-p 0.95, the Gumbel draw) as ``kernels.sample`` (the engine's ``Sampler`` on CUDA where
-``faster_than_torch``) and as the ``Sampler``'s torch ops, and the candidate
-selection inside the latter: ``topk`` of the 256 most likely tokens in float32 (as it takes it) and in bf16. Before
+top-p 0.95, the Gumbel draw) as ``kernels.sample`` (the engine's ``Sampler`` on CUDA) and as the ``Sampler``'s
+torch ops, and the candidate selection inside the latter: ``topk`` of the 256 most likely tokens in float32 (as it
+takes it) and in bf16. Before
 timing, the two samplers' tokens are compared (they differ only where a row's head holds equal logits).
 """
 

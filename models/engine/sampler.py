@@ -6,9 +6,9 @@ to the top-k, then to the smallest head of the sorted distribution whose mass re
 Gumbel-max with noise from a counter-based hash of (seed, position, token id) (``kernels.sample.naive``). Sampling
 looks at the ``CANDIDATES`` most likely tokens only (submission refuses a top-k above it; top-p's mass is taken within
 them): a full sort of a 248k vocabulary every step cost milliseconds of GPU time at c=64. On CUDA the draw is
-``kernels.sample`` (the head found by a radix select, two launches; ``KernelChoices.sampler``) where it was measured
-faster: bf16 logits at any row count, float32 up to 16 rows; else torch's ``topk`` of 256 and ~20 small ops (236 us
-on an H100 at one row and 602 at 64, against the kernel's 61 and 453 on bf16 logits); the two
+``kernels.sample`` (the head found without sorting the vocabulary, three launches; ``KernelChoices.sampler``), else
+torch's ``topk`` of 256 and ~20 small ops (238 us on an H100 at one row and 605 at 64, against the kernel's 25 and 127
+on bf16 logits, 37 and 177 on float32; faster at every row count measured, 1 to 256); the two
 draw alike but where equal logits straddle a top-k or top-p cut in the head (the kernel orders them by id). The same
 ``Sampler`` samples a prefill's first token and every decode token, so both planning arms (and any batch a row lands
 in) draw the same token from the same logits. A row under its ``min_tokens`` draws with its stop tokens at -inf
@@ -30,7 +30,7 @@ import torch
 
 from kernels.argmax import argmax_rows
 from kernels.choices import DEFAULT, KernelChoices
-from kernels.sample import CellColumns, faster_than_torch, sample_rows
+from kernels.sample import CellColumns, sample_rows
 from kernels.sample.naive import draw_head, scaled_logits, token_salt
 from models.engine.requests import CANDIDATES, MAX_LOGPROBS  # the tokens a row draws from; top logprobs kept
 from resplan.layout import BANNED_STOPS, SamplerCell
@@ -60,9 +60,8 @@ def greedy(logits: torch.Tensor, out: torch.Tensor, kc: KernelChoices) -> None:
 class Sampler:
     """``sampler(logits [b, V], cells [b, len(SamplerCell)] int32, positions [b] int[, out]) -> tokens [b] int64``
     (into ``out`` where given); ``draw`` also returns the candidates. On CUDA where the choices ask for it
-    (``KernelChoices.draws_sample_kernel``) the draw is ``kernels.sample`` (two launches, the head found without
-    sorting the vocabulary; its order among equal logits is by id) where it is measured faster
-    (``faster_than_torch``: bf16 logits at any row count, float32 up to 16 rows), else in torch ops (``topk``)."""
+    (``KernelChoices.draws_sample_kernel``) the draw is ``kernels.sample`` (the head found without sorting the
+    vocabulary; its order among equal logits is by id), else in torch ops (``topk``)."""
 
     def __init__(self, vocab_size: int, device: torch.device | str, kc: KernelChoices = DEFAULT) -> None:
         device = torch.device(device)
@@ -74,7 +73,7 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, cells: torch.Tensor, positions: torch.Tensor,
                  out: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         """The tokens [b] int64, written into ``out`` where given (the kernel writes them there, and no head)."""
-        if self._kernel_draws(logits):
+        if self.kernel:
             out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device) if out is None else out
             return sample_rows(logits, cells, positions, COLUMNS, out, candidates=CANDIDATES, pdl=self.pdl)
         tokens = self.draw(logits, cells, positions)[0]
@@ -85,7 +84,7 @@ class Sampler:
         """The tokens [b] int64, and the candidates they were drawn from: [b, min(V, CANDIDATES)] int64 ids, most
         likely first."""
         K = min(self.vocab_size, CANDIDATES)
-        if self._kernel_draws(logits):
+        if self.kernel:
             tokens = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
             head = torch.empty(logits.shape[0], K, dtype=torch.int64, device=logits.device)
             sample_rows(logits, cells, positions, COLUMNS, tokens, head, candidates=CANDIDATES, pdl=self.pdl)
@@ -96,9 +95,6 @@ class Sampler:
         vals, idx = scaled.topk(K, dim=-1)  # [b, K] descending
         drawn = draw_head(vals, idx, cells, positions, COLUMNS, self.salt[idx])
         return torch.where(temp > 0, drawn, greedy), idx
-
-    def _kernel_draws(self, logits: torch.Tensor) -> bool:
-        return self.kernel and faster_than_torch(logits.shape[0], logits.dtype)
 
 
 def logprobs(logits: torch.Tensor, tokens: torch.Tensor,
