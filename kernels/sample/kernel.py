@@ -23,7 +23,7 @@ Why: the torch sampler (``topk`` of 256 over 248,320 logits, then ~20 small ops)
 the radix select over the whole tile: ~40 us a program, one program an SM) 55 / 133 / 448 us on bf16 logits; this one
 25 / 43 / 127 (float32: 37 / 64 / 177), and 430 at 256 rows against torch's 1582. Where a row's head clusters in one
 tile (its 400 largest logits on consecutive ids) that tile selects its K largest and the row reads every tile's slots:
-91 us at one row (models/bench/results/sampler-h100/three-launches.md).
+91 us at one row (models/bench/results/sampler-three-launches/).
 """
 
 from __future__ import annotations
