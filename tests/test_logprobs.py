@@ -13,6 +13,8 @@ import pytest
 import torch
 from test_engine import QWEN
 
+from kernels.choices import KernelChoices
+from kernels.runtime import interpreted
 from models.engine import (
     Engine,
     EngineConfig,
@@ -88,6 +90,25 @@ def test_logprobs_are_log_softmax_of_the_raw_logits_and_temperature_0_draws_the_
         assert lp.dtype == top.dtype == torch.float32 and ids.dtype == torch.int64 and ids.shape == (6, K)
         assert torch.equal(lp, want.gather(1, tokens[:, None])[:, 0])
         assert torch.equal(top, want.topk(K, -1).values) and torch.equal(want.gather(1, ids), top)
+
+
+@pytest.mark.skipif(not interpreted(), reason="the kernel on CPU tensors runs in Triton's interpreter only")
+def test_logprobs_drawn_by_the_kernel_are_log_softmax_up_to_rounding():
+    """``Sampler.draw_logprobs`` with ``kernels.sample`` (its rows' log-sum-exp summed by tiles, a logprob a logit
+    less it) against the torch ops' full log_softmax: the same tokens, logprobs within float32 rounding, and (where
+    no two logits tie: float32) the same top ids; in bf16, whose ties the two order apart, each top id's logprob is
+    log_softmax's."""
+    g = torch.Generator().manual_seed(1)
+    for dtype in (torch.float32, torch.bfloat16):
+        logits = (torch.randn(6, 3000, generator=g) * 3).to(dtype)
+        cells = _cells([0.0] * 3 + [1.0, 0.3, 2.5])
+        tokens, (lp, ids, top) = Sampler(3000, "cpu", KernelChoices(sampler=True)).draw_logprobs(
+            logits, cells, torch.arange(6))  # fmt: skip
+        want_tokens, (want_lp, want_ids, want_top) = Sampler(3000, "cpu").draw_logprobs(logits, cells, torch.arange(6))
+        assert torch.equal(tokens, want_tokens) and (dtype == torch.bfloat16 or torch.equal(ids, want_ids))
+        assert torch.allclose(lp, want_lp, atol=1e-5) and torch.allclose(top, want_top, atol=1e-5)
+        assert torch.allclose(torch.log_softmax(logits.float(), -1).gather(1, ids), top, atol=1e-5)
+        assert not torch.equal(lp, logits.float().gather(1, tokens[:, None])[:, 0])  # (not the raw logits)
 
 
 def test_the_outbox_aligns_logprobs_with_tokens_and_hides_what_was_not_asked():

@@ -144,9 +144,12 @@ def _group_max_kernel(
     gmax_ptr,  # [rows, TILES, GROUPS] uint32: each group's largest key
     low_ptr,  # [rows] uint32: each row's K-th largest group maximum (its last program to finish writes it)
     count_ptr,  # [rows] int32: the row's programs done (0 before and after the launch)
+    part_ptr,  # [rows, TILES, 2] float32: each tile's largest raw logit and its sum of exp(logit - that) (LSE)
+    lse_ptr,  # [rows] float32: log(sum(exp(logits))) of each row's raw logits (LSE)
     V,
     x_r,
     TILES: tl.constexpr,
+    TILES_PAD: tl.constexpr,  # >= TILES, a power of two
     GROUPS: tl.constexpr,  # groups a tile (a power of two dividing BLOCK)
     G_PAD: tl.constexpr,  # >= TILES * GROUPS, a power of two
     K: tl.constexpr,  # the head's length: min(V, candidates)
@@ -157,7 +160,8 @@ def _group_max_kernel(
     STOP_0: tl.constexpr,
     STOPS: tl.constexpr,
     BITS: tl.constexpr,  # 16: bf16 logits, keyed by their own 16 bits; 32: the scaled float32 values
-    FENCE: tl.constexpr,  # compiled: each thread's maxima stored GPU-wide before the count
+    FENCE: tl.constexpr,  # compiled: each thread's maxima (and parts) stored GPU-wide before the count
+    LSE: tl.constexpr,  # the rows' log-sum-exp too (a logprobs step's)
     PDL: tl.constexpr,
 ):
     pdl_wait(PDL)  # kernels/pdl.py: the logits are the step's lm_head output
@@ -166,18 +170,34 @@ def _group_max_kernel(
     at = tl.program_id(1) * BLOCK + tl.arange(0, GROUPS)[:, None] * (BLOCK // GROUPS) + tl.arange(0, BLOCK // GROUPS)
     valid = at < V
     v = tl.load(x_ptr + r.to(tl.int64) * x_r + at, mask=valid, other=0.0).to(tl.float32)
+    if LSE:  # the tile's part of its row's log-sum-exp (raw logits: no temperature, no bans); a NaN or +inf gives NaN
+        raw = tl.where(valid, v, float("-inf"))
+        top = tl.max(tl.max(raw, axis=1), axis=0)
+        tile_sum = tl.sum(tl.sum(tl.exp(raw - tl.where(top == float("-inf"), 0.0, top)), axis=1), axis=0)
+        part = part_ptr + (r * TILES + tl.program_id(1)) * 2
+        tl.store(part, top)
+        tl.store(part + 1, tile_sum)
     k = tl.where(valid, _keys(v, at, r, cells_ptr, pos_ptr, WIDTH, TEMPERATURE, MIN_POSITION, STOP_0, STOPS, BITS), 0)
     g = tl.arange(0, GROUPS)
     tl.store(gmax_ptr + (r * TILES + tl.program_id(1)) * GROUPS + g, tl.max(k, axis=1))
     if FENCE:  # the asm's value is never stored (no lane passes the mask); the store keeps the fence in place
         f = release_fence(g)
         tl.store(count_ptr + r + g, f, mask=f < 0)
-    tl.debug_barrier()  # every thread's maxima stored (and fenced) before the count
+    tl.debug_barrier()  # every thread's maxima (and parts) stored (and fenced) before the count
     if tl.atomic_add(count_ptr + r, 1, sem="acq_rel") == TILES - 1:  # the row's last program: its bound
         c = tl.arange(0, G_PAD)
         groups = c < TILES * GROUPS
         gmax = tl.load(gmax_ptr + r * (TILES * GROUPS) + c, mask=groups, other=0, cache_modifier=".cg")  # (from L2)
         tl.store(low_ptr + r, _kth_key(gmax, groups, K, BITS))
+        if LSE:  # lse = m + log(sum_t s_t exp(m_t - m)), m the largest m_t (a row all -inf: -inf)
+            t = tl.arange(0, TILES_PAD)
+            tops = tl.load(part_ptr + (r * TILES + t) * 2, mask=t < TILES, other=float("-inf"), cache_modifier=".cg")
+            sums = tl.load(part_ptr + (r * TILES + t) * 2 + 1, mask=t < TILES, other=0.0, cache_modifier=".cg")
+            m = tl.max(tops, axis=0)
+            m = tl.where(m == float("-inf"), 0.0, m)
+            total = tl.sum(sums * tl.exp(tops - m), axis=0)  # (0: every logit -inf; NaN: a NaN or +inf among them)
+            lse = tl.where(total > 0, m + tl.log(tl.where(total > 0, total, 1.0)), float("-inf"))
+            tl.store(lse_ptr + r, tl.where(total != total, total, lse))
         tl.store(count_ptr + r, 0)
 
 
@@ -332,15 +352,17 @@ def _draw_row_kernel(
 
 def _buffers(device: torch.device) -> tuple[torch.Tensor, ...]:
     """Candidate keys and ids [MAX_CANDIDATES], head keys and ids [MAX_CANDIDATES // 8], group maxima
-    [MAX_CANDIDATES // 8], rows' bounds and counts [MAX_ROWS]. Every launch writes what it reads, but for the counts,
-    which start at 0 and which each row's last program sets back to 0."""
+    [MAX_CANDIDATES // 8], rows' bounds and counts [MAX_ROWS], tiles' log-sum-exp parts [MAX_CANDIDATES // 8]. Every
+    launch writes what it reads, but for the counts, which start at 0 and which each row's last program sets back to
+    0."""
     return (torch.empty(MAX_CANDIDATES, dtype=torch.uint32, device=device),
             torch.empty(MAX_CANDIDATES, dtype=torch.int32, device=device),
             torch.empty(MAX_CANDIDATES // 8, dtype=torch.uint32, device=device),
             torch.empty(MAX_CANDIDATES // 8, dtype=torch.int32, device=device),
             torch.empty(MAX_CANDIDATES // 8, dtype=torch.uint32, device=device),
             torch.empty(MAX_ROWS, dtype=torch.uint32, device=device),
-            torch.zeros(MAX_ROWS, dtype=torch.int32, device=device))  # fmt: skip
+            torch.zeros(MAX_ROWS, dtype=torch.int32, device=device),
+            torch.empty(MAX_CANDIDATES // 8, dtype=torch.float32, device=device))  # fmt: skip
 
 
 _workspace = stream_workspace("sampler workspace", _buffers)  # (kernels.runtime: one a stream, made before capture)
@@ -357,9 +379,12 @@ def sample_rows(
     pdl: bool | None = None,  # launch with PDL (kernels.pdl); None reads the process default: an engine passes a bool
     rows_a_launch: int | None = None,  # rows one launch group draws; None: as many as the workspace holds
     fast_slots: int = FAST_SLOTS,  # candidates a row's fast select reads (tests set it small to take the other path)
+    lse: torch.Tensor | None = None,  # [rows] float32: log(sum(exp(logits))) of each row's raw logits, where given
 ) -> torch.Tensor:
     """out[r] = the token row r draws (``naive.sample_rows_ref``: its head of ``candidates`` by top-k, top-p and
-    Gumbel-max; the head's first at temperature 0); ``head`` its head's ids, largest first. See the module doc. Rows
+    Gumbel-max; the head's first at temperature 0); ``head`` its head's ids, largest first; ``lse`` its raw logits'
+    log-sum-exp (as ``torch.logsumexp`` of them in float32, summed by tiles: a logprob is a logit less it). See the
+    module doc. Rows
     beyond what the workspace holds at once (~528 of a 248k vocabulary) are drawn by further launch groups."""
     rows, V = logits.shape
     K = min(V, candidates)
@@ -367,6 +392,8 @@ def sample_rows(
         logits.shape, cells.shape, cells.dtype)  # fmt: skip
     assert cells.is_contiguous() and positions.is_contiguous() and out.is_contiguous(), "cells, positions, out: dense"
     assert head is None or head.is_contiguous(), "head: dense"
+    assert lse is None or (lse.shape == (rows,) and lse.dtype == torch.float32 and lse.is_contiguous()), (
+        None if lse is None else (lse.shape, lse.dtype))  # fmt: skip
     assert out.shape == (rows,) and out.dtype in (torch.int64, torch.int32) and positions.shape == (rows,), (
         out.shape, out.dtype, positions.shape)  # fmt: skip
     assert head is None or (head.shape == (rows, K) and head.dtype == torch.int64), (
@@ -381,8 +408,9 @@ def sample_rows(
     groups = min(GROUPS_A_TILE, block)
     tiles_pad = triton.next_power_of_2(tiles)
     fast_w = min(K, max(1, fast_slots // tiles_pad))
-    cand_k, cand_i, head_k, head_i, gmax, low, count = _workspace(logits.device)
-    fits = min(cand_k.numel() // (tiles * K), head_k.numel() // K_PAD, gmax.numel() // (tiles * groups), MAX_ROWS)
+    cand_k, cand_i, head_k, head_i, gmax, low, count, parts = _workspace(logits.device)
+    fits = min(cand_k.numel() // (tiles * K), head_k.numel() // K_PAD, gmax.numel() // (tiles * groups), MAX_ROWS,
+               parts.numel() // (tiles * 2))  # fmt: skip
     assert fits > 0, f"a row of {tiles} tiles of {K} candidates: more than the sampler's workspace holds"
     step = min(fits, rows_a_launch or fits)
     bits = 16 if logits.dtype == torch.bfloat16 else 32
@@ -391,11 +419,13 @@ def sample_rows(
         n = min(step, rows - r0)
         x, c, p, o = logits[r0 : r0 + n], cells[r0 : r0 + n], positions[r0 : r0 + n], out[r0 : r0 + n]
         h = head[r0 : r0 + n] if head is not None else o
+        s = lse[r0 : r0 + n] if lse is not None else parts
         keyed = dict(BLOCK=block, WIDTH=cols.width, TEMPERATURE=cols.temperature, MIN_POSITION=cols.min_position,
                      STOP_0=cols.stop_0, STOPS=cols.stops, BITS=bits)  # fmt: skip
-        _group_max_kernel[(n, tiles)](x, c, p, gmax, low, count, V, x.stride(0), TILES=tiles, GROUPS=groups,
-                                      G_PAD=triton.next_power_of_2(tiles * groups), K=K, **keyed,
-                                      FENCE=not interpreted(), num_warps=GROUP_WARPS, **opts)  # fmt: skip
+        _group_max_kernel[(n, tiles)](x, c, p, gmax, low, count, parts, s, V, x.stride(0), TILES=tiles,
+                                      TILES_PAD=tiles_pad, GROUPS=groups, G_PAD=triton.next_power_of_2(tiles * groups),
+                                      K=K, **keyed, FENCE=not interpreted(), LSE=lse is not None,
+                                      num_warps=GROUP_WARPS, **opts)  # fmt: skip
         _tile_head_kernel[(n, tiles)](x, c, p, low, cand_k, cand_i, V, x.stride(0), TILES=tiles, K=K, K_PAD=K_PAD,
                                       **keyed, num_warps=TILE_WARPS, **opts)  # fmt: skip
         _draw_row_kernel[(n,)](cand_k, cand_i, head_k, head_i, c, p, o, h, TILES=tiles, K=K, K_PAD=K_PAD,

@@ -6,8 +6,10 @@ Each form runs in a CUDA graph on fresh bf16 logits [rows, vocab] (the lm_head's
 torch's ``argmax`` and ``kernels.argmax`` (what a greedy decode graph runs), the draw (temperature 0.8, top-k 50,
 top-p 0.95, the Gumbel draw) as ``kernels.sample`` (the engine's ``Sampler`` on CUDA) and as the ``Sampler``'s
 torch ops, and the candidate selection inside the latter: ``topk`` of the 256 most likely tokens in float32 (as it
-takes it) and in bf16. Before
-timing, the two samplers' tokens are compared (they differ only where a row's head holds equal logits).
+takes it) and in bf16; and a LOGPROBS step's draw (``Sampler.draw_logprobs``: the kernel summing each row's
+log-sum-exp as it reads the logits) against the kernel's draw followed by a full log_softmax (``logprobs``), the form
+it replaced. Before timing, the two samplers' tokens are compared (they differ only where a row's head holds equal
+logits).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from kernels.sample import sample_rows
 from models.bench.timing import replay_us
 from models.cli import OneLineParser
 from models.engine.requests import CANDIDATES
-from models.engine.sampler import COLUMNS, Sampler
+from models.engine.sampler import COLUMNS, Sampler, logprobs
 from resplan import Graph
 from resplan.layout import SamplerCell
 
@@ -47,6 +49,7 @@ def _times(b: int, vocab: int, iters: int, dev: torch.device) -> tuple[list[floa
     cells[:, SamplerCell.MIN_POSITION] = 0
     pos = torch.arange(b, device=dev)
     torch_ops = Sampler(vocab, dev, KernelChoices(sampler=False))
+    kernel = Sampler(vocab, dev, KernelChoices(sampler=True))
     out = torch.empty(b, dtype=torch.int64, device=dev)
     head = torch.empty(b, min(vocab, CANDIDATES), dtype=torch.int64, device=dev)
     differ = int((sample_rows(logits, cells, pos, COLUMNS, out, head) != torch_ops(logits, cells, pos)).sum())
@@ -57,6 +60,8 @@ def _times(b: int, vocab: int, iters: int, dev: torch.device) -> tuple[list[floa
         lambda: torch_ops(logits, cells, pos),
         lambda: logits.float().topk(CANDIDATES, dim=-1),
         lambda: logits.topk(CANDIDATES, dim=-1),
+        lambda: kernel.draw_logprobs(logits, cells, pos),
+        lambda: logprobs(logits, *kernel.draw(logits, cells, pos)),
     ]
     return [replay_us(Graph(f, dev), iters) for f in forms], differ
 
@@ -69,7 +74,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"# sampler on {torch.cuda.get_device_name()}, vocab {a.vocab}, bf16 logits, median of {a.iters} graph "
           "replays (us)\n")
     print("| rows | torch argmax | kernels.argmax | kernels.sample | Sampler: torch ops | topk 256 float32 | "
-          "topk 256 bf16 | rows drawn differently |\n|---|---|---|---|---|---|---|---|")
+          "topk 256 bf16 | logprobs draw: kernel with log-sum-exp | logprobs draw: kernel, then log_softmax | "
+          "rows drawn differently |\n|---|---|---|---|---|---|---|---|---|---|")
     for b in (int(r) for r in a.rows.split(",")):
         us, differ = _times(b, a.vocab, a.iters, dev)
         print(f"| {b} | " + " | ".join(f"{u:.1f}" for u in us) + f" | {differ} |", flush=True)

@@ -16,7 +16,7 @@ import torch
 from kernels.choices import KernelChoices
 from models.engine.adapters import DECODE, Adapter
 from models.engine.launcher import Launcher
-from models.engine.sampler import Sampler, SamplingMode, greedy, logprobs
+from models.engine.sampler import Sampler, SamplingMode, greedy
 from models.layers.decode_attention import Backend
 from models.layers.flashinfer_attention import Workspaces, make_decode_attention
 from resplan import (
@@ -108,9 +108,9 @@ def step_fn(adapter: Adapter, model_state, executor: Executor, launcher: Launche
             elif mode is SamplingMode.SAMPLE:
                 sampler(logits, bufs.sampler, bufs.positions, out)
             else:  # (temperature 0 rows: the argmax)
-                drawn, candidates = sampler.draw(logits, bufs.sampler, bufs.positions)  # [b], [b, K]
+                drawn, lp = sampler.draw_logprobs(logits, bufs.sampler, bufs.positions)  # [b], ([b], [b, 5], [b, 5])
                 out.copy_(drawn)
-                for dst, v in zip(lp_out, logprobs(logits, drawn, candidates), strict=True):
+                for dst, v in zip(lp_out, lp, strict=True):
                     dst.copy_(v)
             if resident:
                 ex.after_forward(b)

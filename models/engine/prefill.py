@@ -28,7 +28,7 @@ from kernels.choices import DEFAULT, KernelChoices
 from models.engine.adapters import Adapter, PrefillInput
 from models.engine.prefill_graphs import PrefillGraphs
 from models.engine.requests import MAX_LOGPROBS, Request, TokenLogprobs
-from models.engine.sampler import Sampler, logprobs
+from models.engine.sampler import Sampler
 from models.engine.scheduler import Chunk
 from models.engine.stats import Counts
 from models.layers.flat import device_array
@@ -331,9 +331,9 @@ class Prefill:
             drawn = picked.argmax(-1)  # argmax, as a greedy decode graph takes it (H200, 32 rows: 25 us, the
             return hs, tuple(contexts), drawn, None, time.perf_counter_ns() - t0, scored  # sampler 380; bench.sampler)
         pos = [inputs[i].pos_offset + inputs[i].start + len(inputs[i].ids) - 1 for i in drawn_at]
-        drawn, candidates = self.sampler.draw(picked, device_array(cells_h, self.device),
-                                              device_array(np.array(pos, np.int64), self.device))  # fmt: skip
-        lp = logprobs(picked, drawn, candidates) if asks else None
+        cells_d, pos_d = device_array(cells_h, self.device), device_array(np.array(pos, np.int64), self.device)
+        drawn, lp = (self.sampler.draw_logprobs(picked, cells_d, pos_d) if asks
+                     else (self.sampler(picked, cells_d, pos_d), None))  # fmt: skip
         return hs, tuple(contexts), drawn, lp, time.perf_counter_ns() - t0, scored
 
     def _score(self, hidden: torch.Tensor, lens: list[int], chunks: tuple[Chunk, ...], requests: list[Request],

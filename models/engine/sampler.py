@@ -17,9 +17,10 @@ in) draw the same token from the same logits. A row under its ``min_tokens`` dra
 A step's ``SamplingMode`` picks its graph: all rows greedy, argmax; any row sampled, the sampler; any row asking for
 logprobs, the sampler (whose temperature-0 rows take the argmax) and ``logprobs``: log_softmax of the raw logits, the
 drawn token's and the ``MAX_LOGPROBS`` largest, for every row (the host keeps what each request asked for). The
-largest are the head of the sampler's candidates (a temperature divides a row's logits alike, so keeps their order):
-on the H200 at 64 rows of a 248k vocabulary logprobs added 183 us to the torch sampler's 558 (425 with a top-k of their
-own).
+largest are the head of the sampler's candidates (a temperature divides a row's logits alike, so keeps their order).
+Drawn by torch's ops, a full log_softmax (on the H200 at 64 rows of a 248k vocabulary it added 183 us to the torch
+sampler's 558); drawn by ``kernels.sample``, each row's log-sum-exp summed as its first launch reads the logits and a
+logprob a logit less it (``logprobs_from_lse``).
 """
 
 from __future__ import annotations
@@ -96,6 +97,21 @@ class Sampler:
         drawn = draw_head(vals, idx, cells, positions, COLUMNS, self.salt[idx])
         return torch.where(temp > 0, drawn, greedy), idx
 
+    def draw_logprobs(self, logits: torch.Tensor, cells: torch.Tensor, positions: torch.Tensor,
+                      ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:  # fmt: skip
+        """The tokens [b] int64 and their ``logprobs`` (a LOGPROBS step's). The kernel's draw sums each row's
+        log-sum-exp as it reads the logits (``logprobs_from_lse``: a few gathers), where torch's ops take a full
+        log_softmax (183 us at 64 rows on the H200)."""
+        if not self.kernel:
+            tokens, head = self.draw(logits, cells, positions)
+            return tokens, logprobs(logits, tokens, head)
+        b = logits.shape[0]
+        tokens = torch.empty(b, dtype=torch.int64, device=logits.device)
+        head = torch.empty(b, min(self.vocab_size, CANDIDATES), dtype=torch.int64, device=logits.device)
+        lse = torch.empty(b, dtype=torch.float32, device=logits.device)
+        sample_rows(logits, cells, positions, COLUMNS, tokens, head, candidates=CANDIDATES, pdl=self.pdl, lse=lse)
+        return tokens, logprobs_from_lse(logits, tokens, head, lse)
+
 
 def logprobs(logits: torch.Tensor, tokens: torch.Tensor,
              candidates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
@@ -106,3 +122,12 @@ def logprobs(logits: torch.Tensor, tokens: torch.Tensor,
     head = candidates[:, :MAX_LOGPROBS]  # [b, 5]
     top_lp, order = ls.gather(1, head).sort(dim=-1, descending=True)  # (a temperature's rounding may tie two)
     return ls.gather(1, tokens[:, None])[:, 0], head.gather(1, order), top_lp
+
+
+def logprobs_from_lse(logits: torch.Tensor, tokens: torch.Tensor, candidates: torch.Tensor,
+                      lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """``logprobs`` as float32 logits less their row's log-sum-exp ``lse`` [b] float32 (the kernel's), gathered
+    where needed: no [b, V] pass. Equal to log_softmax up to float32 rounding (its sum runs in another order)."""
+    head = candidates[:, :MAX_LOGPROBS]  # [b, 5]
+    top_lp, order = (logits.gather(1, head).float() - lse[:, None]).sort(dim=-1, descending=True)
+    return logits.gather(1, tokens[:, None])[:, 0].float() - lse, head.gather(1, order), top_lp
