@@ -9,13 +9,16 @@ temperature keeps their order and their ties; a row's banned stop ids -inf). The
 1. ``_group_max_kernel``, one program a (row, tile of ``BLOCK`` logits): the tile's keys in ``GROUPS_A_TILE`` groups,
    each group's largest key. K disjoint groups whose maxima are >= b hold K keys >= b, so the K-th largest group
    maximum of a row, ``low``, is at most its K-th largest key: the head lies among the keys >= ``low``. On a row of
-   ~1000 groups only ~300 keys reach it (random logits, normal or heavy-tailed).
-2. ``_tile_head_kernel``, one program a (row, tile): ``low`` from the row's group maxima (a radix select: 8-bit digits
-   from the top, each a 256-bin histogram of the keys still tied with the threshold's digits so far), then the tile's
-   keys >= ``low`` written in index order into the tile's K slots; a tile holding more than K of them keeps its K
-   largest by the same select over the tile (ties at the threshold to the first indices).
-3. ``_draw_row_kernel``, one program a row: where every tile of the row kept at most ``FAST_W`` keys, the select of
-   the head runs over those few slots a tile (``FAST_SLOTS`` in all), else over every tile's K slots; either in index
+   ~1000 groups only ~300 keys reach it (random logits, normal or heavy-tailed). The row's last program to finish
+   (a count, fenced as the split-K streams' is) selects ``low`` from the row's maxima by a radix select (8-bit digits
+   from the top, each a 256-bin histogram of the keys still tied with the threshold's digits so far). Where asked
+   (``lse``, a logprobs step's), each tile also keeps its largest raw logit and its sum of exp(logit - that), and
+   the last program combines them into the row's log-sum-exp.
+2. ``_tile_head_kernel``, one program a (row, tile): the tile's keys >= ``low``, in index order, into the tile's K
+   slots; a tile holding more than K of them keeps its K largest by the same select over the tile (ties at the
+   threshold to the first indices).
+3. ``_draw_row_kernel``, one program a row: where every tile of the row kept at most ``FAST_W`` keys (``FAST_SLOTS``
+   over the tiles), the select of the head reads those few slots a tile, else every tile's K slots; either in index
    order, so that ties go to the first ids. It sorts the head (K keys, each packed with its id) and draws.
 
 Why: the torch sampler (``topk`` of 256 over 248,320 logits, then ~20 small ops) cost 238 / 324 / 605 us at 1 / 16 /
