@@ -13,11 +13,11 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # kernels every run must reach: the decode step's, the executor's row kernels, the prefill's, the attention's, the
-# greedy argmax's two, the sampler's two
+# greedy argmax's two, the sampler's three
 EXPECTED = {"_gemv_kernel", "_split_kernel", "_combine_kernel", "_gdn_decode_kernel", "_conv1d_decode_kernel",
             "_add_rms_norm_kernel", "_gated_rms_norm_kernel", "_attn_prep_kernel", "_scatter_cells_kernel",
             "_gather_rows_kernel", "_commit_lengths_kernel", "_conv_kernel", "_state_kernel", "_tile_kernel",
-            "_row_kernel", "_select_tile_kernel", "_draw_row_kernel"}  # fmt: skip
+            "_row_kernel", "_group_max_kernel", "_tile_head_kernel", "_draw_row_kernel"}  # fmt: skip
 
 
 def test_every_triton_kernel_compiles_for_sm90():
