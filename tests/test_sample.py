@@ -16,7 +16,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from kernels.sample import sample_rows, sample_rows_ref  # noqa: E402  (after TRITON_INTERPRET)
-from kernels.sample.kernel import BLOCK, GROUPS_A_TILE  # noqa: E402
+from kernels.sample.kernel import BLOCK, tiling  # noqa: E402
 from kernels.sample.naive import scaled_logits  # noqa: E402
 from models.engine.sampler import COLUMNS, Sampler  # noqa: E402
 from resplan.layout import BANNED_STOPS, SamplerCell  # noqa: E402
@@ -84,11 +84,10 @@ def _kept_a_tile(x, cells, positions, K):
     scaled values, whose order is the keys'): those >= the K-th largest group maximum, at most K. The tail past V is
     -inf here (key 0 in the kernel: the two differ only where fewer than K groups hold a logit)."""
     b, V = x.shape
-    block = min(BLOCK, 1 << (V - 1).bit_length())
-    tiles = -(-V // block)
+    block, tiles, groups = tiling(V, K)
     s = torch.full((b, tiles * block), float("-inf"))
     s[:, :V] = scaled_logits(x.cpu().float(), cells, positions, COLUMNS)
-    gmax = s.view(b, tiles * min(GROUPS_A_TILE, block), -1).amax(-1)
+    gmax = s.view(b, tiles * groups, -1).amax(-1)
     low = gmax.topk(K, dim=-1).values[:, -1:] if gmax.shape[1] >= K else float("-inf")  # (too few groups: every key)
     return (s >= low).view(b, tiles, block).sum(-1).clamp(max=K)
 

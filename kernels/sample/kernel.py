@@ -6,8 +6,9 @@ Every logit is mapped to a key whose unsigned order is the value's (float32 logi
 a temperature of 0 dividing by 1, keyed by 32 bits; bf16 logits keyed unscaled by their own 16 bits, since a positive
 temperature keeps their order and their ties; a row's banned stop ids -inf). Then:
 
-1. ``_group_max_kernel``, one program a (row, tile of ``BLOCK`` logits): the tile's keys in ``GROUPS_A_TILE`` groups,
-   each group's largest key. K disjoint groups whose maxima are >= b hold K keys >= b, so the K-th largest group
+1. ``_group_max_kernel``, one program a (row, tile of ``BLOCK`` logits): the tile's keys in groups (``tiling``: 16
+   groups of 256 logits a tile of Qwen3.5's vocabulary, more where a row would hold too few), each group's largest
+   key. K disjoint groups whose maxima are >= b hold K keys >= b, so the K-th largest group
    maximum of a row, ``low``, is at most its K-th largest key: the head lies among the keys >= ``low``. On a row of
    ~1000 groups only ~300 keys reach it (random logits, normal or heavy-tailed). The row's last program to finish
    (a count, fenced as the split-K streams' is) selects ``low`` from the row's maxima by a radix select (8-bit digits
@@ -43,7 +44,8 @@ from kernels.tiles import load_row_tile
 
 # (the tile, groups, warps and fast slots: the fastest of 11 sweeps at 1, 16 and 64 rows on an H200, bf16)
 BLOCK = 4096  # logits a tile
-GROUPS_A_TILE = 16  # groups a tile's logits are split in for the lower bound (of 256 logits each: ~1000 a row)
+GROUPS_A_TILE = 16  # groups a tile's logits are split in for the lower bound, at least (``tiling``)
+GROUPS_A_HEAD = 3  # groups a row holds, at least, per logit of its head: the bound's looseness (~300 keys for 256)
 GROUP_WARPS = 8  # warps a program of the first launch
 TILE_WARPS = 4  # of the second
 ROW_WARPS = 8  # of the third
@@ -353,6 +355,17 @@ def _draw_row_kernel(
         tl.store(top_ptr + r * K + slot, hi.to(tl.int64), mask=slot < K)
 
 
+def tiling(V: int, K: int) -> tuple[int, int, int]:
+    """(logits a tile, tiles a row, groups a tile) for a vocabulary of V and a head of K: tiles of ``BLOCK`` (or the
+    vocabulary's next power of two), each split in ``GROUPS_A_TILE`` groups, or more where the row would hold fewer
+    than ``GROUPS_A_HEAD`` x K of them (a smaller vocabulary: 51,866 logits, 64 groups of 64 a tile), so that the
+    K-th largest group maximum stays close to the K-th largest logit. The 248,320 logits of Qwen3.5: 61 tiles of 16
+    groups of 256."""
+    block = min(BLOCK, triton.next_power_of_2(V))
+    tiles = triton.cdiv(V, block)
+    return block, tiles, min(block, max(GROUPS_A_TILE, triton.next_power_of_2(triton.cdiv(GROUPS_A_HEAD * K, tiles))))
+
+
 def _buffers(device: torch.device) -> tuple[torch.Tensor, ...]:
     """Candidate keys and ids [MAX_CANDIDATES], head keys and ids [MAX_CANDIDATES // 8], group maxima
     [MAX_CANDIDATES // 8], rows' bounds and counts [MAX_ROWS], tiles' log-sum-exp parts [MAX_CANDIDATES // 8]. Every
@@ -405,10 +418,8 @@ def sample_rows(
     assert 0 < candidates <= 1024, f"candidates {candidates}: the head is sorted in one program, of at most 1024"
     if rows == 0:
         return out
-    block = min(BLOCK, triton.next_power_of_2(V))
-    tiles = triton.cdiv(V, block)
+    block, tiles, groups = tiling(V, K)
     K_PAD = triton.next_power_of_2(K)
-    groups = min(GROUPS_A_TILE, block)
     tiles_pad = triton.next_power_of_2(tiles)
     fast_w = min(K, max(1, fast_slots // tiles_pad))
     cand_k, cand_i, head_k, head_i, gmax, low, count, parts = _workspace(logits.device)
