@@ -84,16 +84,12 @@ class Sampler:
              positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         """The tokens [b] int64, and the candidates they were drawn from: [b, min(V, CANDIDATES)] int64 ids, most
         likely first."""
-        K = min(self.vocab_size, CANDIDATES)
         if self.kernel:
-            tokens = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
-            head = torch.empty(logits.shape[0], K, dtype=torch.int64, device=logits.device)
-            sample_rows(logits, cells, positions, COLUMNS, tokens, head, candidates=CANDIDATES, pdl=self.pdl)
-            return tokens, head
+            return self._kernel_draw(logits, cells, positions)
         temp = cells[:, SamplerCell.TEMPERATURE].view(torch.float32)  # [b]
         scaled = scaled_logits(logits, cells, positions, COLUMNS)  # [b, V] (a greedy row's: its logits)
         greedy = scaled.argmax(-1)  # [b]
-        vals, idx = scaled.topk(K, dim=-1)  # [b, K] descending
+        vals, idx = scaled.topk(min(self.vocab_size, CANDIDATES), dim=-1)  # [b, K] descending
         drawn = draw_head(vals, idx, cells, positions, COLUMNS, self.salt[idx])
         return torch.where(temp > 0, drawn, greedy), idx
 
@@ -105,12 +101,18 @@ class Sampler:
         if not self.kernel:
             tokens, head = self.draw(logits, cells, positions)
             return tokens, logprobs(logits, tokens, head)
+        lse = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+        tokens, head = self._kernel_draw(logits, cells, positions, lse)
+        return tokens, logprobs_from_lse(logits, tokens, head, lse)
+
+    def _kernel_draw(self, logits: torch.Tensor, cells: torch.Tensor, positions: torch.Tensor,
+                     lse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """``draw`` by ``kernels.sample`` (and each row's log-sum-exp into ``lse`` where given)."""
         b = logits.shape[0]
         tokens = torch.empty(b, dtype=torch.int64, device=logits.device)
         head = torch.empty(b, min(self.vocab_size, CANDIDATES), dtype=torch.int64, device=logits.device)
-        lse = torch.empty(b, dtype=torch.float32, device=logits.device)
         sample_rows(logits, cells, positions, COLUMNS, tokens, head, candidates=CANDIDATES, pdl=self.pdl, lse=lse)
-        return tokens, logprobs_from_lse(logits, tokens, head, lse)
+        return tokens, head
 
 
 def logprobs(logits: torch.Tensor, tokens: torch.Tensor,
