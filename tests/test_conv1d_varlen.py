@@ -124,3 +124,25 @@ def test_the_kernel_splits_q_k_v_and_normalises_q_and_k_per_head():
     torch.testing.assert_close(q, l2norm(want[:, :128]), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(k, l2norm(want[:, 128:256]), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(v, want[:, 256:], atol=1e-5, rtol=1e-5)
+
+
+def test_untuned_sizes_cover_each_class_a_pass_reaches_that_ran_did_not():
+    """``untuned_sizes(largest, ran)`` against the classes of every pass size 1 .. largest, counted one by one: one size
+    a missing class, within ``largest``, in that class, ascending."""
+    import numpy as np
+
+    from kernels.conv1d_varlen import TOKEN_CLASSES, token_class, untuned_sizes
+
+    rng = np.random.default_rng(0)
+    buckets = (256, 512, 1024, 2048, 4096, 8192)
+    classes = [token_class(n) for n in range(1, 40001)]  # classes[n - 1]: an n-token pass's
+    for largest in [1, 100, 256, 257, 3000, 8192, 8193, 16384, 16385, 40000, *rng.integers(1, 40000, 6).tolist()]:
+        reached = set(classes[:largest])
+        for ran in [(), buckets, tuple(rng.choice(buckets, 2, replace=False).tolist()), (100, 9000)]:
+            want = sorted(reached - {token_class(n) for n in ran})
+            got = untuned_sizes(largest, ran)
+            assert [token_class(n) for n in got] == want, (largest, ran)
+            assert all(1 <= n <= largest for n in got) and list(got) == sorted(got)
+    assert untuned_sizes(65536, buckets) == (16384,)  # the engine's buckets: one eager pass covers every longer one
+    assert untuned_sizes(2048, buckets) == ()  # the default budget: every pass is a bucket's class
+    assert set(TOKEN_CLASSES) == set(classes)

@@ -236,6 +236,37 @@ def test_an_engine_on_cuda_prefill_graphs_gives_the_eager_engines_tokens():
         assert s.replays > 0
 
 
+def test_a_pass_longer_than_the_buckets_is_tuned_at_build_not_by_a_request():
+    """The eager pass sizes an adapter asks to be warmed (``prefill_warm_sizes``: on CUDA, the varlen conv's tuning
+    classes that the buckets leave out and a pass of ``EngineConfig.largest_pass`` tokens reaches) run once at build,
+    as dummy passes on the sink page and slot 1, and leave the engine's tokens as they were."""
+    from unittest import mock
+
+    from models.engine.adapters import QwenAdapter
+
+    cfg = attrs.evolve(BASE, max_running=3, token_budget=None, prefill_graphs=2, prefill_graph_tokens=16)
+    asked, ran = [], []
+    real = QwenAdapter.prefill_last
+
+    def warm_sizes(self, largest, buckets, kc):
+        asked.append((largest, buckets))
+        return (20, 37)
+
+    def spy(self, state, chunks, kc):
+        ran.append([(len(c.ids), c.rec_slot, int(c.pages[next(iter(c.pages))].max())) for c in chunks])
+        return real(self, state, chunks, kc)
+
+    with mock.patch.object(QwenAdapter, "prefill_warm_sizes", warm_sizes), \
+            mock.patch.object(QwenAdapter, "prefill_last", spy):  # fmt: skip
+        warmed = Engine(QWEN, cfg)
+    assert asked == [(3 * warmed.config.max_seq_len, (8, 16))]  # whole prompts: every running request's context
+    assert warmed.prefill.warmed == (20, 37)
+    assert ran == [[(20, 1, 0)], [(37, 1, 0)]]  # one chunk each, slot 1, the sink page only
+    assert attrs.evolve(cfg, token_budget=5).largest_pass == 5
+    reqs = random_requests(QWEN, 6, prompt_len=(3, 30), gen_len=(2, 5), seed=7)
+    assert [r.tokens for r in warmed.run(reqs)] == [r.tokens for r in Engine(QWEN, cfg).run(reqs)]
+
+
 def test_token_buckets_halve_down_from_the_largest():
     from models.engine.prefill import token_buckets
 

@@ -17,6 +17,8 @@ H200 at a 2048-token pass (``models/bench/results/prefix-cache-h200/RUNS.md``, "
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 import triton
 import triton.language as tl
@@ -68,11 +70,27 @@ def _conv_kernel(
     tl.store(dst, y.to(out_ptr.dtype.element_ty), mask=ok)
 
 
+TOKEN_CLASSES = tuple(1 << i for i in range(8, 15))  # 256 .. 16384: the tuner's classes of a pass's tokens
+
+
+def token_class(n: int) -> int:
+    """The tuning class of an n-token pass: n to a power of two, clamped to ``TOKEN_CLASSES`` (one tuning each)."""
+    return min(max(triton.next_power_of_2(n), TOKEN_CLASSES[0]), TOKEN_CLASSES[-1])
+
+
+def untuned_sizes(largest: int, ran: Iterable[int]) -> tuple[int, ...]:
+    """A token count (<= ``largest``) in each tuning class that a pass of 1 .. ``largest`` tokens reaches and no
+    pass of ``ran`` tokens did, ascending: the passes that tune the rest of the classes."""
+    tuned = {token_class(n) for n in ran}
+    sizes = {token_class(min(c, largest)): min(c, largest) for c in TOKEN_CLASSES}  # each reachable class: a size
+    return tuple(n for c, n in sorted(sizes.items()) if c not in tuned)
+
+
 _tuned_conv_kernel = triton.autotune(
     [triton.Config({"BLOCK_T": bt}, num_warps=w) for bt in (16, 32, 64) for w in (2, 4, 8)],
     key=["n_class", "C", "x_n", "K", "BLOCK_C", "NORMED"],
     cache_results=True,  # the pick on disk with the compiled kernel: a later process benchmarks nothing
-)(_conv_kernel)  # n_class (tokens to a power of two, 256 .. 16384; unread by the kernel): few tunings, not one an N
+)(_conv_kernel)  # n_class (token_class: unread by the kernel): few tunings, not one an N
 
 
 @triton.jit
@@ -153,7 +171,7 @@ def conv1d_varlen_(
     fresh_i = fresh.to(torch.int32)
     w = weight.contiguous()
     args = (x, conv_pool, w, flat, seq_of, cu_seqlens, slots, fresh_i, N, C, x.stride(0), conv_pool.stride(0),
-            conv_pool.stride(1), float(eps), min(max(triton.next_power_of_2(N), 256), 16384))  # fmt: skip
+            conv_pool.stride(1), float(eps), token_class(N))  # fmt: skip
     meta = dict(K=K, BLOCK_C=block_c, SPLIT1=a, SPLIT2=b, NORMED=normed)
     if block_t or interpreted():  # a given tile height (the interpreter: one, 32)
         _conv_kernel[(triton.cdiv(N, block_t or 32), triton.cdiv(C, block_c))](*args, BLOCK_T=block_t or 32, **meta)

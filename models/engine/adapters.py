@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from kernels.choices import DEFAULT, KernelChoices
+from kernels.conv1d_varlen import untuned_sizes
 from models.engine.requests import InvalidRequest, Request
 from models.layers.flashinfer_attention import Workspaces
 from models.layers.flat import bucket_shape
@@ -128,6 +129,12 @@ class Adapter:
         ``kc``: the pass's kernels (``prefill_kernels``, ``prefill_fused``; the engine's ``EngineConfig.kernels``)."""
         raise NotImplementedError
 
+    def prefill_warm_sizes(self, largest: int, ran: tuple[int, ...], kc: KernelChoices = DEFAULT) -> tuple[int, ...]:
+        """Token counts of eager passes that, run once before serving, tune every kernel an eager pass of at most
+        ``largest`` tokens would tune at its first use, beside passes of ``ran`` tokens run already (the captured
+        buckets'); () where a pass tunes nothing."""
+        return ()
+
     def prefill_capture_refusal(self, kc: KernelChoices = DEFAULT) -> str | None:
         """Why prefill_inputs / prefill_forward with the kernels ``kc`` chooses do not give a capturable pass here,
         or None where they do."""
@@ -202,6 +209,11 @@ class QwenAdapter(Adapter):
     def prefill_last(self, state, chunks, kc=DEFAULT):
         """All chunks in one pass (``Qwen35Model.prefill_batch``)."""
         return self.prefill_forward(state, self.prefill_inputs(state, chunks, kc=kc))
+
+    def prefill_warm_sizes(self, largest, ran, kc=DEFAULT):
+        """One pass a tuning class of the varlen conv (``token_class``) that a pass of at most ``largest`` tokens
+        reaches and ``ran`` did not: its tuner benchmarks every config at a class's first pass (~1-2 s on an H100)."""
+        return untuned_sizes(largest, ran) if self.model.uses_prefill_kernels(kc) else ()  # (torch's tune nothing)
 
     def prefill_capture_refusal(self, kc=DEFAULT):
         m = self.model

@@ -169,6 +169,12 @@ class EngineConfig:
         """The widest decode bucket: ``max_bucket``, or ``max_running``."""
         return self.max_bucket or self.max_running
 
+    @property
+    def largest_pass(self) -> int:
+        """The most tokens a prefill pass holds: the token budget, or (whole prompts) every running request's context
+        (``max_seq_len`` resolved: a ``fit`` config's)."""
+        return self.token_budget or self.max_running * self.max_seq_len
+
 
 def fit(config: EngineConfig, adapter) -> EngineConfig:
     """``config`` for ``adapter``'s model: its context resolved (None: the model's, at most DEFAULT_CONTEXT), and

@@ -95,7 +95,7 @@ class Engine:
         self.prefill = Prefill(adapter, self.model_state, self.sampler, self.layout, self.streams,
                                self.admission.n_pages, ps, cfg.prefill_graphs, cfg.prefill_graph_tokens, H, self.device,
                                cfg.timing, kernels, prefill_capture,
-                               pass_stream if cfg.prefill.beside else None)  # fmt: skip
+                               pass_stream if cfg.prefill.beside else None, cfg.largest_pass)  # fmt: skip
         self.limits = Limits(adapter.name, adapter.vocab_size, cfg.max_seq_len, tuple(adapter.eos_token_ids),
                              adapter.scores_prompts)  # fmt: skip
         self.stats, self.early, self._arrivals = EngineStats(), EarlyStep(), itertools.count()

@@ -119,7 +119,7 @@ class Prefill:
                  n_pages: dict[str, np.ndarray], page_size: int, graphs: int, graph_tokens: int, max_chunks: int,
                  device: torch.device, timing: bool, kernels: KernelChoices = DEFAULT,
                  capture_stream: torch.cuda.Stream | None = None,
-                 pass_stream: torch.cuda.Stream | None = None) -> None:  # fmt: skip
+                 pass_stream: torch.cuda.Stream | None = None, largest_pass: int = 0) -> None:  # fmt: skip
         self.adapter = adapter
         self.kernels = kernels  # the pass's kernel forms (prefill kernels, row-wise fusion)
         self.model_state = model_state
@@ -136,6 +136,10 @@ class Prefill:
         self.max_chunks = max_chunks  # chunks a pass holds at most: one a running request
         if self.graphs is not None:
             self._capture_buckets(page_size)
+        # the eager passes' first-use tuning, before any request can pay for it
+        self.warmed = adapter.prefill_warm_sizes(largest_pass, self.buckets, kernels) if largest_pass else ()
+        for tokens in self.warmed:
+            adapter.prefill_last(model_state, [self._dummy(tokens, page_size)], kc=kernels)
         cuda = device.type == "cuda"
         self._timer = ((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                        if cuda and timing else None)  # fmt: skip
@@ -155,15 +159,18 @@ class Prefill:
         return self._in_flight
 
     def _capture_buckets(self, page_size: int) -> None:
-        """Every token bucket's graph captured at build, as the decode graphs are: one dummy chunk of the bucket's
-        tokens on the sink page and recurrent slot 1, which no request holds yet (a fresh chunk reads its slot as
-        zeros, so what the dummy leaves there is never read)."""
+        """Every token bucket's graph captured at build, as the decode graphs are, over a dummy chunk (``_dummy``)."""
         for tokens in self.buckets:
-            dummy = PrefillInput(ids=np.zeros(tokens, np.int64),
-                                 pages={k: np.zeros(-(-tokens // page_size), np.int64) for k in self.n_pages},
-                                 start=0, rec_slot=1, read_lens={}, pos_offset=0)  # fmt: skip
             shape = self.adapter.prefill_shape(self.model_state, tokens, self.max_chunks)
-            self.graphs.capture(self.adapter.prefill_inputs(self.model_state, [dummy], shape, kc=self.kernels))
+            self.graphs.capture(self.adapter.prefill_inputs(self.model_state, [self._dummy(tokens, page_size)], shape,
+                                                            kc=self.kernels))  # fmt: skip
+
+    def _dummy(self, tokens: int, page_size: int) -> PrefillInput:
+        """A chunk of ``tokens`` tokens for the passes run at build: on the sink page and recurrent slot 1, which no
+        request holds yet (a fresh chunk reads its slot as zeros, so what the dummy leaves there is never read)."""
+        return PrefillInput(ids=np.zeros(tokens, np.int64),
+                            pages={k: np.zeros(-(-tokens // page_size), np.int64) for k in self.n_pages},
+                            start=0, rec_slot=1, read_lens={}, pos_offset=0)  # fmt: skip
 
     def run(self, chunks: tuple[Chunk, ...], requests: list[Request], rows: np.ndarray = _NONE,
             row_ids: np.ndarray = _NONE, rows_logprobs: bool = False,
