@@ -274,3 +274,23 @@ def test_token_buckets_halve_down_from_the_largest():
     assert token_buckets(3, 64) == (16, 32, 64)
     assert token_buckets(10, 4) == (1, 2, 4)  # never below one token; duplicates dropped
     assert token_buckets(1, 100) == (100,)
+    # none past the smallest that holds the largest pass
+    assert token_buckets(6, 8192, 2048) == (256, 512, 1024, 2048)
+    assert token_buckets(6, 8192, 3000) == (256, 512, 1024, 2048, 4096)
+    assert token_buckets(6, 8192, 20) == (256,)
+    assert token_buckets(6, 8192, 10**6) == token_buckets(6, 8192)
+
+
+def test_an_engine_captures_only_the_buckets_its_passes_can_fill():
+    """Of the buckets 16, 32 and 64, a budget of 5 tokens a pass fills only 16: only it is captured; a budget of 20,
+    or whole prompts of 2 requests in a 12-token context (24 tokens), fill 16 and 32. The tokens are the eager
+    engine's."""
+    reqs = random_requests(QWEN, 6, prompt_len=(3, 9), gen_len=(2, 5), seed=8)
+    eager = Engine(QWEN, attrs.evolve(BASE, max_running=4, token_budget=5)).run(reqs)
+    for case, want in [(dict(max_running=4, token_budget=5), (16,)), (dict(max_running=4, token_budget=20), (16, 32)),
+                       (dict(max_running=2, max_seq_len=12, token_budget=None), (16, 32))]:  # fmt: skip
+        engine = Engine(QWEN, attrs.evolve(BASE, prefill_graphs=3, prefill_graph_tokens=64, **case))
+        assert engine.prefill.buckets == want, case
+        assert engine.prefill.graphs.stats.captures == len(want)
+        if case["max_running"] == 4:
+            assert [r.tokens for r in engine.run(reqs)] == [r.tokens for r in eager]

@@ -171,9 +171,10 @@ class EngineConfig:
 
     @property
     def largest_pass(self) -> int:
-        """The most tokens a prefill pass holds: the token budget, or (whole prompts) every running request's context
-        (``max_seq_len`` resolved: a ``fit`` config's)."""
-        return self.token_budget or self.max_running * self.max_seq_len
+        """The most tokens a prefill pass holds: the token budget (None: whole prompts), and never more than every
+        running request's whole context (``max_seq_len`` resolved: a ``fit`` config's)."""
+        whole = self.max_running * self.max_seq_len
+        return whole if self.token_budget is None else min(self.token_budget, whole)
 
 
 def fit(config: EngineConfig, adapter) -> EngineConfig:

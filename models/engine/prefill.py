@@ -103,23 +103,29 @@ _NONE = np.zeros(0, np.int64)  # no handles, no tokens (read-only)
 _NONE.flags.writeable = False
 
 
-def token_buckets(graphs: int, graph_tokens: int) -> tuple[int, ...]:
+def token_buckets(graphs: int, graph_tokens: int, largest: int | None = None) -> tuple[int, ...]:
     """The prefill graphs' token buckets: ``graphs`` sizes halving down from ``graph_tokens`` (ascending; at least
-    1 token each, duplicates dropped)."""
-    return tuple(sorted({max(1, graph_tokens >> i) for i in range(graphs)}))
+    1 token each, duplicates dropped), none past the smallest that holds ``largest`` tokens (no pass holds more, so
+    a larger bucket would never be replayed)."""
+    buckets = sorted({max(1, graph_tokens >> i) for i in range(graphs)})
+    if largest is not None:
+        buckets = [b for b in buckets if b < largest] + [b for b in buckets if b >= largest][:1]
+    return tuple(buckets)
 
 
 class Prefill:
     """Runs a step's prefill chunks as one flat pass (models.layers.flat). With ``graphs`` > 0 a pass of at most
     ``graph_tokens`` tokens is padded to the smallest of ``token_buckets(graphs, graph_tokens)`` that holds it and
     replayed from that bucket's captured graph (PrefillGraphs); a longer pass runs eagerly at its exact shape.
-    ``pass_stream``: the stream passes beside the decode steps run on (None: passes run in their step)."""
+    ``pass_stream``: the stream passes beside the decode steps run on (None: passes run in their step).
+    ``largest_pass``: the most tokens a pass holds (``EngineConfig.largest_pass``; None: no bound), which bounds the
+    buckets and the eager passes' warm-up."""
 
     def __init__(self, adapter: Adapter, model_state, sampler: Sampler, layout: RowLayout, streams: HostStreams,
                  n_pages: dict[str, np.ndarray], page_size: int, graphs: int, graph_tokens: int, max_chunks: int,
                  device: torch.device, timing: bool, kernels: KernelChoices = DEFAULT,
                  capture_stream: torch.cuda.Stream | None = None,
-                 pass_stream: torch.cuda.Stream | None = None, largest_pass: int = 0) -> None:  # fmt: skip
+                 pass_stream: torch.cuda.Stream | None = None, largest_pass: int | None = None) -> None:  # fmt: skip
         self.adapter = adapter
         self.kernels = kernels  # the pass's kernel forms (prefill kernels, row-wise fusion)
         self.model_state = model_state
@@ -130,14 +136,15 @@ class Prefill:
         self.read_keys = tuple(p.key for p in layout.read_pools)
         self.positions_key = layout.positions_pool or (self.append_keys[0] if self.append_keys else None)  # position
         self.device = device
-        self.buckets = token_buckets(graphs, graph_tokens) if graphs else ()
+        self.buckets = token_buckets(graphs, graph_tokens, largest_pass) if graphs else ()
         self.graphs = (PrefillGraphs(partial(adapter.prefill_forward, model_state), device, capture_stream)
                        if graphs else None)  # fmt: skip
         self.max_chunks = max_chunks  # chunks a pass holds at most: one a running request
         if self.graphs is not None:
             self._capture_buckets(page_size)
         # the eager passes' first-use tuning, before any request can pay for it
-        self.warmed = adapter.prefill_warm_sizes(largest_pass, self.buckets, kernels) if largest_pass else ()
+        self.warmed = (adapter.prefill_warm_sizes(largest_pass, self.buckets, kernels) if largest_pass is not None
+                       else ())  # fmt: skip
         for tokens in self.warmed:
             adapter.prefill_last(model_state, [self._dummy(tokens, page_size)], kc=kernels)
         cuda = device.type == "cuda"

@@ -12,10 +12,11 @@ import torch
 
 from models.engine.adapters import Adapter
 from models.engine.config import CHECKPOINTS_PER_ROW, EngineConfig, PrefillPlacement
+from models.engine.prefill import token_buckets
 from models.layers.decode_attention import Backend
 
 GIB = 1 << 30
-PREFILL_GRAPHS = 6  # token buckets of captured passes, 256 .. 8192 tokens: what the benchmarks run
+PREFILL_GRAPHS = 6  # token buckets of captured passes, 256 .. 8192 tokens (those a pass can fill): the benchmarks'.
 CUDA_KV_FRACTION = 0.5  # of the GPU memory free once the weights are loaded
 CPU_KV_GIB = 2.0
 
@@ -69,8 +70,8 @@ def serving_config(
     if prefill_graphs is None:
         refusal = adapter.prefill_capture_refusal() if cuda else "no CUDA"
         prefill_graphs = PREFILL_GRAPHS if refusal is None else 0
-        notes.append(f"prefill passes captured in {prefill_graphs} token buckets" if refusal is None
-                     else f"prefill passes eager ({refusal})")  # fmt: skip
+        if refusal is not None:
+            notes.append(f"prefill passes eager ({refusal})")
     width = -(-max_seq_len // page_size)
     full = max_running * width + 1  # every running request at the full context: more could never be used
     if num_pages is None:
@@ -101,4 +102,7 @@ def serving_config(
                        device=device, attention=attention, overlap=overlap, prefill_graphs=prefill_graphs,
                        **placement, **budget_field, **cache)  # fmt: skip
     notes.append(f"prefill {cfg.prefill.value}, token budget {cfg.token_budget}")
+    if cfg.prefill_graphs:  # (the buckets a pass of the budget can fill: EngineConfig.largest_pass)
+        b = token_buckets(cfg.prefill_graphs, cfg.prefill_graph_tokens, cfg.largest_pass)
+        notes.append(f"prefill passes captured in {len(b)} token buckets ({', '.join(map(str, b))} tokens)")
     return ServingPlan(cfg, tuple(notes))
