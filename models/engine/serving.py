@@ -16,7 +16,7 @@ from models.engine.prefill import token_buckets
 from models.layers.decode_attention import Backend
 
 GIB = 1 << 30
-PREFILL_GRAPHS = 6  # token buckets of captured passes, 256 .. 8192 tokens (those a pass can fill): the benchmarks'.
+PREFILL_GRAPHS = 6  # token buckets halving down from 8192, as the benchmarks run (those no pass fills: not captured)
 CUDA_KV_FRACTION = 0.5  # of the GPU memory free once the weights are loaded
 CPU_KV_GIB = 2.0
 
