@@ -115,8 +115,9 @@ def token_buckets(graphs: int, graph_tokens: int, largest: int | None = None) ->
 
 class Prefill:
     """Runs a step's prefill chunks as one flat pass (models.layers.flat). With ``graphs`` > 0 a pass of at most
-    ``graph_tokens`` tokens is padded to the smallest of ``token_buckets(graphs, graph_tokens)`` that holds it and
-    replayed from that bucket's captured graph (PrefillGraphs); a longer pass runs eagerly at its exact shape.
+    ``graph_tokens`` tokens is padded to the smallest of ``token_buckets(graphs, graph_tokens, largest_pass)`` that
+    holds it and replayed from that bucket's captured graph (PrefillGraphs); a longer pass runs eagerly at its exact
+    shape.
     ``pass_stream``: the stream passes beside the decode steps run on (None: passes run in their step).
     ``largest_pass``: the most tokens a pass holds (``EngineConfig.largest_pass``; None: no bound), which bounds the
     buckets and the eager passes' warm-up."""
