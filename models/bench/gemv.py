@@ -3,11 +3,14 @@
     python -m models.bench.gemv --model qwen3_5-0.8b [--rows 1,4,16,32,64] [--quick]
 
 For every distinct GEMM shape (N, K) of the model's fused decode (input projections, MLP, output projections,
-lm_head), and every row count M, a CUDA graph of ``--layers`` calls on distinct weight copies (more bytes than the L2
-holds, as in a real step) is replayed; reported: us per call (median replay / layers) and the weight bytes streamed
-per second. Prints the best Triton configuration per shape and a ``GEMV_CONFIGS`` literal of the shapes where Triton
-beats cuBLAS by more than 5%, per row tile (``kernels.gemv.tile_rows``: M == 1 on the CUDA cores, 2-16, 17-32 and
-33-64 rows with tl.dot, each chosen by the sum over the M measured in it).
+lm_head), and every row count M, a CUDA graph of ``--layers`` calls on distinct weight copies (more bytes than the
+L2 holds, as in a real step) is replayed; reported: us per call (median replay / layers), the weight bytes streamed
+per second, and the best stream's time against a device copy that moves the same bytes (half of them read, half
+written: a graph of as many copies of N * K / 2 elements on distinct buffers, timed alike), which pays the same
+launch and ramp (copy / Triton: the stream's speed as a share of that copy's). Prints the best Triton configuration
+per shape and a ``GEMV_CONFIGS`` literal of the shapes where Triton beats cuBLAS by more than 5%, per row tile
+(``kernels.gemv.tile_rows``: M == 1 on the CUDA cores, 2-16, 17-32 and 33-64 rows with tl.dot, each chosen by the
+sum over the M measured in it).
 
 Then SwiGLU's down projection with silu_mul folded into the weight stream (``kernels.gemv.gemv_silu_mul``, what
 ``forward_fused`` runs where gemv wins) against the two launches it replaces (``silu_mul`` then ``gemv``, or then
@@ -62,6 +65,14 @@ def _shapes(model) -> list[tuple[int, int]]:
 def _time_us(fn, layers: int, iters: int) -> float:
     """us per call of a graph of ``layers`` calls."""
     return replay_us(Graph(fn, torch.device("cuda")), iters) / layers
+
+
+def _copy_us(n: int, k: int, copies: int, iters: int, dev, dt) -> float:
+    """us per device copy moving a weight's bytes (n * k elements: half read, half written), in a graph of ``copies``
+    copies on distinct buffers, as the GEMMs are timed."""
+    pairs = [(torch.empty(n * k // 2, device=dev, dtype=dt), torch.empty(n * k // 2, device=dev, dtype=dt))
+             for _ in range(copies)]  # fmt: skip
+    return _time_us(lambda: [dst.copy_(src) for src, dst in pairs], copies, iters)
 
 
 def _configs(tile: int, quick: bool, n: int, k: int) -> list[tuple[int, ...]]:
@@ -169,14 +180,16 @@ def main(argv: list[str] | None = None) -> None:
         _compile_all(shapes, tuple(model.model.layers[0].mlp.down_proj.weight.shape), rows, a.quick, a.jobs)
         print(f"<!-- compiled the searched kernels in {a.jobs} processes: {time.perf_counter() - t0:.0f} s -->")
     print(f"# decode GEMMs on {torch.cuda.get_device_name()}: {a.model}, bf16, {a.layers} weight copies a graph\n")
-    print("| M | N | K | cuBLAS us | TB/s | best Triton us | TB/s | config (bn, bk, warps, stages[, split]) |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| M | N | K | cuBLAS us | TB/s | best Triton us | TB/s | device copy of the bytes us | copy / Triton | "
+          "config (bn, bk, warps, stages[, split]) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
     best: dict[tuple[int, int, int], dict[tuple, float]] = {}
     cublas: dict[tuple[int, int, int], float] = {}
     for N, K in shapes:
         copies = 1 if N * K * 2 > 200 << 20 else a.layers  # lm_head alone is larger than L2 many times over
         ws = [torch.randn(N, K, device=dev, dtype=dt) * 0.02 for _ in range(copies)]
         gb = N * K * 2 / 1e9
+        t_copy = _copy_us(N, K, copies, a.iters, dev, dt)
         for M in rows:
             x = torch.randn(M, K, device=dev, dtype=dt)
             tile = tile_rows(M)
@@ -184,8 +197,8 @@ def main(argv: list[str] | None = None) -> None:
             results = _sweep(lambda cfg, x=x, ws=ws: [gemv(x, w, config=cfg) for w in ws],
                              _configs(tile, a.quick, N, K), copies, a.iters, f"{M} {N} {K}")  # fmt: skip
             cfg, t = min(results.items(), key=lambda kv: kv[1])
-            print(f"| {M} | {N} | {K} | {t_cu:.1f} | {gb / t_cu * 1e3:.2f} | {t:.1f} | {gb / t * 1e3:.2f} | {cfg} |",
-                  flush=True)  # fmt: skip
+            print(f"| {M} | {N} | {K} | {t_cu:.1f} | {gb / t_cu * 1e3:.2f} | {t:.1f} | {gb / t * 1e3:.2f} | "
+                  f"{t_copy:.1f} | {t_copy / t:.0%} | {cfg} |", flush=True)  # fmt: skip
             key = (tile, N, K)
             cublas[key] = cublas.get(key, 0.0) + t_cu
             acc = best.setdefault(key, {})
