@@ -267,6 +267,27 @@ def test_a_pass_longer_than_the_buckets_is_tuned_at_build_not_by_a_request():
     assert [r.tokens for r in warmed.run(reqs)] == [r.tokens for r in Engine(QWEN, cfg).run(reqs)]
 
 
+@pytest.mark.gpu
+def test_a_pass_beyond_the_buckets_finds_its_conv_tuned_at_build():
+    """0.8B shape, bf16, CUDA: buckets of 256 and 512 tokens, whole prompts of 2 requests in a 2048-token context (a
+    pass of up to 4096 tokens): the build tunes the varlen conv's 1024, 2048 and 4096 classes, so serving two
+    1500-token prompts (eager passes beyond the buckets, of 1500 and 3000 tokens) tunes nothing: the autotuner's
+    cache gains no key."""
+    _cuda()
+    from kernels.conv1d_varlen.kernel import _tuned_conv_kernel
+
+    adapter = build_adapter("qwen3_5-0.8b", seed=0, device="cuda", dtype=torch.bfloat16)
+    cfg = EngineConfig(device="cuda", dtype=torch.bfloat16, max_running=2, page_size=16, max_seq_len=2048,
+                       token_budget=None, prefill_graphs=2, prefill_graph_tokens=512)  # fmt: skip
+    engine = Engine(adapter, cfg)
+    assert engine.prefill.buckets == (256, 512) and engine.prefill.warmed == (1024, 2048, 4096)
+    tuned = set(_tuned_conv_kernel.cache)
+    assert {key[0] for key in tuned} >= {256, 512, 1024, 2048, 4096}  # (n_class leads the tuning key)
+    reqs = random_requests(adapter, 2, prompt_len=(1500, 1500), gen_len=(2, 2), seed=9)
+    assert all(len(r.tokens) == 2 for r in engine.run(reqs))
+    assert set(_tuned_conv_kernel.cache) == tuned
+
+
 def test_token_buckets_halve_down_from_the_largest():
     from models.engine.prefill import token_buckets
 
