@@ -271,7 +271,7 @@ def test_a_pass_longer_than_the_buckets_is_tuned_at_build_not_by_a_request():
 def test_a_pass_beyond_the_buckets_finds_its_conv_tuned_at_build():
     """0.8B shape, bf16, CUDA: buckets of 256 and 512 tokens, whole prompts of 2 requests in a 2048-token context (a
     pass of up to 4096 tokens): the build tunes the varlen conv's 1024, 2048 and 4096 classes, so serving two
-    1500-token prompts (eager passes beyond the buckets, of 1500 and 3000 tokens) tunes nothing: the autotuner's
+    1500-token prompts (an eager pass beyond the buckets: 3000 tokens, or 1500 each) tunes nothing: the autotuner's
     cache gains no key."""
     _cuda()
     from kernels.conv1d_varlen.kernel import _tuned_conv_kernel
