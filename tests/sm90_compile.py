@@ -116,7 +116,7 @@ def _sample() -> None:
     from resplan.layout import SamplerCell
 
     # (the engines above draw greedily: a sampled draw compiled, not run, would hand them garbage token ids)
-    for b, V in ((1, 248320), (16, 248320), (64, 248320), (4, 200)):  # 0.8B: 31 tiles a row; a head under 256
+    for b, V in ((1, 248320), (16, 248320), (64, 248320), (4, 200)):  # 0.8B: 61 tiles a row; a head under 256
         for head in (torch.empty(b, min(V, 256), dtype=torch.int64), None):  # (a sampled graph's draw keeps none)
             lse = torch.empty(b) if head is not None else None  # (a logprobs step's draw sums the rows' log-sum-exp)
             sample_rows(torch.zeros(b, V, dtype=torch.bfloat16), torch.zeros(b, len(SamplerCell), dtype=torch.int32),

@@ -400,8 +400,8 @@ def sample_rows(
     """out[r] = the token row r draws (``naive.sample_rows_ref``: its head of ``candidates`` by top-k, top-p and
     Gumbel-max; the head's first at temperature 0); ``head`` its head's ids, largest first; ``lse`` its raw logits'
     log-sum-exp (as ``torch.logsumexp`` of them in float32, summed by tiles: a logprob is a logit less it). See the
-    module doc. Rows
-    beyond what the workspace holds at once (~528 of a 248k vocabulary) are drawn by further launch groups."""
+    module doc. Rows beyond what the workspace holds at once (268 of a 248k vocabulary) are drawn by further launch
+    groups."""
     rows, V = logits.shape
     K = min(V, candidates)
     assert logits.stride(-1) == 1 and cells.shape == (rows, cols.width) and cells.dtype == torch.int32, (

@@ -121,15 +121,20 @@ def logprobs(logits: torch.Tensor, tokens: torch.Tensor,
     [b, 5] int64 and values [b, 5] float32, largest first), the largest being the head of ``candidates`` ([b, >= 5],
     most likely first: ``Sampler.draw``'s). Static shapes, no host sync."""
     ls = torch.log_softmax(logits.float(), dim=-1)  # [b, V]
-    head = candidates[:, :MAX_LOGPROBS]  # [b, 5]
-    top_lp, order = ls.gather(1, head).sort(dim=-1, descending=True)  # (a temperature's rounding may tie two)
-    return ls.gather(1, tokens[:, None])[:, 0], head.gather(1, order), top_lp
+    return _picked(lambda ids: ls.gather(1, ids), tokens, candidates)
 
 
 def logprobs_from_lse(logits: torch.Tensor, tokens: torch.Tensor, candidates: torch.Tensor,
                       lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """``logprobs`` as float32 logits less their row's log-sum-exp ``lse`` [b] float32 (the kernel's), gathered
     where needed: no [b, V] pass. Equal to log_softmax up to float32 rounding (its sum runs in another order)."""
+    return _picked(lambda ids: logits.gather(1, ids).float() - lse[:, None], tokens, candidates)
+
+
+def _picked(logprob_at, tokens: torch.Tensor,
+            candidates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(the tokens' logprobs [b], the head of ``candidates``' MAX_LOGPROBS ids [b, 5] and logprobs [b, 5] sorted
+    largest first), ``logprob_at(ids [b, n]) -> [b, n] float32`` giving each row's logprobs at its ids."""
     head = candidates[:, :MAX_LOGPROBS]  # [b, 5]
-    top_lp, order = (logits.gather(1, head).float() - lse[:, None]).sort(dim=-1, descending=True)
-    return logits.gather(1, tokens[:, None])[:, 0].float() - lse, head.gather(1, order), top_lp
+    top_lp, order = logprob_at(head).sort(dim=-1, descending=True)  # (a temperature's rounding may tie two)
+    return logprob_at(tokens[:, None])[:, 0], head.gather(1, order), top_lp
