@@ -1,6 +1,7 @@
 """Compile the project's Triton kernels for sm_90 on a machine without a GPU, as the code calls them: run with
 ``python tests/sm90_compile.py`` (the repository on PYTHONPATH, TRITON_INTERPRET unset); prints one line a kernel
-that did not compile, then a count of what did, and exits 1 on a failure.
+that did not compile, then the kernels whose PTX holds a release fence (``kernels.fence``), then a count of what did
+compile, and exits 1 on a failure.
 
 Triton's active driver is replaced by one that names an sm_90 target and no device, and every launch compiles
 (Triton's own ptxas) instead of running: a kernel's outputs are left as they were, so what runs around the kernels
@@ -41,6 +42,7 @@ class CompileOnlyDriver:
 
 
 compiled: collections.Counter[str] = collections.Counter()
+fenced: set[str] = set()  # kernels of which a compiled variant holds ``kernels.fence.release_fence``'s fence
 failed: list[str] = []
 _run = JITFunction.run
 
@@ -54,6 +56,8 @@ def _compile_only(self, *args, grid, warmup, **kwargs):
         failed.append(f"{name}: {type(e).__name__}: {str(e)[-600:]}")
         return None
     compiled[name] += 1
+    if "fence.acq_rel.gpu" in kernel.asm.get("ptx", ""):
+        fenced.add(name)
     return kernel
 
 
@@ -134,6 +138,7 @@ def main() -> int:
             failed.append(f"{part.__name__}: {traceback.format_exc()[-1500:]}")
     for line in failed:
         print("FAILED", line)
+    print("fenced:", sorted(fenced))
     print("compiled:", dict(compiled))
     return int(bool(failed))
 

@@ -1,7 +1,8 @@
 """The project's Triton kernels compile for sm_90 on this CPU (``tests/sm90_compile.py``, Triton's own ptxas): the
 interpreter runs a kernel's Python, while the compiler builds both sides of a static branch and checks shapes the
 interpreter broadcasts (an early ``return`` in a constexpr branch, an accumulator of another shape: three device
-calls were lost to such errors before this check). In a process of its own, without TRITON_INTERPRET: under it
+calls were lost to such errors before this check), and the kernels whose last program reads what the others stored
+carry ``kernels.fence.release_fence`` in their PTX. In a process of its own, without TRITON_INTERPRET: under it
 ``triton.jit`` makes interpreted functions, which no compiler takes."""
 
 from __future__ import annotations
@@ -28,3 +29,7 @@ def test_every_triton_kernel_compiles_for_sm90():
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     compiled = ast.literal_eval(done.stdout.rsplit("compiled: ", 1)[1].strip())
     assert compiled.keys() >= EXPECTED, sorted(EXPECTED - compiled.keys())
+    # kernels.fence.release_fence (compiled only: the interpreter runs programs one after another) in the kernels
+    # whose last program reads what the others stored: the split-K weight stream and the sampler's bound
+    fenced = ast.literal_eval(done.stdout.rsplit("fenced: ", 1)[1].split("\n", 1)[0].strip())
+    assert set(fenced) >= {"_gemv_kernel", "_group_max_kernel"}, fenced
