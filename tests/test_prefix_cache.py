@@ -181,6 +181,44 @@ def test_an_offloaded_request_keeps_its_shared_pages_and_copies_the_rest():
     assert eng.stats.prefix_hits == 1 and eng.stats.reloads == 1 and out["b"] == want
 
 
+def _shared_prefix_requests(seed: int) -> list[Request]:
+    """8 requests at once, each one of two random prefixes (8-19 tokens) and 0-2 more tokens, 4 or more tokens to go
+    within a context of 32."""
+    rng = np.random.default_rng(seed)
+    prefixes = [rng.integers(0, QWEN.vocab_size, int(rng.integers(8, 20))).tolist() for _ in range(2)]
+    out = []
+    for i in range(8):
+        p = prefixes[int(rng.integers(2))] + rng.integers(0, QWEN.vocab_size, int(rng.integers(0, 3))).tolist()
+        sp = SamplingParams(max_tokens=int(rng.integers(4, 32 - len(p))), ignore_eos=True)
+        out.append(Request(tuple(p), sp, request_id=str(i)))
+    return out
+
+
+@pytest.mark.parametrize(("num_pages", "seed", "spills"), [(9, 3, True), (11, 0, True), (10, 3, False)])
+def test_offloaded_requests_that_pin_cached_pages_never_stall_the_engine(num_pages, seed, spills):
+    """Requests of shared prefixes in a pool of 8-12 pages (a request at the context holds 8): an offloaded request
+    keeps its cached pages, so once every request is offloaded what they pin can leave too few pages for any to come
+    back. The oldest offload then comes back (with the page its next token opens), offloaded requests first spilling
+    their kept pages to the host where it takes that (the engine had raised "engine stalled" in each case); every
+    request gives an engine's tokens without the cache, every page accounted for after every step."""
+    cfg = EngineConfig(page_size=4, max_seq_len=32, max_running=4, num_pages=num_pages, row_check=True)
+
+    def serve(c):
+        eng = Engine(QWEN, c)
+        for r in _shared_prefix_requests(seed):
+            eng.submit(r)
+        out = {}
+        while eng.has_work():
+            out.update({r.request_id: r.tokens for r in eng.step().finished})
+            check_pools(eng)
+        return out, eng
+
+    plain, _ = serve(cfg)
+    cached, eng = serve(attrs.evolve(cfg, **CACHE))
+    assert cached == plain and len(cached) == 8
+    assert eng.stats.offloads > 0 and (eng.stats.spills > 0) == spills and eng.stats.mismatches == 0
+
+
 def test_a_checkpoint_equals_the_state_recomputed_from_its_tokens():
     """The checkpoint a finished stream leaves (its slot after its decode steps) and one a pass saves, against the
     state a fresh prefill of the same tokens leaves (float32; tolerance 1e-4 of the state's scale)."""

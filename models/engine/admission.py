@@ -555,10 +555,38 @@ class Admission:
         return np.concatenate(given)
 
     def reload_fits(self, h: int, watermark: int) -> bool:
-        """Whether offloaded handle h's pages fit with ``watermark`` pages left free in each APPEND pool."""
+        """Whether offloaded handle h's pages fit, and the page its next token opens (if it does), with ``watermark``
+        pages left free in each APPEND pool (else the step after the reload would offload it again)."""
         free = self.free()
-        return all(int(np.count_nonzero(kept == 0)) + (watermark if k in self.append_keys else 0) <= free[k]
-                   for k, (_, _, kept) in self.saved[h].items())  # fmt: skip
+        return all(int(np.count_nonzero(kept == 0)) + (watermark + self._opens(k, h, n) if k in self.append_keys
+                                                        else 0) <= free[k]
+                   for k, (n, _, kept) in self.saved[h].items())  # fmt: skip
+
+    def _opens(self, k: str, h: int, n: int) -> int:
+        """1 if handle h's next token, written at its APPEND length in pool k, opens a page past the n it holds."""
+        return int(int(self.streams.kv[k].lengths[h]) // self.page_size >= n)
+
+    def spill(self, h: int) -> int:
+        """Offloaded handle h lets go of the cached pages it kept: they are copied to the host beside its other pages
+        and come back on new pages like them (a reload may then find the pages that offloaded requests pinned).
+        Returns how many pages it let go."""
+        let_go = 0
+        for k, (n, copies, kept) in self.saved[h].items():
+            pinned = kept > 0
+            if not pinned.any():
+                continue
+            moved_at, pinned_at = torch.from_numpy(~pinned), torch.from_numpy(pinned)
+            idx = torch.from_numpy(kept[pinned].astype(np.int64)).to(self.device)
+            whole = []
+            for c, t in zip(self.kv_caches(k), copies, strict=True):
+                w = torch.empty((n, *c.shape[1:]), dtype=c.dtype)  # [n, ...] every column's page, in column order
+                w[moved_at] = t
+                w[pinned_at] = c[idx].to("cpu")
+                whole.append(w)
+            self._give_pages(k, kept[pinned][::-1])
+            self.saved[h][k] = (n, whole, np.zeros(n, np.int32))
+            let_go += int(pinned.sum())
+        return let_go
 
     def reload(self, h: int) -> None:
         """Handle h's pages back: the kept ones as they were, the others from the host copies, on new pages."""

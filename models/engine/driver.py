@@ -230,7 +230,7 @@ class Engine:
                 landed_ns += time.perf_counter_ns() - t
                 if not self._runs():
                     return None, (), landed_ns, 1
-            elif batch.empty:
+            elif batch.empty and not self._unstall():
                 raise RuntimeError(f"engine stalled: {self.scheduler.describe()}, free pages {self.admission.free()}")
             elif early is None and not self.admission.crossings_fit(self.admission.crossings(batch.rows)):
                 self._offload(self.scheduler.victim(batch))
@@ -385,6 +385,20 @@ class Engine:
         self.arm.release(h)
         self.scheduler.offload(h)
         self.stats.add(Events(offloads=1))
+
+    def _unstall(self) -> bool:
+        """Nothing runs, and what waits does not fit beside the cached pages offloaded requests keep: the oldest
+        offload comes back, as many offloaded requests as it takes first spilling their kept pages to the host
+        (oldest first). False where none is offloaded."""
+        h = self.scheduler.next_reload()
+        if h is None:
+            return False
+        for o in tuple(self.scheduler.offloaded):
+            if self.admission.reload_fits(h, self.scheduler.reload_watermark()):
+                break
+            self.stats.add(Events(spills=1, pages_spilled=self.admission.spill(o)))
+        self._reload()
+        return self.scheduler.next_reload() != h
 
     def _reload(self) -> None:
         """Bring offloaded requests back, oldest offload first, while their pages fit beside a watermark."""

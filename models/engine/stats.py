@@ -62,6 +62,8 @@ class Events(Counts):
     refused_admits: int = 0
     offloads: int = 0
     reloads: int = 0
+    spills: int = 0
+    pages_spilled: int = 0
     early_drops: int = 0
 
 
@@ -111,6 +113,8 @@ class EngineStats:
     refused_admits: int = 0
     offloads: int = 0
     reloads: int = 0
+    spills: int = 0  # offloaded requests whose kept cached pages went to the host too (nothing else could run)
+    pages_spilled: int = 0  # the cached pages they let go
     prefix_hits: int = 0  # prefix cache: requests that restored a checkpoint
     prefix_cached_tokens: int = 0  # prompt tokens they did not prefill (their checkpoints' positions)
     checkpoints_taken: int = 0  # recurrent-state checkpoints saved (in passes, and at streams' ends)
