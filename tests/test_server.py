@@ -734,6 +734,37 @@ def test_max_waiting_answers_503_and_sigterm_drains(ckpt):
         s.stop()
 
 
+def _engine_pid(server_pid: int) -> int:
+    """The engine core's process: the server's child started by multiprocessing's spawn (not its resource tracker)."""
+    with open(f"/proc/{server_pid}/task/{server_pid}/children") as f:
+        for pid in f.read().split():
+            with open(f"/proc/{pid}/cmdline", "rb") as g:
+                if b"spawn_main" in g.read():
+                    return int(pid)
+    raise AssertionError("no engine process")
+
+
+def test_an_engine_killed_mid_stream_ends_the_stream_in_an_error_and_stops_the_server(ckpt):
+    """The engine process killed (as the OOM killer does: no word from it) while a stream runs: the stream's last
+    events are OpenAI's error object (500) and [DONE], and the server exits 1 saying the engine failed, instead of
+    holding the stream open on an engine that is gone."""
+    s = Server(ckpt)
+    try:
+        body = {"prompt": PROMPT, "max_tokens": 480, "temperature": 0, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", s.url + "/v1/completions", json=body, timeout=30) as r:
+            lines = r.iter_lines()
+            assert next(lines).startswith("data: ")
+            os.kill(_engine_pid(s.proc.pid), signal.SIGKILL)
+            events = [ln for ln in lines if ln.startswith("data: ")]
+        assert events[-1] == "data: [DONE]"
+        err = json.loads(events[-2][len("data: ") :])["error"]
+        assert err["code"] == 500 and err["type"] == "server_error", err
+        assert s.proc.wait(30) == 1
+        assert "error: the engine failed; stopping" in s.stop()
+    finally:
+        s.stop()
+
+
 def _speaks_german(path, wav) -> None:
     """Edit a tiny Whisper checkpoint so that on ``wav`` its most likely token after the start token is <|de|>: that
     token's embedding row (the output projection's, tied) moved along the decoder's last hidden state there."""

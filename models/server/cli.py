@@ -373,7 +373,8 @@ class _DrainingServer:
     ``drain_timeout`` seconds) before it exits; a second exits at once. The first front end passes its signals on to
     the other front ends (``peers``) and exits once they have; another front end (``owner``: the first's pid) ignores
     SIGINT (a terminal's Ctrl-C reaches every process of the group: the first passes it on as SIGTERM) and exits at
-    once if the first is gone. A front end that exits while serving stops the first (``exit_code`` 1)."""
+    once if the first is gone. A front end that exits while serving stops the first (``exit_code`` 1); so does the
+    engine's failure (every front end exits, the first saying the engine's traceback)."""
 
     def __new__(cls, config, state, drain_timeout: float, peers=None, owner: int | None = None):
         import signal
@@ -410,6 +411,16 @@ class _DrainingServer:
 
             async def on_tick(self, counter: int) -> bool:
                 if parent_gone(owner):
+                    return True
+                if owner is None:
+                    state.client.check_engine()
+                if state.client.failed is not None:  # (its requests were answered with the error; none can be now)
+                    if owner is None:
+                        print(f"python -m models.server: error: the engine failed; stopping:\n{state.client.failed}",
+                              file=sys.stderr, flush=True)  # fmt: skip
+                    if peers is not None:
+                        peers.terminate()
+                    self.exit_code = 1
                     return True
                 if peers is not None and not state.draining:
                     try:

@@ -211,6 +211,20 @@ class EngineClient:
         self.from_engine.close(linger=0)
         self.ctx.term()
 
+    def check_engine(self) -> None:
+        """An engine process that ended without a FAILED message (killed: the OOM killer, a signal) fails as one that
+        sent it does: its streams end with the error. What it sent before it ended is delivered first."""
+        if self.failed is not None or self.in_process or self._proc is None or self._proc.is_alive():
+            return
+        while self.failed is None:
+            try:
+                msg = unpack(self.from_engine.recv(zmq.NOBLOCK))
+            except zmq.Again:
+                break
+            self._deliver(msg)
+        if self.failed is None:
+            self._deliver([Kind.FAILED, f"the engine process exited (code {self._proc.exitcode}) without a word"])
+
     # -- requests ------------------------------------------------------------------------------------------------
     def add(self, rid: str, prompt: list[int], sampling: dict, features=None,
             arrived: float | None = None) -> RequestStream:  # fmt: skip

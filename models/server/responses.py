@@ -17,7 +17,7 @@ from fastapi.responses import Response
 
 from models.engine.requests import FinishReason
 from models.server.client import RequestStream
-from models.server.protocol import HTTPError, now, usage
+from models.server.protocol import HTTPError, error_body, now, usage
 from models.server.text import ChoiceText
 
 if TYPE_CHECKING:
@@ -296,7 +296,8 @@ async def events(state: ServerState, rid: str, choices: list[Choice], chat: bool
     finish reason, then (``include_usage``) the usage, then ``[DONE]``; nothing more once ``closed`` (the client went
     away). With ``continuous_usage`` (vLLM's ``continuous_usage_stats``) every chunk carries the usage so far. With
     ``token_ids`` every chunk of a choice carries the ids of the tokens it released (its ``token_ids``; a chunk goes out
-    for tokens that released no text yet), so the chunks' ids concatenate to the choice's tokens."""
+    for tokens that released no text yet), so the chunks' ids concatenate to the choice's tokens. A request the engine
+    refused or lost (it failed) ends in an event of OpenAI's error object, then ``[DONE]``."""
     created, obj = now(), "chat.completion.chunk" if chat else "text_completion"
     extra = {"usage": None} if include_usage else {}
     prompt_lens = _prompt_tokens(choices, n)
@@ -345,7 +346,13 @@ async def events(state: ServerState, rid: str, choices: list[Choice], chat: bool
                 unechoed.discard(c.index)
                 yield chunk(c, echo[c.index // n].text, None, _echo_logprobs(state, c, echo[c.index // n]))
             lo = c.text.tokens
-            text = _advance(state, c)
+            try:
+                text = _advance(state, c)
+            except HTTPError as e:  # (the status went out with the first chunk: the error is the stream's last event)
+                kind = "invalid_request_error" if e.status < 500 else "server_error"
+                yield _sse(error_body(str(e), e.param, e.status, kind))
+                yield "data: [DONE]\n\n"
+                return
             shift = len(echo[c.index // n].text) if echo is not None else 0
             lp = _logprobs(state, c, lo, c.text.tokens, chat, shift) if c.text.tokens > lo else None
             ids = list(c.stream.tokens[lo : c.text.tokens]) if token_ids else None
