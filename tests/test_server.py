@@ -309,6 +309,7 @@ def test_the_tokenizer_endpoints_are_the_checkpoints_tokenizer(server, tok):
     assert post("/detokenize", {"tokens": r["tokens"]}).json() == {"prompt": tok.decode(r["tokens"])}
     info = httpx.get(server.url + "/tokenizer_info", timeout=10).json()
     assert info["eos_token"] == tok.hf.eos_token and info["chat_template"] == tok.hf.chat_template
+    assert info["vocab_size"] == 320  # (the checkpoint's: checkpoints.VOCAB; the ids a prompt may hold)
     for path, body, param in (("/tokenize", {}, "prompt"), ("/tokenize", {"prompt": "x", "messages": msgs}, "prompt"),
                               ("/detokenize", {"tokens": [10**6]}, "tokens"), ("/detokenize", {"tokens": [-1]},
                               "tokens.0"), ("/tokenize", {"prompt": "x", "model": "gpt-9"}, "model")):  # fmt: skip

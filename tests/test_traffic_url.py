@@ -41,10 +41,17 @@ def token_id(prompt: list[int], i: int) -> int:
     return (len(prompt) * 7 + i * 3) % 100
 
 
-def fake_app(seen: list, key: str | None = None):
+def fake_app(seen: list, key: str | None = None, vocab: int | None = None):
     """An OpenAI-compatible server streaming one chunk per token after known delays (module constants); with
-    ``key``, its model list answers 401 to a request without it."""
+    ``key``, its model list answers 401 to a request without it; with ``vocab``, /tokenizer_info says its
+    vocabulary."""
     app = fastapi.FastAPI()
+
+    if vocab is not None:
+
+        @app.get("/tokenizer_info")
+        async def tokenizer_info():
+            return {"tokenizer_class": "x", "vocab_size": vocab}
 
     @app.get("/health")
     async def health():
@@ -236,6 +243,20 @@ def test_the_requests_are_the_in_process_arms_requests(server, tmp_path):
         assert runs[rnd]["output_lens"] == work.output_len.tolist()
     assert any(b.get("stop_token_ids") for b in bodies) and any(b["temperature"] > 0 for b in bodies)
     assert any(b.get("echo") for b in bodies) and not all(b.get("echo") for b in bodies)
+
+
+def test_prompt_ids_come_from_the_servers_vocabulary_where_it_is_smaller(tmp_path, capsys):
+    """A server whose /tokenizer_info says 50 ids: every prompt and stop id sent is below 50 (drawn from --model's
+    vocabulary they would be refused), and the report says whose vocabulary it was."""
+    seen: list = []
+    with serving(fake_app(seen, vocab=50)) as url:
+        argv = ["--url", url, "--num-requests", "8", "--rate", "inf", "--prompt-len", "uniform:5,12", "--gen-len",
+                "fixed:2", "--stop-frac", "1", "--rounds", "1", "--warmup", "1", "--no-progress"]  # fmt: skip
+        runs = traffic.main([*argv, "--out", str(tmp_path / "out")])
+    assert runs[0]["failed"] == 0 and MODEL_CONFIGS[MODEL].vocab_size > 50
+    ids = [t for _, b in seen for t in b["prompt"] + b.get("stop_token_ids", [])]
+    assert max(ids) < 50 and any(b.get("stop_token_ids") for _, b in seen)
+    assert "prompt ids from the server's vocabulary of 50 ids" in capsys.readouterr().out
 
 
 def test_an_api_key_in_the_environment_goes_with_every_request(server, tmp_path, monkeypatch):

@@ -111,11 +111,13 @@ def _httpx():
 # -- the server ----------------------------------------------------------------------------------------------------
 @attrs.frozen
 class Server:
-    """The server a run measures: its URL, the model the requests name, and its context where it says it."""
+    """The server a run measures: its URL, the model the requests name, and its context and vocabulary where it says
+    them."""
 
     url: str
     model: str
     max_model_len: int | None  # vLLM's /v1/models field; None where the server does not give it
+    vocab_size: int | None = None  # the token ids it takes, [0, vocab_size) (/tokenizer_info); None where unsaid
 
 
 def bearer() -> dict[str, str]:
@@ -152,19 +154,31 @@ def connect(url: str, served_model: str | None, timeout_s: float) -> Server:
             listed = {m["id"]: m for m in models} if isinstance(models, list) else None
         except (httpx.HTTPError, ValueError, KeyError, TypeError):
             r, listed = None, None
+        vocab = _said_int(client, "/tokenizer_info", "vocab_size")
     if r is not None and r.status_code in (401, 403):
         which = "another than $OPENAI_API_KEY" if bearer() else "set OPENAI_API_KEY"
         raise WorkloadError("--url", f"{url} answers {r.status_code}: it wants an API key ({which})")
     if listed is None or not listed:
         if served_model is None:
             raise WorkloadError("--url", f"{url}/v1/models lists no model; name it with --served-model")
-        return Server(url, served_model, None)
+        return Server(url, served_model, None, vocab)
     model = served_model if served_model is not None else next(iter(listed))
     if model not in listed:
         raise WorkloadError("--served-model", f"{model!r} is not served at {url} (it serves "
                                               f"{', '.join(listed)})")  # fmt: skip
     length = listed[model].get("max_model_len")
-    return Server(url, model, length if isinstance(length, int) and length > 0 else None)
+    return Server(url, model, length if isinstance(length, int) and length > 0 else None, vocab)
+
+
+def _said_int(client, path: str, field: str) -> int | None:
+    """A positive int field of the JSON the server answers ``GET path`` with; None where it has no such route or
+    field."""
+    try:
+        r = client.get(path)
+        v = r.json().get(field) if r.status_code == 200 else None
+    except Exception:  # noqa: BLE001 (any failure: the server does not say)
+        return None
+    return v if isinstance(v, int) and v > 0 else None
 
 
 def body(request: Request, model: str, token_ids: bool = False, text: str | None = None) -> bytes:

@@ -59,7 +59,8 @@ differently (``RankEngine`` refuses it).
 
 With ``--url http://HOST:PORT`` no engine is built: the same traffic (the same rounds, arrivals, lengths, trace and
 prompt ids, drawn from the same seeds; prompt ids from ``--model``'s vocabulary, by default the served model where
-its id is one of ``--model``'s names) is sent as streaming completions to an OpenAI-compatible server, as ``vllm
+its id is one of ``--model``'s names, and from the server's own where it says a smaller one: /tokenizer_info's
+``vocab_size``) is sent as streaming completions to an OpenAI-compatible server, as ``vllm
 bench serve`` does (``models/bench/remote.py``: the requests, how they are timed, what fails): the warm-up once, then
 each round, served once untimed first (``--prerun``, with other prompt ids) and then timed. With ``--prompt-text DIR``
 each prompt goes as text, as clients send it (its ids decoded with DIR's tokenizer, special tokens dropped; the server
@@ -866,23 +867,26 @@ def main_url(ap: argparse.ArgumentParser, args: argparse.Namespace, argv: list[s
         if traffic.longest > context:
             raise WorkloadError(traffic.lengths_arg, f"a request of {traffic.longest} tokens (prompt + output) is "
                                                      f"over {whose} of {context}")  # fmt: skip
-        tokenizer = prompt_tokenizer(args.prompt_text, traffic, MODEL_CONFIGS[args.model].vocab_size)
+        vocab, vocabulary = MODEL_CONFIGS[args.model].vocab_size, f"{args.model}'s vocabulary"
+        if server.vocab_size is not None and server.vocab_size < vocab:  # (else every larger id is refused)
+            vocab, vocabulary = server.vocab_size, f"the server's vocabulary of {server.vocab_size} ids"
+        tokenizer = prompt_tokenizer(args.prompt_text, traffic, vocab)
     except ValueError as e:
         ap.error(str(e))
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"workload: {traffic.description}", flush=True)
     sent_as = f", sent as text decoded with {args.prompt_text}'s tokenizer" if tokenizer is not None else ""
-    print(f"server: {server.url}, model {server.model}; prompt ids from {args.model}'s vocabulary{sent_as}", flush=True)
+    print(f"server: {server.url}, model {server.model}; prompt ids from {vocabulary}{sent_as}", flush=True)
     targets = args.goodput or {}
     runs = remote.run_rounds(server, traffic.rounds, traffic.warmup, traffic.sampling,
-                             MODEL_CONFIGS[args.model].vocab_size, args.seed, args.prerun, args.max_connections,
+                             vocab, args.seed, args.prerun, args.max_connections,
                              args.request_timeout, targets, progress=not args.no_progress,
                              client_procs=args.client_procs or 1, tokenizer=tokenizer)  # fmt: skip
     table, summary = remote.summarize(runs, server)
     command = "python -m models.bench.traffic " + " ".join(argv if argv is not None else sys.argv[1:])
     pre = "served once untimed first (other prompt ids), then " if args.prerun else ""
     head = (f"Traffic benchmark against the server at {server.url}, model {server.model} (prompt ids from "
-            f"{args.model}'s vocabulary{sent_as}). Workload: {traffic.description}. {args.rounds} rounds, each its own "
+            f"{vocabulary}{sent_as}). Workload: {traffic.description}. {args.rounds} rounds, each its own "
             f"draw of the traffic, {pre}timed; "
             f"{traffic.warmup.n} warm-up requests before the first. Streaming completions, ignore_eos, each sent at "
             f"its arrival over {'at most ' + str(args.max_connections) if args.max_connections else 'uncapped'} "
@@ -892,7 +896,7 @@ def main_url(ap: argparse.ArgumentParser, args: argparse.Namespace, argv: list[s
     (args.out / "results.md").write_text(head + table + "\n")
     keep = [{k: v for k, v in r.items() if not k.endswith("_ms") or not isinstance(v, list)} for r in runs]
     (args.out / "results.json").write_text(json.dumps(dict(command=command, url=server.url, model=server.model,
-                                                           vocabulary=args.model, workload=traffic.description,
+                                                           vocabulary=vocabulary, workload=traffic.description,
                                                            prompt_text=None if tokenizer is None else
                                                            str(args.prompt_text),
                                                            goodput=targets, summary=summary, runs=keep),

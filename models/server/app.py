@@ -200,7 +200,8 @@ def build_app(state: ServerState) -> FastAPI:
         hf = state.tokenizer.hf
         return {"tokenizer_class": type(hf).__name__, "eos_token": hf.eos_token, "bos_token": hf.bos_token,
                 "pad_token": hf.pad_token, "chat_template": getattr(hf, "chat_template", None),
-                "model_max_length": state.client.served.max_seq_len}  # fmt: skip
+                "model_max_length": state.client.served.max_seq_len,
+                "vocab_size": state.client.served.vocab_size}  # fmt: skip  (the token ids a prompt may hold)
 
     @app.post("/v1/audio/transcriptions")
     async def transcriptions(request: Request):
