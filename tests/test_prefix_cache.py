@@ -200,7 +200,8 @@ def test_offloaded_requests_that_pin_cached_pages_never_stall_the_engine(num_pag
     keeps its cached pages, so once every request is offloaded what they pin can leave too few pages for any to come
     back. The oldest offload then comes back (with the page its next token opens), offloaded requests first spilling
     their kept pages to the host where it takes that (the engine had raised "engine stalled" in each case); every
-    request gives an engine's tokens without the cache, every page accounted for after every step."""
+    request gives an engine's tokens without the cache, every page accounted for after every step, and the step that
+    brought an offload back ran what it could then run (in the step, not as a step of nothing)."""
     cfg = EngineConfig(page_size=4, max_seq_len=32, max_running=4, num_pages=num_pages, row_check=True)
 
     def serve(c):
@@ -217,6 +218,7 @@ def test_offloaded_requests_that_pin_cached_pages_never_stall_the_engine(num_pag
     cached, eng = serve(attrs.evolve(cfg, **CACHE))
     assert cached == plain and len(cached) == 8
     assert eng.stats.offloads > 0 and (eng.stats.spills > 0) == spills and eng.stats.mismatches == 0
+    assert eng.stats.prefill_steps + eng.stats.mixed_steps == eng.stats.prefill_passes  # (no step ran nothing)
 
 
 def test_a_checkpoint_equals_the_state_recomputed_from_its_tokens():

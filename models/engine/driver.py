@@ -230,8 +230,10 @@ class Engine:
                 landed_ns += time.perf_counter_ns() - t
                 if not self._runs():
                     return None, (), landed_ns, 1
-            elif batch.empty and not self._unstall():
-                raise RuntimeError(f"engine stalled: {self.scheduler.describe()}, free pages {self.admission.free()}")
+            elif batch.empty:  # (composed again once an offload came back)
+                if not self._unstall():
+                    raise RuntimeError(f"engine stalled: {self.scheduler.describe()}, free pages "
+                                       f"{self.admission.free()}")  # fmt: skip
             elif early is None and not self.admission.crossings_fit(self.admission.crossings(batch.rows)):
                 self._offload(self.scheduler.victim(batch))
             elif early is not None:  # (no admits: early keeps only such a batch)
