@@ -207,7 +207,7 @@ class Scheduler:
             chunks.append(Chunk(h, start, n, start + n == self.prompt_len[h]))
             budget -= n
         admits = []
-        if self.admit_quota != 0 and self.waiting:
+        if self.admit_quota != 0 and self.waiting and not self.offloaded:  # (an offloaded request came first)
             left = free()
             watermark = int(np.count_nonzero(self.status == _DECODING))  # each may open a page next step
             n_admitted = self.admitted
