@@ -123,9 +123,7 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.exception_handler(HTTPError)
     async def _http_error(request: Request, exc: HTTPError):
-        kind = "invalid_request_error" if exc.status < 500 else "server_error"
-        return JSONResponse(error_body(str(exc), exc.param, exc.status, kind), status_code=exc.status,
-                            headers=exc.headers)  # fmt: skip
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
     @app.get("/health")
     async def health():

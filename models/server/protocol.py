@@ -40,6 +40,11 @@ class HTTPError(Exception):
         super().__init__(message)
         self.status, self.param, self.headers = status, param, headers or {}
 
+    def body(self) -> dict:
+        """Its error object: the client's fault below 500, the server's from it."""
+        return error_body(str(self), self.param, self.status,
+                          "invalid_request_error" if self.status < 500 else "server_error")  # fmt: skip
+
 
 def error_body(message: str, param: str | None = None, code: int = 400,
                kind: str = "invalid_request_error") -> dict:  # fmt: skip

@@ -17,7 +17,7 @@ from fastapi.responses import Response
 
 from models.engine.requests import FinishReason
 from models.server.client import RequestStream
-from models.server.protocol import HTTPError, error_body, now, usage
+from models.server.protocol import HTTPError, now, usage
 from models.server.text import ChoiceText
 
 if TYPE_CHECKING:
@@ -349,8 +349,7 @@ async def events(state: ServerState, rid: str, choices: list[Choice], chat: bool
             try:
                 text = _advance(state, c)
             except HTTPError as e:  # (the status went out with the first chunk: the error is the stream's last event)
-                kind = "invalid_request_error" if e.status < 500 else "server_error"
-                yield _sse(error_body(str(e), e.param, e.status, kind))
+                yield _sse(e.body())
                 yield "data: [DONE]\n\n"
                 return
             shift = len(echo[c.index // n].text) if echo is not None else 0
