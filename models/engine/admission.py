@@ -566,6 +566,16 @@ class Admission:
         """1 if handle h's next token, written at its APPEND length in pool k, opens a page past the n it holds."""
         return int(int(self.streams.kv[k].lengths[h]) // self.page_size >= n)
 
+    def spill_until_fits(self, h: int, offloaded: Sequence[int], watermark: int) -> tuple[int, int]:
+        """Offloaded handles, in ``offloaded``'s order, spill their kept pages (``spill``) until h's reload fits beside
+        ``watermark``; returns (handles that spilled, pages they let go)."""
+        spills = pages = 0
+        for o in offloaded:
+            if self.reload_fits(h, watermark):
+                break
+            spills, pages = spills + 1, pages + self.spill(o)
+        return spills, pages
+
     def spill(self, h: int) -> int:
         """Offloaded handle h lets go of the cached pages it kept: they are copied to the host beside its other pages
         and come back on new pages like them (a reload may then find the pages that offloaded requests pinned).

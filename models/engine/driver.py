@@ -395,10 +395,8 @@ class Engine:
         h = self.scheduler.next_reload()
         if h is None:
             return False
-        for o in tuple(self.scheduler.offloaded):
-            if self.admission.reload_fits(h, self.scheduler.reload_watermark()):
-                break
-            self.stats.add(Events(spills=1, pages_spilled=self.admission.spill(o)))
+        spills, pages = self.admission.spill_until_fits(h, self.scheduler.offloaded, self.scheduler.reload_watermark())
+        self.stats.add(Events(spills=spills, pages_spilled=pages))
         self._reload()
         return self.scheduler.next_reload() != h
 
