@@ -139,7 +139,8 @@ def test_serve_http_alternates_http_and_in_process_rounds_and_pairs_them(tmp_pat
         t = tokps[(side, rnd)]
         return [dict(tokps=t, ttft_p50_ms=t / 10, itl_p50_ms=t / 100, failed=0, front_cpu_us_token=1.0,
                      engine_decode_step_ms=1.0, engine_beside_share=0.5, engine_intake_ms=1.0, decode_step_ms=1.0,
-                     decode_steps=2, decode_beside_pass=1, front_gc_ms=rnd + 1.0, engine_gc_ms=10.0 * rnd)]  # fmt: skip
+                     decode_steps=2, decode_beside_pass=1, front_gc_ms=rnd + 1.0, engine_gc_ms=10.0 * rnd,
+                     request_ttft_ms=[t / 10 + 1, t / 5 + 1] if url else [10.0, 20.0])]  # fmt: skip
 
     class Server:
         def __init__(self, args, log):
@@ -160,4 +161,27 @@ def test_serve_http_alternates_http_and_in_process_rounds_and_pairs_them(tmp_pat
                      ("burst", "http", 8, 1), ("burst", "http", 9, 1), ("burst", "engine", 9, 1)]  # fmt: skip
     lines = (tmp_path / "out" / "results.md").read_text().splitlines()
     row = next(line for line in lines if line.startswith("| burst"))
-    assert row.endswith("| 2.0 / 10.0 | 0.950 [0.900 - 1.100] | -0.5 [-1.0 - +1.0] | -0.05 [-0.10 - +0.10] |"), row
+    assert row.endswith("| 2.0 / 10.0 | 0.950 [0.900 - 1.100] | -0.5 [-1.0 - +1.0] | -0.05 [-0.10 - +0.10] | "
+                        "+0.2 [-0.5 - +2.5] | +1.0 [+1.0 - +1.0] | -5.0 [-10.0 - +10.0] |"), row  # (request by request:
+    # d = [t/10 - 9, t/5 - 19] over in-process [10, 20]: slope t/100 - 1, intercept 1)
+
+
+def test_serve_http_pairs_each_request_and_splits_its_ttft_difference_into_a_fixed_cost_and_a_pace():
+    """models.bench.serve_http's per-request columns on runs built as HTTP = fixed + (1 + pace) x in-process: the fit
+    gives back each round's fixed ms and pace, a failed request (None) is left out of its pair."""
+    import numpy as np
+
+    from models.bench.serve_http import per_request
+
+    rng = np.random.default_rng(0)
+    engine, http, med = [], [], []
+    for fixed, pace in ((2.0, 0.03), (4.0, 0.01), (3.0, 0.02)):
+        x = rng.uniform(5, 900, 64)
+        y = (fixed + (1 + pace) * x).tolist()
+        y[7] = None  # (failed through HTTP)
+        engine.append({"request_ttft_ms": x.tolist()})
+        http.append({"request_ttft_ms": y})
+        med.append(float(np.median(np.delete(fixed + pace * x, 7))))
+    cells = [c.strip() for c in per_request(http, engine).split("|")]
+    assert cells[0] == f"{np.median(med):+.1f} [{min(med):+.1f} - {max(med):+.1f}]"
+    assert cells[1] == "+3.0 [+2.0 - +4.0]" and cells[2] == "+2.0 [+1.0 - +3.0]"

@@ -721,6 +721,7 @@ def round_metrics(outs: list[Outcome], wall: float, targets: dict[str, float]) -
         lag_p99_ms=float(np.percentile(lag, 99)) if lag.size else float("nan"),
         lag_max_ms=float(lag.max()) if lag.size else float("nan"),
         ttft_ms=ttft.tolist(), itl_ms=itl.tolist(), tpot_ms=tpot.tolist(), e2el_ms=e2el.tolist(),
+        request_ttft_ms=[o.ttft_s * 1e3 if o.error is None else None for o in outs],
         output_lens=[o.output_tokens for o in outs], max_tokens=[o.max_tokens for o in outs],
         errors=[(i, o.error) for i, o in enumerate(outs) if o.error is not None],
     )  # fmt: skip

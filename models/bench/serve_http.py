@@ -14,7 +14,9 @@ poisson, burst, connections) runs round by round, each round of poisson and burs
 alternating which goes first; connections through HTTP only; (4) the server is stopped by SIGTERM (its drain) and
 started again, timed warm; (5) ``results.md`` compares them: output tok/s, TTFT p50 and ITL p50 through HTTP against
 in-process (medians over rounds, and the round-paired ratio and differences, median [min-max]: a burst's TTFT p50 is
-its queue for the slots and moves by tens of ms between rounds of either side), the front end's CPU a generated token,
+its queue for the slots and moves by tens of ms between rounds of either side), the TTFT paired request by request
+(``per_request``: each request's difference, and how much of it is a fixed cost and how much grows with the wait),
+the front end's CPU a generated token,
 the engine's decode step, and what places the ITL p50: its 30th and 70th percentiles and the share of decode steps
 beside a prefill pass. (Under a burst about half the decode steps run beside a pass, so the ITL p50 sits at the edge
 of the decode-only steps' point mass: a few percent more steps beside a pass, as arrivals spread over tens of
@@ -38,6 +40,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 from models.cli import OneLineParser, positive_int
 
@@ -195,6 +199,27 @@ def paired(http: list[dict], engine: list[dict]) -> str:
             f"{spread([h['itl_p50_ms'] - e['itl_p50_ms'] for h, e in pairs], '+.2f')}")  # fmt: skip
 
 
+def per_request(http: list[dict], engine: list[dict]) -> str:
+    """Request by request within a round (one draw on both sides): d = TTFT through HTTP - in-process (ms), and its
+    least-squares fit d = fixed + pace x the in-process TTFT. The median of d over a round's requests, the fixed ms
+    and the pace (%), each median [min-max] over rounds. The pace is what a slower engine or a later admission adds
+    to every later request's wait; the fixed part is what each request pays once (intake, delivery)."""
+
+    def spread(xs: list[float], fmt: str) -> str:
+        return f"{statistics.median(xs):{fmt}} [{min(xs):{fmt}} - {max(xs):{fmt}}]"
+
+    meds, fixed, pace = [], [], []
+    for h, e in zip(http, engine, strict=True):
+        a, b = (np.array([np.nan if t is None else t for t in r["request_ttft_ms"]]) for r in (h, e))
+        both = ~np.isnan(a) & ~np.isnan(b)
+        d, x = a[both] - b[both], b[both]
+        meds.append(float(np.median(d)))
+        slope, icept = np.polyfit(x, d, 1) if np.ptp(x) > 0 else (0.0, float(d.mean()))
+        fixed.append(float(icept))
+        pace.append(float(slope) * 100)
+    return f"{spread(meds, '+.1f')} | {spread(fixed, '+.1f')} | {spread(pace, '+.1f')}"
+
+
 def _edges(runs: list[dict]) -> str:
     """The ITL's 30th and 70th percentiles (ms, each the median over rounds): around a burst's p50 they show whether
     the p50 sits in the decode-only steps' point mass or past its edge, which a small change of schedule moves."""
@@ -264,8 +289,8 @@ def main(argv: list[str] | None = None) -> int:
              "us/token | engine decode step ms (HTTP / in-process) | decode steps beside a pass (HTTP / in-process) | "
              "engine intake ms (HTTP, mean: arrival at the server to submission in the engine) | GC ms a round, "
              "front end / engine (HTTP) | paired by round: tok/s ratio | TTFT p50 difference ms | ITL p50 difference "
-             "ms |",
-             "|" + "---|" * 18]  # fmt: skip
+             "ms | paired by request: TTFT difference ms, median | its fit: fixed ms | its fit: pace % |",
+             "|" + "---|" * 21]  # fmt: skip
     for w in workloads:
         h = http[w]
         if w == "connections":
@@ -274,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
                          f"{sum(r['failed'] for r in h)} | {_median(h, 'front_cpu_us_token'):.0f} | "
                          f"{_median(h, 'engine_decode_step_ms'):.2f} / - | "
                          f"{_median(h, 'engine_beside_share'):.0%} / - | "
-                         f"{_median(h, 'engine_intake_ms'):.2f} | {_gc(h)} | - | - | - |")  # fmt: skip
+                         f"{_median(h, 'engine_intake_ms'):.2f} | {_gc(h)} | - | - | - | - | - | - |")  # fmt: skip
             continue
         e = engine[w]
         table.append(f"| {w} | {_median(h, 'tokps'):.0f} | {_median(e, 'tokps'):.0f} | "
@@ -284,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
                      f"{_median(h, 'front_cpu_us_token'):.0f} | {_median(h, 'engine_decode_step_ms'):.2f} / "
                      f"{_median(e, 'decode_step_ms'):.2f} | {_median(h, 'engine_beside_share'):.0%} / "
                      f"{_beside_share(e):.0%} | {_median(h, 'engine_intake_ms'):.2f} | {_gc(h)} | "
-                     f"{paired(h, e)} |")  # fmt: skip
+                     f"{paired(h, e)} | {per_request(h, e)} |")  # fmt: skip
     text = (f"# The server against the engine it wraps\n\nCommand: `python -m models.bench.serve_http "
             f"{' '.join(argv if argv is not None else sys.argv[1:])}` (pid {os.getpid()})\n\n"
             + ("Prompts through HTTP sent as text, which the server tokenized.\n\n" if args.prompt_text else "")

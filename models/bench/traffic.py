@@ -48,7 +48,9 @@ Writes ``results.md``, ``results.json``, ``ttft_cdf.png``, ``itl_cdf.png`` and `
 each arm: rows, prompt tokens and wall time of every step) under ``--out``. Where an arm's tokens differ from the host
 arm's or from its twin's (the same arm without its prefix cache, or at one token a launch: ``resident-triton`` for
 ``resident-triton-cache`` and ``resident-triton-k4``), ``results.json``'s row names each such request, round by round,
-with the first token that differs (``differ_from_host``, ``differ_from_twin``). Runs on a CPU too
+with the first token that differs (``differ_from_host``, ``differ_from_twin``); each run's ``request_ttft_ms`` is
+every request's TTFT in request order (with ``--url`` too, null for a failed one), which pairs two runs of one draw
+request by request (``models.bench.serve_http``). Runs on a CPU too
 (tiny model, the ``host-torch`` and ``resident-torch`` arms), which is how its tests run it.
 
 Under torchrun (``python -m torch.distributed.run --nproc-per-node 2 -m models.bench.traffic ...``) every arm's
@@ -553,7 +555,7 @@ def timed_run(engine: Engine, workload: Workload, requests: list, cuda: bool,
         h2d_per_decode_step=per("h2d_copies", d["decode_steps"]),
         early_hits=d["early_hits"], early_steps=d["early_steps"],
         peak_gpu_gib=torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan"),
-        ttft_ms=ttft.tolist(), itl_ms=itl.tolist(), steps=steps,
+        ttft_ms=ttft.tolist(), itl_ms=itl.tolist(), steps=steps, request_ttft_ms=ttft.tolist(),
         tokens=[r.tokens for r in results], finish=[r.finish_reason.value for r in results],
         host_load=load, host_load_achieved=busy.achieved,
     )  # fmt: skip
@@ -894,7 +896,8 @@ def main_url(ap: argparse.ArgumentParser, args: argparse.Namespace, argv: list[s
             f"{remote.targets_text(targets)}. Cells are median [min-max] over rounds.\n\n"
             f"Command: `{command}`\n\n")  # fmt: skip
     (args.out / "results.md").write_text(head + table + "\n")
-    keep = [{k: v for k, v in r.items() if not k.endswith("_ms") or not isinstance(v, list)} for r in runs]
+    keep = [{k: v for k, v in r.items() if k == "request_ttft_ms" or not k.endswith("_ms") or not isinstance(v, list)}
+            for r in runs]  # fmt: skip
     (args.out / "results.json").write_text(json.dumps(dict(command=command, url=server.url, model=server.model,
                                                            vocabulary=vocabulary, workload=traffic.description,
                                                            prompt_text=None if tokenizer is None else
