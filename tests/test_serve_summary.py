@@ -3,6 +3,8 @@ whose ratios are known by construction."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from models.bench.arms import Arm, Budget
@@ -185,3 +187,30 @@ def test_serve_http_pairs_each_request_and_splits_its_ttft_difference_into_a_fix
     cells = [c.strip() for c in per_request(http, engine).split("|")]
     assert cells[0] == f"{np.median(med):+.1f} [{min(med):+.1f} - {max(med):+.1f}]"
     assert cells[1] == "+3.0 [+2.0 - +4.0]" and cells[2] == "+2.0 [+1.0 - +3.0]"
+
+
+def test_serve_http_sends_poisson_and_burst_from_one_client_process_unless_told(tmp_path, monkeypatch):
+    """Over one client process a burst reaches the server in request order, the in-process arm's; the thousand
+    streams of connections are spread over four; --client-procs overrides both."""
+    import json
+    import subprocess
+
+    from models.bench import serve_http
+
+    cmds = []
+
+    def run(cmd, **kw):
+        cmds.append(cmd)
+        out = Path(cmd[cmd.index("--out") + 1])
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.json").write_text(json.dumps({"runs": []}))
+
+    monkeypatch.setattr(subprocess, "run", run)
+
+    def procs(workload, *flags):
+        args = serve_http.parser().parse_args(["--model-dir", str(tmp_path), "--out", str(tmp_path), *flags])
+        serve_http.traffic(args, workload, tmp_path / workload, "http://127.0.0.1:1", 0)
+        return cmds[-1][cmds[-1].index("--client-procs") + 1]
+
+    assert [procs(w) for w in ("poisson", "burst", "connections")] == ["1", "1", "4"]
+    assert [procs(w, "--client-procs", "3") for w in ("burst", "connections")] == ["3", "3"]
