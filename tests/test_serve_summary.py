@@ -166,6 +166,9 @@ def test_serve_http_alternates_http_and_in_process_rounds_and_pairs_them(tmp_pat
     assert row.endswith("| 2.0 / 10.0 | 0.950 [0.900 - 1.100] | -0.5 [-1.0 - +1.0] | -0.05 [-0.10 - +0.10] | "
                         "+0.2 [-0.5 - +2.5] | +1.0 [+1.0 - +1.0] | -5.0 [-10.0 - +10.0] |"), row  # (request by request:
     # d = [t/10 - 9, t/5 - 19] over in-process [10, 20]: slope t/100 - 1, intercept 1)
+    pairs = (tmp_path / "out" / "burst-ttft-by-request.csv").read_text().splitlines()
+    assert pairs[:3] == ["round,request,http_ms,in_process_ms", "0,0,10.000,10.000", "0,1,19.000,20.000"]
+    assert len(pairs) == 1 + 3 * 2
 
 
 def test_serve_http_pairs_each_request_and_splits_its_ttft_difference_into_a_fixed_cost_and_a_pace():

@@ -15,7 +15,8 @@ alternating which goes first; connections through HTTP only; (4) the server is s
 started again, timed warm; (5) ``results.md`` compares them: output tok/s, TTFT p50 and ITL p50 through HTTP against
 in-process (medians over rounds, and the round-paired ratio and differences, median [min-max]: a burst's TTFT p50 is
 its queue for the slots and moves by tens of ms between rounds of either side), the TTFT paired request by request
-(``per_request``: each request's difference, and how much of it is a fixed cost and how much grows with the wait),
+(``per_request``: each request's difference, and how much of it is a fixed cost and how much grows with the wait;
+every request's pair in ``{workload}-ttft-by-request.csv``),
 the front end's CPU a generated token,
 the engine's decode step, and what places the ITL p50: its 30th and 70th percentiles and the share of decode steps
 beside a prefill pass. (Under a burst about half the decode steps run beside a pass, so the ITL p50 sits at the edge
@@ -233,6 +234,16 @@ def per_request(http: list[dict], engine: list[dict]) -> str:
     return f"{spread(meds, '+.1f')} | {spread(fixed, '+.1f')} | {spread(pace, '+.1f')}"
 
 
+def write_pairs(http: list[dict], engine: list[dict], path: Path) -> None:
+    """Every request's TTFT on both sides, round by round, as CSV (round, request, HTTP ms, in-process ms; empty
+    where it failed): what ``per_request`` fits, kept for a closer look (by wave of slots, by prompt length)."""
+    lines = ["round,request,http_ms,in_process_ms"]
+    for rnd, (h, e) in enumerate(zip(http, engine, strict=True)):
+        for j, (a, b) in enumerate(zip(h["request_ttft_ms"], e["request_ttft_ms"], strict=True)):
+            lines.append(f"{rnd},{j},{'' if a is None else f'{a:.3f}'},{'' if b is None else f'{b:.3f}'}")
+    path.write_text("\n".join(lines) + "\n")
+
+
 def _edges(runs: list[dict]) -> str:
     """The ITL's 30th and 70th percentiles (ms, each the median over rounds): around a burst's p50 they show whether
     the p50 sits in the decode-only steps' point mass or past its edge, which a small change of schedule moves."""
@@ -315,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
                          f"{_median(h, 'engine_intake_ms'):.2f} | {_gc(h)} | - | - | - | - | - | - |")  # fmt: skip
             continue
         e = engine[w]
+        write_pairs(h, e, args.out / f"{w}-ttft-by-request.csv")
         table.append(f"| {w} | {_median(h, 'tokps'):.0f} | {_median(e, 'tokps'):.0f} | "
                      f"{_median(h, 'tokps') / _median(e, 'tokps'):.3f} | {_median(h, 'ttft_p50_ms'):.1f} | "
                      f"{_median(e, 'ttft_p50_ms'):.1f} | {_median(h, 'itl_p50_ms'):.2f} | "
