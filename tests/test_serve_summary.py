@@ -142,7 +142,9 @@ def test_serve_http_alternates_http_and_in_process_rounds_and_pairs_them(tmp_pat
         return [dict(tokps=t, ttft_p50_ms=t / 10, itl_p50_ms=t / 100, failed=0, front_cpu_us_token=1.0,
                      engine_decode_step_ms=1.0, engine_beside_share=0.5, engine_intake_ms=1.0, decode_step_ms=1.0,
                      decode_steps=2, decode_beside_pass=1, front_gc_ms=rnd + 1.0, engine_gc_ms=10.0 * rnd,
-                     request_ttft_ms=[t / 10 + 1, t / 5 + 1] if url else [10.0, 20.0])]  # fmt: skip
+                     request_ttft_ms=[t / 10 + 1, t / 5 + 1] if url else [10.0, 20.0], ttft_mean_ms=t / 10 + 2,
+                     server_ttft_mean_ms=t / 10 + 1, engine_tokens_per_pass=600.0, engine_pass_ms=10.0,
+                     prefill_tokens_per_pass=700.0, prefill_ms=9.0)]  # fmt: skip
 
     class Server:
         def __init__(self, args, log):
@@ -164,7 +166,8 @@ def test_serve_http_alternates_http_and_in_process_rounds_and_pairs_them(tmp_pat
     lines = (tmp_path / "out" / "results.md").read_text().splitlines()
     row = next(line for line in lines if line.startswith("| burst"))
     assert row.endswith("| 2.0 / 10.0 | 0.950 [0.900 - 1.100] | -0.5 [-1.0 - +1.0] | -0.05 [-0.10 - +0.10] | "
-                        "+0.2 [-0.5 - +2.5] | +1.0 [+1.0 - +1.0] | -5.0 [-10.0 - +10.0] |"), row  # (request by request:
+                        "+0.2 [-0.5 - +2.5] | +1.0 [+1.0 - +1.0] | -5.0 [-10.0 - +10.0] | 11.5 / 10.5 / 15.0 | "
+                        "600 / 700; 10.00 / 9.00 |"), row  # (request by request:
     # d = [t/10 - 9, t/5 - 19] over in-process [10, 20]: slope t/100 - 1, intercept 1)
     pairs = (tmp_path / "out" / "burst-ttft-by-request.csv").read_text().splitlines()
     assert pairs[:3] == ["round,request,http_ms,in_process_ms", "0,0,10.000,10.000", "0,1,19.000,20.000"]

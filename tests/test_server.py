@@ -548,7 +548,7 @@ def test_a_chats_next_turn_restores_its_history_from_the_prefix_cache(server, to
     assert cached == len(tok.encode(PROMPT)) + len(ids) - 1
 
 
-def test_metrics_parse_and_count(server, api):
+def test_metrics_parse_and_count(server, api, tok):
     before = server.metrics()
     api.completions.create(model="qwen", prompt=PROMPT, max_tokens=5, temperature=0, extra_body={"ignore_eos": True})
     m = server.metrics()
@@ -558,6 +558,11 @@ def test_metrics_parse_and_count(server, api):
     assert m["resplan_requests_finished_total[('finish_reason', 'length')]"] >= 1
     assert m["resplan_engine_decode_steps"] - before["resplan_engine_decode_steps"] >= 3  # (a token from the pass)
     assert m["resplan_engine_decode_steps_beside_pass"] == 0  # on the CPU a pass runs in the step, never beside it
+    passes = {k: m[k] - before[k] for k in ("resplan_engine_prefill_passes", "resplan_engine_prefill_tokens",
+                                            "resplan_engine_prefill_pass_seconds")}  # fmt: skip
+    assert passes["resplan_engine_prefill_passes"] == 1  # (the whole prompt in one pass; some of it may be cached)
+    assert 1 <= passes["resplan_engine_prefill_tokens"] <= len(tok.encode(PROMPT))
+    assert 0 < passes["resplan_engine_prefill_pass_seconds"] < 60
     d = {k: m[k] - before.get(k, 0) for k in m if k.startswith("resplan_frontend_")}
     lag, wake = "resplan_frontend_step_lag_seconds", "resplan_frontend_steps_per_wakeup"
     assert d[f"{lag}_count"] >= 1 and d[f"{lag}_sum"] >= 0  # every step message's lag from the engine's send

@@ -455,3 +455,28 @@ def test_no_server_or_no_url_ends_in_one_line(args, words, tmp_path, capsys):
         traffic.main([a.format(port=port) for a in args] + ["--no-progress", "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert info.value.code == 2 and err.count("\n") == 1 and words.format(port=port) in err, err
+
+
+def test_server_costs_are_each_counters_difference_over_the_round():
+    """``remote.server_costs`` from two reads of a server's counters: CPU a token, a decode step's and a pass's wall
+    time, tokens a pass, and the means of the intake and server-side TTFT histograms over the round (sum / count
+    differences); NaN where the server does not say."""
+    from models.bench.remote import SERVER_COUNTERS, server_costs
+
+    before = {k: 1.0 for k in SERVER_COUNTERS}
+    step = {"process_cpu_seconds_total": 0.02, "resplan_generation_tokens_total": 1000,
+            "resplan_engine_decode_steps": 40, "resplan_engine_decode_step_seconds": 0.08,
+            "resplan_engine_decode_steps_beside_pass": 10, "resplan_engine_intake_seconds_sum": 0.03,
+            "resplan_engine_intake_seconds_count": 10, "resplan_engine_prefill_passes": 4,
+            "resplan_engine_prefill_tokens": 2400, "resplan_engine_prefill_pass_seconds": 0.044,
+            "resplan_time_to_first_token_seconds_sum": 1.5, "resplan_time_to_first_token_seconds_count": 10}
+    after = {k: before[k] + step.get(k, 0.0) for k in SERVER_COUNTERS}
+    c = server_costs(before, after)
+    assert c["front_cpu_us_token"] == pytest.approx(20.0) and c["engine_decode_step_ms"] == pytest.approx(2.0)
+    assert c["engine_beside_share"] == pytest.approx(0.25) and c["engine_intake_ms"] == pytest.approx(3.0)
+    assert c["engine_tokens_per_pass"] == pytest.approx(600.0) and c["engine_pass_ms"] == pytest.approx(11.0)
+    assert c["server_ttft_mean_ms"] == pytest.approx(150.0)
+    old = {k: v for k, v in before.items() if "prefill" not in k and "first_token" not in k}  # an older server
+    c = server_costs(old, {k: after[k] for k in old})
+    assert np.isnan(c["engine_pass_ms"]) and np.isnan(c["server_ttft_mean_ms"])
+    assert c["engine_intake_ms"] == pytest.approx(3.0)

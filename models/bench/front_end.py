@@ -48,6 +48,9 @@ class _Stats:
     decode_beside_pass: int = 0
     prefix_hits: int = 0
     prefix_cached_tokens: int = 0
+    prefill_passes: int = 0
+    prefill_tokens: int = 0
+    prefill_ns: int = 0
 
 
 class PacedEngine:

@@ -588,7 +588,9 @@ SERVER_COUNTERS = ("process_cpu_seconds_total", "resplan_generation_tokens_total
                    "resplan_frontend_step_lag_seconds_sum", "resplan_frontend_step_lag_seconds_count",
                    "resplan_frontend_steps_per_wakeup_sum", "resplan_frontend_steps_per_wakeup_count",
                    "resplan_engine_intake_seconds_sum", "resplan_engine_intake_seconds_count",
-                   "resplan_frontend_gc_seconds", "resplan_engine_gc_seconds")  # fmt: skip
+                   "resplan_frontend_gc_seconds", "resplan_engine_gc_seconds", "resplan_engine_prefill_passes",
+                   "resplan_engine_prefill_tokens", "resplan_engine_prefill_pass_seconds",
+                   "resplan_time_to_first_token_seconds_sum", "resplan_time_to_first_token_seconds_count")  # fmt: skip
 
 
 async def server_counters(client) -> dict[str, float]:
@@ -609,12 +611,15 @@ def server_costs(before: dict[str, float], after: dict[str, float]) -> dict[str,
     """What a round cost the server (NaN where it does not say): its front end's CPU a generated token (us), its
     engine's wall time a decode step (ms), the share of its decode steps that ran beside a prefill pass, and the front
     end's delivery of the engine's steps: the mean lag from the engine's send (ms) and steps a wake-up of its reader;
-    the mean intake of a request, from its arrival at the server to its submission in the engine (ms); and the time
-    each of its processes spent in garbage collections over the round (ms)."""
+    the mean intake of a request, from its arrival at the server to its submission in the engine (ms); the time
+    each of its processes spent in garbage collections over the round (ms); its engine's prefill passes (prompt
+    tokens a pass, wall ms a pass); and its own TTFT mean, from a request's arrival at the server to its first token
+    reaching the front end (ms: the client's TTFT less what the client and the network add)."""
     nan = float("nan")
     d = {k: after[k] - before[k] for k in SERVER_COUNTERS if k in before and k in after}
     tokens, steps = d.get("resplan_generation_tokens_total", 0), d.get("resplan_engine_decode_steps", 0)
     cpu = d.get("process_cpu_seconds_total")
+    passes = d.get("resplan_engine_prefill_passes", 0)
     return dict(front_cpu_us_token=cpu / tokens * 1e6 if tokens and cpu is not None else nan,
                 engine_decode_step_ms=d["resplan_engine_decode_step_seconds"] / steps * 1e3 if steps else nan,
                 engine_beside_share=d.get("resplan_engine_decode_steps_beside_pass", nan) / steps if steps else nan,
@@ -622,7 +627,10 @@ def server_costs(before: dict[str, float], after: dict[str, float]) -> dict[str,
                 front_steps_per_wakeup=_histogram_mean(d, "resplan_frontend_steps_per_wakeup"),
                 engine_intake_ms=_histogram_mean(d, "resplan_engine_intake_seconds") * 1e3,
                 front_gc_ms=d.get("resplan_frontend_gc_seconds", nan) * 1e3,
-                engine_gc_ms=d.get("resplan_engine_gc_seconds", nan) * 1e3)
+                engine_gc_ms=d.get("resplan_engine_gc_seconds", nan) * 1e3,
+                engine_tokens_per_pass=d["resplan_engine_prefill_tokens"] / passes if passes else nan,
+                engine_pass_ms=d["resplan_engine_prefill_pass_seconds"] / passes * 1e3 if passes else nan,
+                server_ttft_mean_ms=_histogram_mean(d, "resplan_time_to_first_token_seconds") * 1e3)
 
 
 def _histogram_mean(d: dict[str, float], histogram: str) -> float:
@@ -741,6 +749,8 @@ RUN_COLUMNS = (  # (header, key, format): median [min-max] over rounds
                                                                 "{:.2f}"),
     ("engine intake ms", "engine_intake_ms", "{:.2f}"),
     ("front-end GC ms", "front_gc_ms", "{:.1f}"), ("engine GC ms", "engine_gc_ms", "{:.1f}"),
+    ("engine prompt tokens a pass", "engine_tokens_per_pass", "{:.0f}"), ("engine pass ms", "engine_pass_ms", "{:.2f}"),
+    ("server TTFT mean ms (arrival to the front end)", "server_ttft_mean_ms", "{:.1f}"),
     ("prompt tokens", "prompt_tokens", "{:.0f}"),
 )  # fmt: skip
 

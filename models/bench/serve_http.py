@@ -263,6 +263,20 @@ def _median(runs: list[dict], key: str) -> float:
     return statistics.median(r[key] for r in runs)
 
 
+def _ttft_means(http: list[dict], engine: list[dict]) -> str:
+    """TTFT means (ms, each the median over rounds): the client's through HTTP, the server's own (a request's arrival
+    at the server to its first token reaching the front end) and in-process. Client less server is what the client
+    and the network add; server less in-process is what the server adds, intake and engine alike."""
+    inproc = statistics.median(float(np.mean([t for t in r["request_ttft_ms"] if t is not None])) for r in engine)
+    return f"{_median(http, 'ttft_mean_ms'):.1f} / {_median(http, 'server_ttft_mean_ms'):.1f} / {inproc:.1f}"
+
+
+def _passes(http: list[dict], engine: list[dict]) -> str:
+    """The engine's prefill passes, HTTP / in-process (medians over rounds): prompt tokens a pass, wall ms a pass."""
+    return (f"{_median(http, 'engine_tokens_per_pass'):.0f} / {_median(engine, 'prefill_tokens_per_pass'):.0f}; "
+            f"{_median(http, 'engine_pass_ms'):.2f} / {_median(engine, 'prefill_ms'):.2f}")
+
+
 def _gc(runs: list[dict]) -> str:
     """The server's processes' garbage collections a round (ms, median over rounds): front end / engine (NaN where
     the server does not report them: ``remote.server_costs``)."""
@@ -313,8 +327,10 @@ def main(argv: list[str] | None = None) -> int:
              "us/token | engine decode step ms (HTTP / in-process) | decode steps beside a pass (HTTP / in-process) | "
              "engine intake ms (HTTP, mean: arrival at the server to submission in the engine) | GC ms a round, "
              "front end / engine (HTTP) | paired by round: tok/s ratio | TTFT p50 difference ms | ITL p50 difference "
-             "ms | paired by request: TTFT difference ms, median | its fit: fixed ms | its fit: pace % |",
-             "|" + "---|" * 21]  # fmt: skip
+             "ms | paired by request: TTFT difference ms, median | its fit: fixed ms | its fit: pace % | TTFT mean ms: "
+             "client through HTTP / the server's own / in-process | engine prefill passes: prompt tokens a pass, ms a "
+             "pass (HTTP / in-process) |",
+             "|" + "---|" * 23]  # fmt: skip
     for w in workloads:
         h = http[w]
         if w == "connections":
@@ -323,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
                          f"{sum(r['failed'] for r in h)} | {_median(h, 'front_cpu_us_token'):.0f} | "
                          f"{_median(h, 'engine_decode_step_ms'):.2f} / - | "
                          f"{_median(h, 'engine_beside_share'):.0%} / - | "
-                         f"{_median(h, 'engine_intake_ms'):.2f} | {_gc(h)} | - | - | - | - | - | - |")  # fmt: skip
+                         f"{_median(h, 'engine_intake_ms'):.2f} | {_gc(h)} |" + " - |" * 8)  # fmt: skip
             continue
         e = engine[w]
         write_pairs(h, e, args.out / f"{w}-ttft-by-request.csv")
@@ -334,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
                      f"{_median(h, 'front_cpu_us_token'):.0f} | {_median(h, 'engine_decode_step_ms'):.2f} / "
                      f"{_median(e, 'decode_step_ms'):.2f} | {_median(h, 'engine_beside_share'):.0%} / "
                      f"{_beside_share(e):.0%} | {_median(h, 'engine_intake_ms'):.2f} | {_gc(h)} | "
-                     f"{paired(h, e)} | {per_request(h, e)} |")  # fmt: skip
+                     f"{paired(h, e)} | {per_request(h, e)} | {_ttft_means(h, e)} | {_passes(h, e)} |")  # fmt: skip
     text = (f"# The server against the engine it wraps\n\nCommand: `python -m models.bench.serve_http "
             f"{' '.join(argv if argv is not None else sys.argv[1:])}` (pid {os.getpid()})\n\n"
             + ("Prompts through HTTP sent as text, which the server tokenized.\n\n" if args.prompt_text else "")

@@ -108,6 +108,9 @@ class Load:
     prefix_hits: int = 0  # requests that restored a prefix cache checkpoint
     prefix_cached_tokens: int = 0  # prompt tokens they did not compute
     gc_seconds: float = 0.0  # the engine process's time in garbage collections since it served
+    prefill_passes: int = 0  # the engine's prefill passes so far
+    prefill_tokens: int = 0  # prompt tokens they ran
+    prefill_ns: int = 0  # their wall time, summed (EngineStats.prefill_ns)
 
 
 class EngineClient:

@@ -213,7 +213,8 @@ def serve(engine, inbox: zmq.Socket, outbox: zmq.Socket, parent: int | None) -> 
                                  [(r.request_id, r.finish_reason.value) for r in out.finished],
                                  (load.waiting, load.running, load.pages_used, load.pages_total, st.steps,
                                   st.decode_steps, st.decode_ns, st.decode_beside_pass, st.prefix_hits,
-                                  st.prefix_cached_tokens, collector.seconds),
+                                  st.prefix_cached_tokens, collector.seconds, st.prefill_passes, st.prefill_tokens,
+                                  st.prefill_ns),
                                  lp, prompt_lp, time.perf_counter(), intakes))  # fmt: skip  (sent: the delivery lag)
                 intakes = []
 

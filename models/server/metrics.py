@@ -60,6 +60,12 @@ class Metrics:
               registry=r).set_function(lambda: load().decode_ns * 1e-9)  # fmt: skip
         Gauge("resplan_engine_decode_steps_beside_pass", "Decode steps launched while a prefill pass ran beside them",
               registry=r).set_function(lambda: load().decode_beside_pass)  # fmt: skip
+        Gauge("resplan_engine_prefill_passes", "Prefill passes the engine ran", registry=r).set_function(
+            lambda: load().prefill_passes)
+        Gauge("resplan_engine_prefill_tokens", "Prompt tokens the engine's prefill passes ran",
+              registry=r).set_function(lambda: load().prefill_tokens)  # fmt: skip
+        Gauge("resplan_engine_prefill_pass_seconds", "Wall time of the engine's prefill passes, summed (launch to "
+              "land)", registry=r).set_function(lambda: load().prefill_ns * 1e-9)  # fmt: skip
         Gauge("resplan_prefix_cache_hits", "Requests that restored a prefix cache checkpoint",
               registry=r).set_function(lambda: load().prefix_hits)  # fmt: skip
         Gauge("resplan_prefix_cache_prompt_tokens", "Prompt tokens served from the prefix cache (not computed)",
