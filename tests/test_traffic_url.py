@@ -173,6 +173,7 @@ def test_every_request_is_timed_within_the_servers_delays_and_goodput_counts_the
     # wait less 1 ms: the fake server runs on uvloop, whose timers fire on a millisecond clock (a 5 ms sleep measured
     # 4.19 ms at the least on the development CPU), which a client that stamps each chunk as it arrives can see
     assert (ttft >= first - 1).all() and (ttft < first + 500).all(), ttft
+    assert 0 < r["headers_mean_ms"] < FIRST_S * 1e3  # (the fake sends its headers at once, its first token later)
     assert (e2el >= first + (outs - 1) * gap - outs).all() and (e2el < first + (outs - 1) * gap + 1000).all(), e2el
     assert len(r["itl_ms"]) == int((outs - 1).sum())  # a gap for every token after a request's first
     tpot = (e2el - ttft)[outs > 1] / (outs[outs > 1] - 1)

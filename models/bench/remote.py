@@ -17,7 +17,10 @@ events of one read share its time; a read's lines are split on bytes and only ``
 * ITL: the gaps between the chunks carrying tokens, after the first;
 * E2EL: until the last chunk carrying a token;
 * TPOT: (E2EL - TTFT) / (output tokens - 1), the output tokens from the usage chunk's ``completion_tokens``, else
-  the chunks carrying tokens.
+  the chunks carrying tokens;
+* response headers: until the status line and headers were read. ``models.server`` sends them once the request is
+  with its engine, before any token: against the server's own TTFT (/metrics, from the handler's start) they show
+  what a request waits before the server's handler runs.
 
 A chat's later turn (``--shape chat``, a trace's sessions) is sent when the turn before it has ended (plus its think
 time), its prompt that turn's prompt ids, the output ids the server returned for it and its own new message: a turn
@@ -248,6 +251,7 @@ class Outcome:
     max_tokens: int
     prompt_tokens: int
     lag_s: float = 0.0  # sent this long after its arrival
+    headers_s: float = math.nan  # from its send until the response's status line and headers were read
     ttft_s: float = math.nan
     e2el_s: float = math.nan
     itl_s: list[float] = attrs.Factory(list)
@@ -271,6 +275,7 @@ async def stream_one(client: LoadClient, payload: bytes, out: Outcome, arrival: 
     out.lag_s = sent - arrival
     try:
         async with client.streams.post("/v1/completions", payload) as resp:
+            out.headers_s = time.perf_counter() - sent
             if resp.status != 200:
                 text = (await resp.read()).decode(errors="replace")
                 with contextlib.suppress(ValueError, KeyError, TypeError):  # OpenAI's error object: its message
@@ -715,6 +720,7 @@ def round_metrics(outs: list[Outcome], wall: float, targets: dict[str, float]) -
     tpot = np.array([o.tpot_s for o in ok if o.output_tokens > 1]) * 1e3
     e2el = np.array([o.e2el_s for o in ok]) * 1e3
     lag = np.array([o.lag_s for o in outs]) * 1e3
+    headers = np.array([o.headers_s for o in ok]) * 1e3
     out_tokens, in_tokens = sum(o.output_tokens for o in ok), sum(o.prompt_tokens for o in ok)
     good = sum(meets(o, targets) for o in outs) if targets else None
     return dict(
@@ -728,6 +734,7 @@ def round_metrics(outs: list[Outcome], wall: float, targets: dict[str, float]) -
         itl_ms_deciles=np.percentile(itl, DECILES).tolist() if itl.size else [],
         lag_p99_ms=float(np.percentile(lag, 99)) if lag.size else float("nan"),
         lag_max_ms=float(lag.max()) if lag.size else float("nan"),
+        headers_mean_ms=float(np.nanmean(headers)) if headers.size else float("nan"),
         ttft_ms=ttft.tolist(), itl_ms=itl.tolist(), tpot_ms=tpot.tolist(), e2el_ms=e2el.tolist(),
         request_ttft_ms=[o.ttft_s * 1e3 if o.error is None else None for o in outs],
         output_lens=[o.output_tokens for o in outs], max_tokens=[o.max_tokens for o in outs],
@@ -741,7 +748,8 @@ RUN_COLUMNS = (  # (header, key, format): median [min-max] over rounds
     ("req/s", "reqps", "{:.2f}"), ("total tok/s", "total_tokps", "{:.0f}"),
     ("goodput req/s", "goodput_reqps", "{:.2f}"), ("goodput share", "goodput_frac", "{:.1%}"),
     ("short of max_tokens", "short", "{:.0f}"), ("send lag p99 ms", "lag_p99_ms", "{:.1f}"),
-    ("send lag max ms", "lag_max_ms", "{:.1f}"), ("client CPU", "client_cpu", "{:.0%}"),
+    ("send lag max ms", "lag_max_ms", "{:.1f}"), ("response headers ms (mean, from the send)", "headers_mean_ms",
+                                                  "{:.1f}"), ("client CPU", "client_cpu", "{:.0%}"),
     ("server front-end CPU us/token", "front_cpu_us_token", "{:.0f}"),
     ("engine decode step ms", "engine_decode_step_ms", "{:.2f}"),
     ("engine decode steps beside a pass", "engine_beside_share", "{:.0%}"),
