@@ -193,6 +193,9 @@ def test_serve_http_pairs_each_request_and_splits_its_ttft_difference_into_a_fix
     cells = [c.strip() for c in per_request(http, engine).split("|")]
     assert cells[0] == f"{np.median(med):+.1f} [{min(med):+.1f} - {max(med):+.1f}]"
     assert cells[1] == "+3.0 [+2.0 - +4.0]" and cells[2] == "+2.0 [+1.0 - +3.0]"
+    failed = {"request_ttft_ms": [None] * 64}  # a round whose every request failed through HTTP: left out
+    assert per_request([*http, failed], [*engine, engine[0]]) == per_request(http, engine)
+    assert per_request([failed], [engine[0]]) == "- | - | -"
 
 
 def test_serve_http_sends_poisson_and_burst_from_one_client_process_unless_told(tmp_path, monkeypatch):

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import statistics
@@ -217,16 +218,21 @@ def per_request(http: list[dict], engine: list[dict]) -> str:
     """Request by request within a round (one draw on both sides): d = TTFT through HTTP - in-process (ms), and its
     least-squares fit d = fixed + pace x the in-process TTFT. The median of d over a round's requests, the fixed ms
     and the pace (%), each median [min-max] over rounds. The pace is what a slower engine or a later admission adds
-    to every later request's wait; the fixed part is what each request pays once (intake, delivery)."""
+    to every later request's wait; the fixed part is what each request pays once (intake, delivery). A round with
+    fewer than two pairs (its requests failed through HTTP) is left out; "-" where none is left."""
 
     def spread(xs: list[float], fmt: str) -> str:
-        return f"{statistics.median(xs):{fmt}} [{min(xs):{fmt}} - {max(xs):{fmt}}]"
+        xs = [x for x in xs if not math.isnan(x)]
+        return f"{statistics.median(xs):{fmt}} [{min(xs):{fmt}} - {max(xs):{fmt}}]" if xs else "-"
 
     meds, fixed, pace = [], [], []
     for h, e in zip(http, engine, strict=True):
         a, b = (np.array([np.nan if t is None else t for t in r["request_ttft_ms"]]) for r in (h, e))
         both = ~np.isnan(a) & ~np.isnan(b)
         d, x = a[both] - b[both], b[both]
+        if d.size < 2:  # (a round whose requests failed through HTTP: nothing to pair)
+            meds.append(math.nan), fixed.append(math.nan), pace.append(math.nan)
+            continue
         meds.append(float(np.median(d)))
         slope, icept = np.polyfit(x, d, 1) if np.ptp(x) > 0 else (0.0, float(d.mean()))
         fixed.append(float(icept))
