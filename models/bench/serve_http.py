@@ -201,17 +201,19 @@ def traffic(args, workload: str, out: Path, url: str | None, rnd: int, rounds: i
     return json.loads((out / "results.json").read_text())["runs"]
 
 
+def _spread(xs: list[float], fmt: str) -> str:
+    """Median [min-max] of the rounds' values that are numbers (NaN: a round with nothing to say); "-" if none."""
+    xs = [x for x in xs if not math.isnan(x)]
+    return f"{statistics.median(xs):{fmt}} [{min(xs):{fmt}} - {max(xs):{fmt}}]" if xs else "-"
+
+
 def paired(http: list[dict], engine: list[dict]) -> str:
     """Round by round, HTTP against in-process: the output tok/s ratio, and the TTFT p50 and ITL p50 differences
     (ms), each median [min-max] over rounds."""
-
-    def spread(xs: list[float], fmt: str) -> str:
-        return f"{statistics.median(xs):{fmt}} [{min(xs):{fmt}} - {max(xs):{fmt}}]"
-
     pairs = list(zip(http, engine, strict=True))
-    return (f"{spread([h['tokps'] / e['tokps'] for h, e in pairs], '.3f')} | "
-            f"{spread([h['ttft_p50_ms'] - e['ttft_p50_ms'] for h, e in pairs], '+.1f')} | "
-            f"{spread([h['itl_p50_ms'] - e['itl_p50_ms'] for h, e in pairs], '+.2f')}")  # fmt: skip
+    return (f"{_spread([h['tokps'] / e['tokps'] for h, e in pairs], '.3f')} | "
+            f"{_spread([h['ttft_p50_ms'] - e['ttft_p50_ms'] for h, e in pairs], '+.1f')} | "
+            f"{_spread([h['itl_p50_ms'] - e['itl_p50_ms'] for h, e in pairs], '+.2f')}")  # fmt: skip
 
 
 def per_request(http: list[dict], engine: list[dict]) -> str:
@@ -220,11 +222,6 @@ def per_request(http: list[dict], engine: list[dict]) -> str:
     and the pace (%), each median [min-max] over rounds. The pace is what a slower engine or a later admission adds
     to every later request's wait; the fixed part is what each request pays once (intake, delivery). A round with
     fewer than two pairs (its requests failed through HTTP) is left out; "-" where none is left."""
-
-    def spread(xs: list[float], fmt: str) -> str:
-        xs = [x for x in xs if not math.isnan(x)]
-        return f"{statistics.median(xs):{fmt}} [{min(xs):{fmt}} - {max(xs):{fmt}}]" if xs else "-"
-
     meds, fixed, pace = [], [], []
     for h, e in zip(http, engine, strict=True):
         a, b = (np.array([np.nan if t is None else t for t in r["request_ttft_ms"]]) for r in (h, e))
@@ -237,7 +234,7 @@ def per_request(http: list[dict], engine: list[dict]) -> str:
         slope, icept = np.polyfit(x, d, 1) if np.ptp(x) > 0 else (0.0, float(d.mean()))
         fixed.append(float(icept))
         pace.append(float(slope) * 100)
-    return f"{spread(meds, '+.1f')} | {spread(fixed, '+.1f')} | {spread(pace, '+.1f')}"
+    return f"{_spread(meds, '+.1f')} | {_spread(fixed, '+.1f')} | {_spread(pace, '+.1f')}"
 
 
 def write_pairs(http: list[dict], engine: list[dict], path: Path) -> None:
