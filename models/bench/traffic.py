@@ -531,6 +531,7 @@ def timed_run(engine: Engine, workload: Workload, requests: list, cuda: bool,
     d = {k: getattr(st, k) - v for k, v in before.items()}
     itl = np.concatenate(st.itl) * 1e3 if st.itl else np.zeros(0)
     ttft = np.array([r.ttft_s for r in results]) * 1e3
+    ttft_ms = ttft.tolist()  # (request order: also what pairs a run with another of its draw)
     tpot = np.array([r.itl_s for r in results if len(r.tokens) > 1]) * 1e3
     out_tokens = sum(len(r.tokens) for r in results)
     per = lambda k, n: d[k] / n if n else float("nan")  # noqa: E731
@@ -555,7 +556,7 @@ def timed_run(engine: Engine, workload: Workload, requests: list, cuda: bool,
         h2d_per_decode_step=per("h2d_copies", d["decode_steps"]),
         early_hits=d["early_hits"], early_steps=d["early_steps"],
         peak_gpu_gib=torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan"),
-        ttft_ms=ttft.tolist(), itl_ms=itl.tolist(), steps=steps, request_ttft_ms=ttft.tolist(),
+        ttft_ms=ttft_ms, itl_ms=itl.tolist(), steps=steps, request_ttft_ms=ttft_ms,
         tokens=[r.tokens for r in results], finish=[r.finish_reason.value for r in results],
         host_load=load, host_load_achieved=busy.achieved,
     )  # fmt: skip
