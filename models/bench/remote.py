@@ -169,8 +169,12 @@ def connect(url: str, served_model: str | None, timeout_s: float) -> Server:
     if model not in listed:
         raise WorkloadError("--served-model", f"{model!r} is not served at {url} (it serves "
                                               f"{', '.join(listed)})")  # fmt: skip
-    length = listed[model].get("max_model_len")
-    return Server(url, model, length if isinstance(length, int) and length > 0 else None, vocab)
+    return Server(url, model, _positive(listed[model].get("max_model_len")), vocab)
+
+
+def _positive(v) -> int | None:
+    """``v`` where a server said a positive int, else None (it did not say, or said something else)."""
+    return v if isinstance(v, int) and v > 0 else None
 
 
 def _said_int(client, path: str, field: str) -> int | None:
@@ -181,7 +185,7 @@ def _said_int(client, path: str, field: str) -> int | None:
         v = r.json().get(field) if r.status_code == 200 else None
     except Exception:  # noqa: BLE001 (any failure: the server does not say)
         return None
-    return v if isinstance(v, int) and v > 0 else None
+    return _positive(v)
 
 
 def body(request: Request, model: str, token_ids: bool = False, text: str | None = None) -> bytes:
