@@ -131,7 +131,7 @@ def serve_front_end(tokenizer_dir: Path, port: int, step_ms: float, max_running:
     import uvicorn
 
     from models.engine.text import Tokenizer
-    from models.server.app import ServerState, build_app
+    from models.server.app import ServerState, asgi_app
     from models.server.cli import raise_open_files_limit
     from models.server.client import EngineClient
     from models.server.engine_core import EngineSpec
@@ -145,7 +145,7 @@ def serve_front_end(tokenizer_dir: Path, port: int, step_ms: float, max_running:
     client.start()
     state = ServerState(client, Tokenizer.from_pretrained(tokenizer_dir), "paced", 1 << 20)
     freeze_heap()
-    server = uvicorn.Server(uvicorn.Config(build_app(state), host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(asgi_app(state), host="127.0.0.1", port=port, log_level="warning"))
     print("ready", flush=True)
     try:
         server.run()

@@ -98,6 +98,16 @@ class ServerState:
         self.client.on_delivery = self.metrics.delivered
 
 
+def asgi_app(state: ServerState, api_key: str | None = None):
+    """The ASGI app a front end serves: the routes (``build_app``), each POST's intake started one a turn of the loop
+    (``turns.TakingTurns``), behind ``api_key`` where one is given (``auth.KeyCheck``)."""
+    from models.server.auth import KeyCheck
+    from models.server.turns import TakingTurns
+
+    app = TakingTurns(build_app(state))
+    return app if api_key is None else KeyCheck(app, api_key)
+
+
 def build_app(state: ServerState) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):

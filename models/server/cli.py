@@ -321,13 +321,9 @@ def serve(args, state, sockets, on_listening, peers=None, owner: int | None = No
     the sockets listen. The exit code: 1 where a front end or the start failed, else 0."""
     import uvicorn
 
-    from models.server.app import build_app
+    from models.server.app import asgi_app
 
-    app = build_app(state)
-    if args.api_key:
-        from models.server.auth import KeyCheck
-
-        app = KeyCheck(app, args.api_key)
+    app = asgi_app(state, args.api_key or None)
     server = _DrainingServer(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5,
                                             timeout_keep_alive=KEEP_ALIVE_S),
                              state, args.drain_timeout, peers, owner)  # fmt: skip

@@ -1,0 +1,67 @@
+"""Requests taken in one a turn of the event loop, so that a burst's intake does not hold back the tokens of the
+requests already running.
+
+A burst's requests reach the front end together: uvicorn parses each one's headers in the loop's I/O callbacks and
+starts a task for each, and all those tasks run in the loop's next turn, one after another, each through the ASGI
+stack and its handler (~0.25 ms a request on the development CPU). The engine's first tokens arrive meanwhile, but
+the loop reads its socket, and the streams write, only in a later turn: measured on the development CPU over the
+stand-in engine (128 requests at once, one client), the first request was with the engine 1-4 ms after its send and
+its first token written 15-43 ms after, once the last handler had run; on an H100 the first nine requests' first
+tokens reached the client 28-49 ms after the send, against 13-28 ms in-process (``models/bench/results/server-h200``,
+call AA).
+
+``TakingTurns`` wraps the ASGI app: a POST (a request the engine will serve, or a tokenizer's) starts at once when
+no other did in this turn of the loop, else it queues; each turn of the loop lets the next one in line start. Between
+two intakes the loop runs one turn of everything else that is ready: the engine's tokens delivered, the streams
+written. The cost is one future and one extra turn of the loop (a ``select`` with no wait) a queued request: a few
+microseconds against its intake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+GATED_METHODS = ("POST",)  # the requests that do work: generation, tokenization, transcription
+
+
+class IntakeTurns:
+    """At most one intake starts in a turn of the event loop; the others wait in arrival order (module doc)."""
+
+    def __init__(self) -> None:
+        self.waiting: deque[asyncio.Future] = deque()
+        self.taken = False  # an intake started in this turn of the loop
+
+    async def take(self) -> None:
+        """Return once this caller may start its intake: at once if none started in this turn and none waits."""
+        loop = asyncio.get_running_loop()
+        if not self.taken and not self.waiting:
+            self.taken = True
+            loop.call_soon(self._next_turn)
+            return
+        turn = loop.create_future()
+        self.waiting.append(turn)
+        await turn  # (set by _next_turn, this caller's intake counted as its turn's one)
+
+    def _next_turn(self) -> None:
+        """Runs once in each turn of the loop after one that started an intake: lets the next in line start."""
+        while self.waiting:
+            turn = self.waiting.popleft()
+            if not turn.done():  # (a caller cancelled while it waited left its future done)
+                turn.set_result(None)
+                asyncio.get_running_loop().call_soon(self._next_turn)
+                return
+        self.taken = False
+
+
+class TakingTurns:
+    """The ASGI app ``app``, each POST's intake started one a turn of the loop (``IntakeTurns``, module doc)."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+        self.turns = IntakeTurns()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["method"] in GATED_METHODS:
+            await self.turns.take()
+        await self.app(scope, receive, send)
