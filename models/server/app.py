@@ -100,13 +100,11 @@ class ServerState:
 
 def asgi_app(state: ServerState, api_key: str | None = None):
     """The ASGI app a front end serves: the routes (``build_app``), each POST's intake started one a turn of the loop
-    (``turns.TakingTurns``; the engine is told how many wait), behind ``api_key`` where one is given
-    (``auth.KeyCheck``)."""
+    (``turns.TakingTurns``), behind ``api_key`` where one is given (``auth.KeyCheck``)."""
     from models.server.auth import KeyCheck
     from models.server.turns import TakingTurns
 
     app = TakingTurns(build_app(state))
-    state.client.queued_intakes = app.turns.queued
     return app if api_key is None else KeyCheck(app, api_key)
 
 

@@ -151,9 +151,6 @@ class EngineClient:
         # metrics: the lags (s) of the STEP messages one wake-up of the reader delivered, from the engine's send, and
         # the intakes (s) those messages carried: each request's time from its arrival here to its submission there
         self.on_delivery: Callable[[list[float], list[float]], None] | None = None
-        # how many requests this front end has taken in but not yet sent (its intake line: turns.IntakeTurns), told
-        # to the engine after each batch of messages, so that an idle engine gathers a burst before its first step
-        self.queued_intakes: Callable[[], int] = lambda: 0
         self._lags: list[float] = []
         self._intakes: list[float] = []
 
@@ -270,8 +267,7 @@ class EngineClient:
     def _flush(self) -> None:
         frames, self._outbox = self._outbox, []
         if frames:
-            queued = self.queued_intakes()
-            self.to_engine.send_multipart([*frames, pack(Kind.MORE, queued)] if queued else frames)
+            self.to_engine.send_multipart(frames)
 
     def forget(self, rid: str) -> None:
         """A finished request's stream is no longer wanted."""

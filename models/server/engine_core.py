@@ -5,8 +5,7 @@ each way, every message one msgpack array whose first item is its kind (``Kind``
 end's PUSH on one PULL, and publishes each of its messages once to all of them (XPUB: it says READY once every front
 end has subscribed, and drops nothing for one that is behind). A front end sends what one turn of its loop gave
 as the frames of one multipart message: ADD (request id, prompt ids, sampling fields, and Whisper's features or None),
-ABORT (request id), SHUTDOWN (the first front end only), and last, MORE (how many requests the front end has taken
-in but not yet sent: a burst is arriving) where there are any. The engine sends PROGRESS while it starts (each stage
+ABORT (request id) and SHUTDOWN (the first front end only). The engine sends PROGRESS while it starts (each stage
 with the wall-clock time it began), READY with what it serves (``ServedModel``), then a STEP message for every step
 that gave tokens or results: the request id of each new token and the token, the finished requests with their finish
 reasons, the engine's load and step counters, (when a token of the step asked) the tokens' logprobs: float32 logprob
@@ -16,19 +15,12 @@ request the engine refuses comes back as REJECTED (its field and message); FAILE
 before the process exits.
 
 Between steps the loop takes every message waiting, then steps; with nothing to run it blocks on its inbox (waking every
-second to see whether the front end still lives). An idle engine whose first messages end in MORE gathers the burst
-before its first step: it waits for the next message (at most ``GATHER_POLL_MS`` each, ``GATHER_S`` in all) until
-one ends without MORE or the requests taken fill a prefill pass (``pass_tokens``). A front end takes a burst in one
-request at a time, so without it the first step would start a pass with the first request alone, and as only one pass
-runs at a time, every later request would wait for that one too (on an H100, one pass more in two rounds of three:
-``models/bench/results/server-h200``, call AA); in-process, the whole burst is there for the first step. Nothing
-else runs in this process: no tokenizer, no HTTP.
+second to see whether the front end still lives). Nothing else runs in this process: no tokenizer, no HTTP.
 """
 
 from __future__ import annotations
 
 import enum
-import math
 import os
 import signal
 import sys
@@ -42,15 +34,12 @@ import zmq
 from models.server.heap import CollectorClock, freeze_heap
 
 ALIVE_CHECK_MS = 1000  # an idle engine looks this often whether its parent process is still there
-GATHER_S = 0.005  # an idle engine told that more requests are on their way waits at most this long for them
-GATHER_POLL_MS = 1  # ... and at most this long for each next message
 
 
 class Kind(enum.IntEnum):
     ADD = 1
     ABORT = 2
     SHUTDOWN = 3
-    MORE = 4
     PROGRESS = 10
     READY = 11
     FAILED = 12
@@ -179,26 +168,20 @@ def parent_gone(parent: int | None) -> bool:
     return parent is not None and os.getppid() != parent
 
 
-def serve(engine, inbox: zmq.Socket, outbox: zmq.Socket, parent: int | None, pass_tokens: int | None = None) -> None:
+def serve(engine, inbox: zmq.Socket, outbox: zmq.Socket, parent: int | None) -> None:
     """The loop: take what the front end sent, step, send what the step gave; until SHUTDOWN or the parent process
-    dies (``parent``: its pid; None for an engine in a thread of the front end's process, which lives as long). An
-    idle engine gathers a burst before its first step (module doc; ``pass_tokens``: the most prompt tokens a prefill
-    pass takes, None: unknown). A STEP message also carries the intakes since the last one: each request's seconds
-    from its arrival at the server to its submission here."""
+    dies (``parent``: its pid; None for an engine in a thread of the front end's process, which lives as long). A
+    STEP message also carries the intakes since the last one: each request's seconds from its arrival at the server to
+    its submission here."""
     import numpy as np
 
     from models.engine.requests import InvalidRequest
 
     intakes: list[float] = []
     collector = CollectorClock()
-    full = math.inf if pass_tokens is None else pass_tokens
     while True:
         busy = engine.has_work()
-        gather_until = None if busy else math.inf  # (an idle engine's: set once its first message is in)
-        taken = 0  # prompt tokens submitted since the last step
-        timeout = 0 if busy else ALIVE_CHECK_MS
-        while inbox.poll(timeout):
-            more = 0
+        while inbox.poll(0 if busy else ALIVE_CHECK_MS):
             for frame in inbox.recv_multipart():
                 msg = unpack(frame)
                 kind = msg[0]
@@ -207,21 +190,13 @@ def serve(engine, inbox: zmq.Socket, outbox: zmq.Socket, parent: int | None, pas
                     intakes.append(time.perf_counter() - arrived)  # (the front end's clock is this one: monotonic)
                     try:
                         engine.submit(request_of(prompt, sampling, rid, features))
-                        taken += len(prompt)
                     except (InvalidRequest, TypeError) as e:
                         outbox.send(pack(Kind.REJECTED, rid, getattr(e, "field", "request"), str(e)))
-                elif kind == Kind.MORE:
-                    more = msg[1]
                 elif kind == Kind.ABORT:
                     engine.abort(msg[1])
                 elif kind == Kind.SHUTDOWN:
                     return
-            busy, timeout = True, 0
-            if gather_until is not None:
-                now = time.perf_counter()
-                gather_until = min(gather_until, now + GATHER_S)
-                if more and taken < full and now < gather_until:
-                    timeout = GATHER_POLL_MS
+            busy = True
         if not busy and parent_gone(parent):
             return  # the front end is gone
         if engine.has_work():
@@ -282,7 +257,7 @@ def run_core(build, spec: EngineSpec, links, parent: int | None, context: zmq.Co
         if not subscribed(outbox, len(links) - 1, parent):
             return
         outbox.send(pack(Kind.READY, attrs.asdict(served), time.time()))
-        serve(engine, inbox, outbox, parent, engine.config.largest_pass if hasattr(engine, "config") else None)
+        serve(engine, inbox, outbox, parent)
     except Exception:  # the front end reports it (with this traceback) and stops; the process ends quietly
         outbox.send(pack(Kind.FAILED, traceback.format_exc()))
         if context is None:

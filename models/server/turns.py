@@ -43,10 +43,6 @@ class IntakeTurns:
         self.waiting.append(turn)
         await turn  # (set by _next_turn, this caller's intake counted as its turn's one)
 
-    def queued(self) -> int:
-        """Callers waiting for their turn."""
-        return len(self.waiting)
-
     def _next_turn(self) -> None:
         """Runs once in each turn of the loop after one that started an intake: lets the next in line start."""
         while self.waiting:
