@@ -8,7 +8,7 @@ the loop reads its socket, and the streams write, only in a later turn: measured
 stand-in engine (128 requests at once, one client), the first request was with the engine 1-4 ms after its send and
 its first token written 15-43 ms after, once the last handler had run; on an H100 the first nine requests' first
 tokens reached the client 28-49 ms after the send, against 13-28 ms in-process (``models/bench/results/server-h200``,
-call AA).
+call AA); with the turns, the first request's 10-14 ms against 13-15 in-process (call AB).
 
 ``TakingTurns`` wraps the ASGI app: a POST (a request the engine will serve, or a tokenizer's) starts at once when
 no other did in this turn of the loop, else it queues; each turn of the loop lets the next one in line start. Between
