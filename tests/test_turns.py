@@ -1,5 +1,6 @@
-"""IntakeTurns: a burst's intakes start one a turn of the event loop, in arrival order, with the loop's other ready
-work (a token's write) run between two of them."""
+"""A burst's intake. The front end (IntakeTurns): its intakes start one a turn of the event loop, in arrival order,
+with the loop's other ready work (a token's write) run between two of them. The engine core (``burst_wait_s``): idle,
+it gathers a burst's requests while they keep coming, until a pass is full or its wait is spent."""
 
 import asyncio
 
@@ -66,3 +67,79 @@ def test_taking_turns_gates_posts_only():
         assert seen == ["GET", "POST"]
 
     asyncio.run(main())
+
+
+class _FirstStep:
+    """An engine that records the requests submitted before its first step, and then has no work."""
+
+    def __init__(self) -> None:
+        self.submitted, self.first_step = [], None
+
+    def submit(self, request, arrived=None):
+        self.submitted.append(request.request_id)
+        return request.request_id
+
+    def abort(self, rid):
+        return False
+
+    def has_work(self) -> bool:
+        return self.first_step is None and bool(self.submitted)
+
+    def step(self):
+        import numpy as np
+
+        self.first_step = list(self.submitted)
+        return type("Out", (), {"tokens": np.zeros(0), "finished": []})()
+
+
+def _first_step(arrivals: list[tuple[float, str, int]], wait_s: float, pass_tokens: int | None,
+                monkeypatch) -> list[str]:  # fmt: skip
+    """``engine_core.serve`` over an idle engine in a thread, each of ``arrivals`` (seconds after the one before,
+    request id, prompt tokens) sent as its own message; the requests its first step saw."""
+    import threading
+    import time
+
+    import zmq
+
+    import models.engine.requests  # noqa: F401  (serve imports it first thing: here, so its loop is up at once)
+    from models.server import engine_core
+    from models.server.engine_core import Kind, pack
+
+    monkeypatch.setattr(engine_core, "BURST_QUIET_MS", 300)  # (wide: a slow CI machine's thread is not a quiet inbox)
+    ctx = zmq.Context()
+    front, inbox, outbox = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL), ctx.socket(zmq.PUB)
+    inbox.bind("inproc://burst-in")
+    front.connect("inproc://burst-in")
+    outbox.bind("inproc://burst-out")
+    engine = _FirstStep()
+    loop = threading.Thread(target=engine_core.serve, args=(engine, inbox, outbox, None, wait_s, pass_tokens))
+    loop.start()
+    time.sleep(0.05)
+    try:
+        for after_s, rid, n in arrivals:
+            time.sleep(after_s)
+            front.send(pack(Kind.ADD, rid, list(range(3, 3 + n)), {"max_tokens": 2}, None, 0.0))
+        deadline = time.monotonic() + 10
+        while engine.first_step is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return engine.first_step
+    finally:
+        front.send(pack(Kind.SHUTDOWN))
+        loop.join(10)
+        for s in (front, inbox, outbox):
+            s.close(linger=0)
+        ctx.term()
+
+
+def test_an_idle_engine_gathers_a_burst_while_it_keeps_coming(monkeypatch):
+    """Requests 50 ms apart, the inbox's quiet set at 300 ms: the first step takes the three, not the one 600 ms
+    after them; with no wait, the first alone."""
+    burst = [(0, "a", 4), (0.05, "b", 4), (0.05, "c", 4), (0.6, "late", 4)]
+    assert _first_step(burst, 3.0, None, monkeypatch) == ["a", "b", "c"]
+    assert _first_step(burst, 0.0, None, monkeypatch) == ["a"]
+
+
+def test_the_gathering_ends_once_a_pass_is_full_or_the_wait_is_spent(monkeypatch):
+    burst = [(0, "a", 5), (0.05, "b", 5), (0.05, "c", 5)]
+    assert _first_step(burst, 3.0, 8, monkeypatch) == ["a", "b"]  # (10 prompt tokens: a pass of 8 is full)
+    assert _first_step(burst, 0.08, None, monkeypatch) == ["a", "b"]  # (c came 100 ms after a, past the 80 ms)

@@ -83,6 +83,11 @@ def parser() -> OneLineParser:
                         "fp16 on CUDA; else 0, eager)")
     e.add_argument("--prefill", choices=["in-step", "in-pass", "beside", "beside-priority"], default=None,
                    help="where a prefill pass runs relative to the decode steps (default: beside on CUDA)")
+    e.add_argument("--burst-wait-ms", type=float, default=0.0,
+                   help="an idle engine that has just taken a request waits up to this long for more before its "
+                        "first step, while they keep coming (each within 1 ms) and until they fill a prefill pass: "
+                        "a burst's first pass then holds its first requests, not the first alone, which every later "
+                        "request would wait for (default 0: step at once)")
     return ap
 
 
@@ -98,6 +103,8 @@ def _check_options(ap: OneLineParser, args) -> None:
         ap.error("argument --kv-memory-gib: must be > 0")
     if args.max_audio_mb <= 0:
         ap.error("argument --max-audio-mb: must be > 0")
+    if not 0 <= args.burst_wait_ms <= 1000:
+        ap.error(f"argument --burst-wait-ms: must be in [0, 1000], got {args.burst_wait_ms}")
     if not (args.model_dir / "config.json").is_file():
         ap.error(f"argument --model-dir: {args.model_dir} holds no config.json (a Hugging Face model directory)")
 
@@ -224,7 +231,8 @@ def engine_spec(args):
                                      overlap=False if args.no_overlap else None, prefill_graphs=args.prefill_graphs,
                                      prefix_cache=False if args.no_prefix_cache else None,
                                      prefill=args.prefill).items() if v is not None}  # fmt: skip
-    return EngineSpec(str(args.model_dir), device=args.device, dtype=args.dtype, choices=choices)
+    return EngineSpec(str(args.model_dir), device=args.device, dtype=args.dtype, choices=choices,
+                      burst_wait_ms=args.burst_wait_ms)
 
 
 def server_state(args, client, tokenizer, audio):

@@ -15,12 +15,19 @@ request the engine refuses comes back as REJECTED (its field and message); FAILE
 before the process exits.
 
 Between steps the loop takes every message waiting, then steps; with nothing to run it blocks on its inbox (waking every
-second to see whether the front end still lives). Nothing else runs in this process: no tokenizer, no HTTP.
+second to see whether the front end still lives). With ``EngineSpec.burst_wait_ms``, an idle engine that has just
+taken a request gathers a burst before its first step: it waits for more while they keep coming (each within
+``BURST_QUIET_MS``), until they fill a prefill pass or the wait is spent. A front end takes a burst in one request at
+a time, and the client's sends of a burst spread over milliseconds, so otherwise the first step starts a pass with the
+first request alone, and as one pass runs at a time every later request waits for it too (on an H100 a pass is ~10-15
+ms: ``models/bench/results/server-h200``, call AB); in-process, the whole burst is there for the first step. Nothing
+else runs in this process: no tokenizer, no HTTP.
 """
 
 from __future__ import annotations
 
 import enum
+import math
 import os
 import signal
 import sys
@@ -34,6 +41,7 @@ import zmq
 from models.server.heap import CollectorClock, freeze_heap
 
 ALIVE_CHECK_MS = 1000  # an idle engine looks this often whether its parent process is still there
+BURST_QUIET_MS = 1  # an idle engine gathering a burst (EngineSpec.burst_wait_ms) steps once its inbox is this quiet
 
 
 class Kind(enum.IntEnum):
@@ -59,6 +67,7 @@ class EngineSpec:
     choices: dict = attrs.Factory(dict)  # serving_config keywords (enums by value)
     warmup: bool = True
     seed: int = 0
+    burst_wait_ms: float = 0.0  # an idle engine's wait for a burst's next requests before its first step (0: none)
 
 
 @attrs.frozen
@@ -168,20 +177,26 @@ def parent_gone(parent: int | None) -> bool:
     return parent is not None and os.getppid() != parent
 
 
-def serve(engine, inbox: zmq.Socket, outbox: zmq.Socket, parent: int | None) -> None:
+def serve(engine, inbox: zmq.Socket, outbox: zmq.Socket, parent: int | None, burst_wait_s: float = 0.0,
+          pass_tokens: int | None = None) -> None:  # fmt: skip
     """The loop: take what the front end sent, step, send what the step gave; until SHUTDOWN or the parent process
-    dies (``parent``: its pid; None for an engine in a thread of the front end's process, which lives as long). A
-    STEP message also carries the intakes since the last one: each request's seconds from its arrival at the server to
-    its submission here."""
+    dies (``parent``: its pid; None for an engine in a thread of the front end's process, which lives as long). An
+    idle engine gathers a burst for at most ``burst_wait_s`` before its first step, or until the requests taken hold
+    ``pass_tokens`` prompt tokens (None: no such bound) (module doc). A STEP message also carries the intakes since the
+    last one: each request's seconds from its arrival at the server to its submission here."""
     import numpy as np
 
     from models.engine.requests import InvalidRequest
 
     intakes: list[float] = []
     collector = CollectorClock()
+    full = math.inf if pass_tokens is None else pass_tokens
     while True:
         busy = engine.has_work()
-        while inbox.poll(0 if busy else ALIVE_CHECK_MS):
+        gather_until = -math.inf if busy or burst_wait_s <= 0 else math.inf  # (set once an idle engine takes one)
+        taken = 0  # prompt tokens submitted since the last step
+        timeout = 0 if busy else ALIVE_CHECK_MS
+        while inbox.poll(timeout):
             for frame in inbox.recv_multipart():
                 msg = unpack(frame)
                 kind = msg[0]
@@ -190,13 +205,19 @@ def serve(engine, inbox: zmq.Socket, outbox: zmq.Socket, parent: int | None) -> 
                     intakes.append(time.perf_counter() - arrived)  # (the front end's clock is this one: monotonic)
                     try:
                         engine.submit(request_of(prompt, sampling, rid, features))
+                        taken += len(prompt)
                     except (InvalidRequest, TypeError) as e:
                         outbox.send(pack(Kind.REJECTED, rid, getattr(e, "field", "request"), str(e)))
                 elif kind == Kind.ABORT:
                     engine.abort(msg[1])
                 elif kind == Kind.SHUTDOWN:
                     return
-            busy = True
+            busy, timeout = True, 0
+            if gather_until > -math.inf:
+                now = time.perf_counter()
+                gather_until = min(gather_until, now + burst_wait_s)
+                if taken and taken < full and now < gather_until:
+                    timeout = min(BURST_QUIET_MS, math.ceil((gather_until - now) * 1e3))
         if not busy and parent_gone(parent):
             return  # the front end is gone
         if engine.has_work():
@@ -257,7 +278,8 @@ def run_core(build, spec: EngineSpec, links, parent: int | None, context: zmq.Co
         if not subscribed(outbox, len(links) - 1, parent):
             return
         outbox.send(pack(Kind.READY, attrs.asdict(served), time.time()))
-        serve(engine, inbox, outbox, parent)
+        serve(engine, inbox, outbox, parent, spec.burst_wait_ms / 1e3,
+              engine.config.largest_pass if hasattr(engine, "config") else None)
     except Exception:  # the front end reports it (with this traceback) and stops; the process ends quietly
         outbox.send(pack(Kind.FAILED, traceback.format_exc()))
         if context is None:
