@@ -193,7 +193,8 @@ def serve(engine, inbox: zmq.Socket, outbox: zmq.Socket, parent: int | None, bur
     full = math.inf if pass_tokens is None else pass_tokens
     while True:
         busy = engine.has_work()
-        gather_until = -math.inf if busy or burst_wait_s <= 0 else math.inf  # (set once an idle engine takes one)
+        gathering = not busy and burst_wait_s > 0
+        gather_until = math.inf  # (set once the idle engine has taken its first message)
         taken = 0  # prompt tokens submitted since the last step
         timeout = 0 if busy else ALIVE_CHECK_MS
         while inbox.poll(timeout):
@@ -213,7 +214,7 @@ def serve(engine, inbox: zmq.Socket, outbox: zmq.Socket, parent: int | None, bur
                 elif kind == Kind.SHUTDOWN:
                     return
             busy, timeout = True, 0
-            if gather_until > -math.inf:
+            if gathering:
                 now = time.perf_counter()
                 gather_until = min(gather_until, now + burst_wait_s)
                 if taken and taken < full and now < gather_until:
