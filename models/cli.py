@@ -55,6 +55,14 @@ def fraction(text: str) -> float:
     return f
 
 
+def burst_wait_ms(text: str) -> float:
+    """Milliseconds in [0, 1000]: how long an idle engine may gather a burst (the server's --burst-wait-ms)."""
+    ms = _number(text, float, "a number of milliseconds")
+    if not 0 <= ms <= 1000:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1000], got {text}")
+    return ms
+
+
 def rate(text: str) -> float:
     """A number > 0, or inf."""
     r = _number(text, float, "a number (requests/s, or inf)")

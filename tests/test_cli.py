@@ -61,6 +61,17 @@ def test_serve_http_takes_cpu_lists_as_taskset_writes_them_and_refuses_others_in
     assert err.count("\n") == 1 and words in err, err
 
 
+@pytest.mark.parametrize("ms, words", [("-1", "must be in [0, 1000], got -1"), ("soon", "is not a number")])
+def test_serve_http_refuses_a_bad_burst_wait_at_parsing_in_one_line(ms, words, capsys):
+    from models.bench.serve_http import parser
+
+    assert parser().parse_args(["--model-dir", "d", "--out", "o", "--burst-wait-ms", "2.5"]).burst_wait_ms == 2.5
+    with pytest.raises(SystemExit):
+        parser().parse_args(["--model-dir", "d", "--out", "o", "--burst-wait-ms", ms])
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--burst-wait-ms" in err and words in err, err
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer on a machine without a GPU")
 @pytest.mark.parametrize("module", ["attention", "decode_profile", "gemv", "prefill_profile", "serve", "prefill_pass",
                                     "prefill_kernels", "sampler", "step_profile"])

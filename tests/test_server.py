@@ -926,7 +926,8 @@ def test_subtitle_cues_carry_each_windows_span_and_text_and_skip_silent_windows(
         assert _cues(subtitles(spans, texts, fmt), fmt) == [(0.0, 0.3, "hello there"), (0.71, 3725.072, "last one")]
 
 
-@pytest.mark.parametrize("kind", ["no-config", "unknown-architecture", "port", "port-in-use", "front-ends"])
+@pytest.mark.parametrize("kind", ["no-config", "unknown-architecture", "port", "port-in-use", "front-ends",
+                                  "burst-wait"])
 def test_a_bad_start_is_one_line(tmp_path, capsys, kind):
     """What the command line and the directory tell is refused in one line (the engine process, started at once so
     that it loads while the front end checks, is stopped again); a port another socket holds, before anything
@@ -939,6 +940,7 @@ def test_a_bad_start_is_one_line(tmp_path, capsys, kind):
     port = {"port": "70000", "port-in-use": str(taken.getsockname()[1])}.get(kind, "0")
     args = ["--model-dir", str(tmp_path), "--port", port]
     args += ["--front-ends", "2", "--in-process"] if kind == "front-ends" else []
+    args += ["--burst-wait-ms", "-1"] if kind == "burst-wait" else []
     if kind != "no-config":
         (tmp_path / "config.json").write_text('{"architectures": ["Foo"]}')
     try:
@@ -949,7 +951,8 @@ def test_a_bad_start_is_one_line(tmp_path, capsys, kind):
     err = capsys.readouterr().err
     words = {"no-config": "holds no config.json", "unknown-architecture": "architectures ['Foo']",
              "port": "must be in [0, 65535]", "port-in-use": "cannot listen on 127.0.0.1",
-             "front-ends": "serves one front end"}[kind]  # fmt: skip
+             "front-ends": "serves one front end",
+             "burst-wait": "--burst-wait-ms: must be in [0, 1000]"}[kind]  # fmt: skip
     assert info.value.code == 2 and err.count("\n") == 1 and words in err, err
 
 

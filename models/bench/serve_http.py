@@ -50,7 +50,7 @@ from pathlib import Path
 
 import numpy as np
 
-from models.cli import OneLineParser, positive_int
+from models.cli import OneLineParser, burst_wait_ms, positive_int
 
 WORKLOADS = {  # name -> traffic options
     "poisson": lambda a: ["--num-requests", str(a.num_requests), "--rate", str(a.rate)],
@@ -85,7 +85,7 @@ def parser() -> OneLineParser:
     ap.add_argument("--port", type=int, default=8000, help="the server's port (127.0.0.1)")
     ap.add_argument("--front-ends", type=positive_int, default=1,
                     help="the server's front-end processes (its --front-ends; default 1)")
-    ap.add_argument("--burst-wait-ms", type=float, default=0.0,
+    ap.add_argument("--burst-wait-ms", type=burst_wait_ms, default=0.0,
                     help="the server's --burst-wait-ms: an idle engine's wait for a burst's next requests before its "
                          "first step (default 0: none)")  # fmt: skip
     ap.add_argument("--client-procs", type=positive_int, default=None,
