@@ -85,9 +85,9 @@ def parser() -> OneLineParser:
     ap.add_argument("--port", type=int, default=8000, help="the server's port (127.0.0.1)")
     ap.add_argument("--front-ends", type=positive_int, default=1,
                     help="the server's front-end processes (its --front-ends; default 1)")
-    ap.add_argument("--burst-wait-ms", type=burst_wait_ms, default=0.0,
+    ap.add_argument("--burst-wait-ms", type=burst_wait_ms, default=None,
                     help="the server's --burst-wait-ms: an idle engine's wait for a burst's next requests before its "
-                         "first step (default 0: none)")  # fmt: skip
+                         "first step (default: the server's, 5 ms)")  # fmt: skip
     ap.add_argument("--client-procs", type=positive_int, default=None,
                     help="client processes the HTTP requests are spread over (default: 1 for poisson and burst, "
                          "which then reach the server in request order, as the in-process arm takes them; 4 for "
@@ -136,7 +136,9 @@ class ServerProcess:
         self.proc = subprocess.Popen([sys.executable, "-m", "models.server", "--model-dir", str(args.model_dir),
                                       "--port", str(args.port), "--max-running", str(args.max_running),
                                       "--max-seq-len", str(args.max_seq_len), "--front-ends", str(args.front_ends),
-                                      "--burst-wait-ms", str(args.burst_wait_ms), "--no-progress"],
+                                      *([] if args.burst_wait_ms is None else ["--burst-wait-ms",
+                                                                               str(args.burst_wait_ms)]),
+                                      "--no-progress"],
                                      stdout=subprocess.PIPE, stderr=self.f, text=True,
                                      preexec_fn=pinned(args.server_cpus))  # fmt: skip
         line = self.proc.stdout.readline()  # "ready: URL (...)" once it serves, or "" when it exits first

@@ -83,11 +83,12 @@ def parser() -> OneLineParser:
                         "fp16 on CUDA; else 0, eager)")
     e.add_argument("--prefill", choices=["in-step", "in-pass", "beside", "beside-priority"], default=None,
                    help="where a prefill pass runs relative to the decode steps (default: beside on CUDA)")
-    e.add_argument("--burst-wait-ms", type=burst_wait_ms, default=0.0,
+    e.add_argument("--burst-wait-ms", type=burst_wait_ms, default=5.0,
                    help="an idle engine that has just taken a request waits up to this long for more before its "
                         "first step, while they keep coming (each within 1 ms) and until they fill a prefill pass: "
                         "a burst's first pass then holds its first requests, not the first alone, which every later "
-                        "request would wait for (default 0: step at once)")
+                        "request would wait for; a lone request pays the quiet millisecond (default 5; 0: step at "
+                        "once)")
     return ap
 
 
