@@ -48,6 +48,39 @@ def test_a_handler_cancelled_while_waiting_leaves_the_line_moving():
     assert [i for kind, i in log if kind == "intake"] == [0, 1, 4, 5]
 
 
+def _first_request_then_parse(idle: bool) -> list:
+    """One handler starts; in the same turn of the loop, after its first step, an I/O callback "parses" three more
+    requests (starting their handlers), as uvicorn does with the rest of a burst. Returns the log."""
+
+    async def main():
+        log = []
+        turns = IntakeTurns(idle=lambda: idle and not log)  # (idle: no intake yet)
+
+        async def handler(i: int) -> None:
+            await turns.take()
+            log.append(("intake", i))
+
+        def parse() -> None:
+            log.append("parse")
+            tasks.extend(asyncio.ensure_future(handler(i)) for i in (1, 2, 3))
+
+        tasks = [asyncio.ensure_future(handler(0))]
+        asyncio.get_running_loop().call_soon(parse)  # (an I/O callback of the turn handler 0's first step runs in)
+        while len(tasks) < 4 or not all(t.done() for t in tasks):
+            await asyncio.sleep(0)
+        return log
+
+    return asyncio.run(main())
+
+
+def test_an_idle_front_end_sends_its_first_request_after_the_loop_parsed_the_rest_of_a_burst():
+    """Idle, the first intake waits one turn: the parse falls before it, and the burst's requests reach the engine a
+    turn apart, where a busy front end's first intake goes at once, the parse between it and the second."""
+    burst = [("intake", i) for i in range(4)]
+    assert _first_request_then_parse(idle=True) == ["parse", *burst]
+    assert _first_request_then_parse(idle=False) == [burst[0], "parse", *burst[1:]]
+
+
 def test_taking_turns_gates_posts_only():
     async def main():
         seen = []

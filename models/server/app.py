@@ -104,7 +104,7 @@ def asgi_app(state: ServerState, api_key: str | None = None):
     from models.server.auth import KeyCheck
     from models.server.turns import TakingTurns
 
-    app = TakingTurns(build_app(state))
+    app = TakingTurns(build_app(state), idle=lambda: not state.client.streams)
     return app if api_key is None else KeyCheck(app, api_key)
 
 
