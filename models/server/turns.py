@@ -18,9 +18,10 @@ microseconds against its intake.
 
 An idle front end (``idle()``: no request of its own in flight) waits one turn before its first intake: uvicorn parses
 the rest of a burst in that turn's I/O callbacks, so those requests queue behind the first and follow it to the engine
-a turn apart, where without the turn the parse would fall between the first and the second (~2 ms for 48 requests
-on the development CPU), longer than an idle engine gathering a burst waits for the next (``engine_core.serve``). A
-lone request pays one turn of an idle loop.
+a turn apart, where without the turn the parse falls between the first and the second: on an H100's host the engine
+saw 1.1 ms between a burst's first two requests without the turn and 0.2-0.7 ms with it (``models/bench/results/
+server-h200``, call AD), against the 1 ms an idle engine gathering a burst waits for the next
+(``engine_core.serve``). A lone request pays one turn of an idle loop.
 """
 
 from __future__ import annotations
