@@ -64,6 +64,8 @@ CONNECTION_PROCS = 4  # client processes holding the connections workload's stre
 
 
 def parser() -> OneLineParser:
+    from models.server.cli import parser as server_parser
+
     ap = OneLineParser(prog="python -m models.bench.serve_http", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("--model-dir", type=Path, required=True, help="the checkpoint directory the server serves")
@@ -87,7 +89,8 @@ def parser() -> OneLineParser:
                     help="the server's front-end processes (its --front-ends; default 1)")
     ap.add_argument("--burst-wait-ms", type=burst_wait_ms, default=None,
                     help="the server's --burst-wait-ms: an idle engine's wait for a burst's next requests before its "
-                         "first step (default: the server's, 5 ms)")  # fmt: skip
+                         f"first step (default: the server's, {server_parser().get_default('burst_wait_ms'):g} "
+                         "ms)")  # fmt: skip
     ap.add_argument("--client-procs", type=positive_int, default=None,
                     help="client processes the HTTP requests are spread over (default: 1 for poisson and burst, "
                          "which then reach the server in request order, as the in-process arm takes them; 4 for "
@@ -233,7 +236,8 @@ def per_request(http: list[dict], engine: list[dict]) -> str:
         both = ~np.isnan(a) & ~np.isnan(b)
         d, x = a[both] - b[both], b[both]
         if d.size < 2:  # (a round whose requests failed through HTTP: nothing to pair)
-            meds.append(math.nan), fixed.append(math.nan), pace.append(math.nan)
+            for xs in (meds, fixed, pace):
+                xs.append(math.nan)
             continue
         meds.append(float(np.median(d)))
         slope, icept = np.polyfit(x, d, 1) if np.ptp(x) > 0 else (0.0, float(d.mean()))
