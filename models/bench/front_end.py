@@ -138,9 +138,9 @@ def serve_front_end(tokenizer_dir: Path, port: int, step_ms: float, max_running:
     from models.server.heap import freeze_heap
 
     raise_open_files_limit()
-    spec = EngineSpec(None, choices=dict(vocab=VOCAB, max_running=max_running, step_ms=step_ms, slow_every=slow_every,
-                                         slow_ms=slow_ms,
-                                         max_seq_len=max_seq_len))  # fmt: skip
+    choices = dict(vocab=VOCAB, max_running=max_running, step_ms=step_ms, slow_every=slow_every, slow_ms=slow_ms,
+                   max_seq_len=max_seq_len)  # fmt: skip
+    spec = EngineSpec(None, choices=choices, burst_wait_ms=0.0)  # (no gathering: the stand-in's TTFT is one step)
     client = EngineClient(spec, engine_main=paced_main)
     client.start()
     state = ServerState(client, Tokenizer.from_pretrained(tokenizer_dir), "paced", 1 << 20)

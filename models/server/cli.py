@@ -28,7 +28,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
+import attrs
+
 from models.cli import OneLineParser, burst_wait_ms, positive_int
+from models.server.engine_core import BURST_QUIET_MS, EngineSpec
 from models.server.heap import freeze_heap
 
 DRAIN_TIMEOUT_S = 60.0
@@ -83,12 +86,13 @@ def parser() -> OneLineParser:
                         "fp16 on CUDA; else 0, eager)")
     e.add_argument("--prefill", choices=["in-step", "in-pass", "beside", "beside-priority"], default=None,
                    help="where a prefill pass runs relative to the decode steps (default: beside on CUDA)")
-    e.add_argument("--burst-wait-ms", type=burst_wait_ms, default=5.0,
+    wait = attrs.fields(EngineSpec).burst_wait_ms.default
+    e.add_argument("--burst-wait-ms", type=burst_wait_ms, default=wait,
                    help="an idle engine that has just taken a request waits up to this long for more before its "
-                        "first step, while they keep coming (each within 1 ms) and until they fill a prefill pass: "
-                        "a burst's first pass then holds its first requests, not the first alone, which every later "
-                        "request would wait for; a lone request pays the quiet millisecond (default 5; 0: step at "
-                        "once)")
+                        f"first step, while they keep coming (each within {BURST_QUIET_MS} ms) and until they fill a "
+                        "prefill pass: a burst's first pass then holds its first requests, not the first alone, which "
+                        f"every later request would wait for; a lone request pays the quiet (default {wait:g}; 0: "
+                        "step at once)")
     return ap
 
 
@@ -223,8 +227,6 @@ class _Progress:
 
 def engine_spec(args):
     """The engine the options ask for."""
-    from models.server.engine_core import EngineSpec
-
     choices = {k: v for k, v in dict(max_running=args.max_running, max_seq_len=args.max_seq_len,
                                      kv_memory_gib=args.kv_memory_gib, attention=args.attention,
                                      overlap=False if args.no_overlap else None, prefill_graphs=args.prefill_graphs,

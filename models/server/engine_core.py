@@ -67,7 +67,7 @@ class EngineSpec:
     choices: dict = attrs.Factory(dict)  # serving_config keywords (enums by value)
     warmup: bool = True
     seed: int = 0
-    burst_wait_ms: float = 0.0  # an idle engine's wait for a burst's next requests before its first step (0: none)
+    burst_wait_ms: float = 5.0  # an idle engine's wait for a burst's next requests before its first step (0: none)
 
 
 @attrs.frozen
