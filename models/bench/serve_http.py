@@ -64,7 +64,9 @@ CONNECTION_PROCS = 4  # client processes holding the connections workload's stre
 
 
 def parser() -> OneLineParser:
-    from models.server.cli import parser as server_parser
+    import attrs
+
+    from models.server.engine_core import EngineSpec
 
     ap = OneLineParser(prog="python -m models.bench.serve_http", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -89,7 +91,7 @@ def parser() -> OneLineParser:
                     help="the server's front-end processes (its --front-ends; default 1)")
     ap.add_argument("--burst-wait-ms", type=burst_wait_ms, default=None,
                     help="the server's --burst-wait-ms: an idle engine's wait for a burst's next requests before its "
-                         f"first step (default: the server's, {server_parser().get_default('burst_wait_ms'):g} "
+                         f"first step (default: the server's, {attrs.fields(EngineSpec).burst_wait_ms.default:g} "
                          "ms)")  # fmt: skip
     ap.add_argument("--client-procs", type=positive_int, default=None,
                     help="client processes the HTTP requests are spread over (default: 1 for poisson and burst, "

@@ -179,7 +179,7 @@ def parent_gone(parent: int | None) -> bool:
     return parent is not None and os.getppid() != parent
 
 
-def serve(engine, inbox: zmq.Socket, outbox: zmq.Socket, parent: int | None, burst_wait_s: float = 0.0,
+def serve(engine, inbox: zmq.Socket, outbox: zmq.Socket, parent: int | None, burst_wait_s: float,
           pass_tokens: int | None = None) -> None:  # fmt: skip
     """The loop: take what the front end sent, step, send what the step gave; until SHUTDOWN or the parent process
     dies (``parent``: its pid; None for an engine in a thread of the front end's process, which lives as long). An
