@@ -125,8 +125,7 @@ class _FirstStep:
         return type("Out", (), {"tokens": np.zeros(0), "finished": []})()
 
 
-def _first_step(arrivals: list[tuple[float, str, int]], wait_s: float, pass_tokens: int | None,
-                monkeypatch) -> list[str]:  # fmt: skip
+def _first_step(arrivals: list[tuple[float, str, int]], wait_s: float, pass_tokens: int | None) -> list[str]:
     """``engine_core.serve`` over an idle engine in a thread, each of ``arrivals`` (seconds after the one before,
     request id, prompt tokens) sent as its own message; the requests its first step saw."""
     import threading
@@ -138,7 +137,6 @@ def _first_step(arrivals: list[tuple[float, str, int]], wait_s: float, pass_toke
     from models.server import engine_core
     from models.server.engine_core import Kind, pack
 
-    monkeypatch.setattr(engine_core, "BURST_QUIET_MS", 300)  # (wide: a slow CI machine's thread is not a quiet inbox)
     ctx = zmq.Context()
     front, inbox, outbox = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL), ctx.socket(zmq.PUB)
     inbox.bind("inproc://burst-in")
@@ -164,15 +162,15 @@ def _first_step(arrivals: list[tuple[float, str, int]], wait_s: float, pass_toke
         ctx.term()
 
 
-def test_an_idle_engine_gathers_a_burst_while_it_keeps_coming(monkeypatch):
-    """Requests 50 ms apart, the inbox's quiet set at 300 ms: the first step takes the three, not the one 600 ms
-    after them; with no wait, the first alone."""
-    burst = [(0, "a", 4), (0.05, "b", 4), (0.05, "c", 4), (0.6, "late", 4)]
-    assert _first_step(burst, 3.0, None, monkeypatch) == ["a", "b", "c"]
-    assert _first_step(burst, 0.0, None, monkeypatch) == ["a"]
+def test_an_idle_engine_gathers_what_comes_within_its_wait():
+    """A wait of 400 ms: the first step takes the requests 0, 50 and 250 ms after the first (no quiet inbox ends the
+    gathering), not the one 850 ms after it; with no wait, the first alone."""
+    burst = [(0, "a", 4), (0.05, "b", 4), (0.2, "c", 4), (0.6, "late", 4)]
+    assert _first_step(burst, 0.4, None) == ["a", "b", "c"]
+    assert _first_step(burst, 0.0, None) == ["a"]
 
 
-def test_the_gathering_ends_once_a_pass_is_full_or_the_wait_is_spent(monkeypatch):
+def test_the_gathering_ends_once_a_pass_is_full_or_the_wait_is_spent():
     burst = [(0, "a", 5), (0.05, "b", 5), (0.05, "c", 5)]
-    assert _first_step(burst, 3.0, 8, monkeypatch) == ["a", "b"]  # (10 prompt tokens: a pass of 8 is full)
-    assert _first_step(burst, 0.08, None, monkeypatch) == ["a", "b"]  # (c came 100 ms after a, past the 80 ms)
+    assert _first_step(burst, 3.0, 8) == ["a", "b"]  # (10 prompt tokens: a pass of 8 is full)
+    assert _first_step(burst, 0.08, None) == ["a", "b"]  # (c came 100 ms after a, past the 80 ms)

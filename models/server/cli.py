@@ -31,7 +31,7 @@ from typing import NoReturn
 import attrs
 
 from models.cli import OneLineParser, burst_wait_ms, positive_int
-from models.server.engine_core import BURST_QUIET_MS, EngineSpec
+from models.server.engine_core import EngineSpec
 from models.server.heap import freeze_heap
 
 DRAIN_TIMEOUT_S = 60.0
@@ -89,10 +89,9 @@ def parser() -> OneLineParser:
     wait = attrs.fields(EngineSpec).burst_wait_ms.default
     e.add_argument("--burst-wait-ms", type=burst_wait_ms, default=wait,
                    help="an idle engine that has just taken a request waits up to this long for more before its "
-                        f"first step, while they keep coming (each within {BURST_QUIET_MS} ms) and until they fill a "
-                        "prefill pass: a burst's first pass then holds its first requests, not the first alone, which "
-                        f"every later request would wait for; a lone request pays the quiet (default {wait:g}; 0: "
-                        "step at once)")
+                        "first step, until they fill a prefill pass: a burst's first pass then holds its first "
+                        "requests, not the first alone, which every later request would wait for; a lone request "
+                        f"pays the whole wait (default {wait:g}; 0: step at once)")
     return ap
 
 

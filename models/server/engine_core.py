@@ -16,12 +16,14 @@ before the process exits.
 
 Between steps the loop takes every message waiting, then steps; with nothing to run it blocks on its inbox (waking every
 second to see whether the front end still lives). With ``EngineSpec.burst_wait_ms``, an idle engine that has just
-taken a request gathers a burst before its first step: it waits for more while they keep coming (each within
-``BURST_QUIET_MS``), until they fill a prefill pass or the wait is spent. A front end takes a burst in one request at
-a time, and the client's sends of a burst spread over milliseconds, so otherwise the first step starts a pass with the
-first request alone, and as one pass runs at a time every later request waits for it too (on an H100 a pass is ~10-15
-ms: ``models/bench/results/server-h200``, call AB); in-process, the whole burst is there for the first step. Nothing
-else runs in this process: no tokenizer, no HTTP.
+taken a request gathers a burst before its first step: it waits for more until they fill a prefill pass or the wait is
+spent. A front end takes a burst in one request at a time, and the client's sends of a burst spread over milliseconds
+(on an H200's host a burst's second request reached the server 0.7-3.1 ms after its first, and the engine 0.2-2.1
+ms after: ``models/bench/results/server-h200``, call AG), so otherwise the first step starts a pass with the first
+request alone, and as one pass runs at a time every later request waits for it too (a pass is ~10-15 ms, call AB);
+in-process, the whole burst is there for the first step. The gathering used to end on a quiet inbox (2 ms without a
+message): on one H200 host the first request still went alone in four bursts of six (call AF). A lone request at an
+idle engine pays the whole wait. Nothing else runs in this process: no tokenizer, no HTTP.
 """
 
 from __future__ import annotations
@@ -41,9 +43,6 @@ import zmq
 from models.server.heap import CollectorClock, freeze_heap
 
 ALIVE_CHECK_MS = 1000  # an idle engine looks this often whether its parent process is still there
-# an idle engine gathering a burst (EngineSpec.burst_wait_ms) steps once its inbox is this quiet: on an H100's host a
-# burst's second request reached the engine 1.2-2.2 ms after its first (server-h200/RUNS.md, call AE)
-BURST_QUIET_MS = 2
 
 
 class Kind(enum.IntEnum):
@@ -69,7 +68,7 @@ class EngineSpec:
     choices: dict = attrs.Factory(dict)  # serving_config keywords (enums by value)
     warmup: bool = True
     seed: int = 0
-    burst_wait_ms: float = 5.0  # an idle engine's wait for a burst's next requests before its first step (0: none)
+    burst_wait_ms: float = 5.0  # an idle engine's wait for a prefill pass's worth of requests before its first step
 
 
 @attrs.frozen
@@ -220,7 +219,7 @@ def serve(engine, inbox: zmq.Socket, outbox: zmq.Socket, parent: int | None, bur
                 now = time.perf_counter()
                 gather_until = min(gather_until, now + burst_wait_s)
                 if taken and taken < full and now < gather_until:
-                    timeout = min(BURST_QUIET_MS, math.ceil((gather_until - now) * 1e3))
+                    timeout = math.ceil((gather_until - now) * 1e3)
         if not busy and parent_gone(parent):
             return  # the front end is gone
         if engine.has_work():

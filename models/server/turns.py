@@ -20,8 +20,8 @@ An idle front end (``idle()``: no request of its own in flight) waits one turn b
 the rest of a burst in that turn's I/O callbacks, so those requests queue behind the first and follow it to the engine
 a turn apart, where without the turn the parse falls between the first and the second: on an H100's host the engine
 saw 1.1 ms between a burst's first two requests without the turn and 0.2-0.7 ms with it (``models/bench/results/
-server-h200``, call AD; 1.2-2.2 ms on another, call AE), against the 2 ms an idle engine gathering a burst waits
-for the next (``engine_core.BURST_QUIET_MS``). A lone request pays one turn of an idle loop.
+server-h200``, call AD; 1.2-2.2 ms on another, call AE; 0.2-2.1 ms on an H200's, call AG), inside the wait of an idle
+engine gathering a burst (``EngineSpec.burst_wait_ms``). A lone request pays one turn of an idle loop.
 """
 
 from __future__ import annotations
