@@ -100,6 +100,9 @@ def parser() -> OneLineParser:
     e.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
                    help="launch each decode step before reading the last one's tokens, as the benchmarks' fastest "
                         "arms do (default: on)")
+    e.add_argument("--no-prefix-cache", action="store_true",
+                   help="no prefix cache (by default on for Qwen3.5: KV pages shared by their token chain, "
+                        "recurrent-state checkpoints restored, so prompts that share a prefix compute it once)")
     e.add_argument("--prefill-graphs", type=int, default=None,
                    help="token buckets of prefill CUDA graphs, halving down from 8192 tokens (default 6 where the "
                         "pass can be captured: a checkpoint in bf16 or fp16 on CUDA; else 0, eager prefill)")
@@ -278,7 +281,8 @@ def _generate(args, ap, progress: Progress) -> int:
                               attention=None if args.attention is None else Backend(args.attention),
                               overlap=args.overlap, prefill_graphs=args.prefill_graphs,
                               prefill=None if args.prefill is None else PrefillPlacement(args.prefill),
-                              token_budget=args.token_budget)  # fmt: skip
+                              token_budget=args.token_budget,
+                              prefix_cache=False if args.no_prefix_cache else None)  # fmt: skip
         progress("building the engine (graphs, kernels)", plan.notes)
         engine = Engine(adapter, plan.config)
         if ckpt.architecture == WHISPER and args.language is None and languages(ckpt.generation):

@@ -385,7 +385,8 @@ def _generate(capsys, *args) -> tuple[str, str]:
     return out.out, out.err
 
 
-@pytest.mark.parametrize("engine_args", [[], ["--overlap", "--prefill-graphs", "2"]], ids=["default", "fast-path"])
+@pytest.mark.parametrize("engine_args", [[], ["--overlap", "--prefill-graphs", "2", "--no-prefix-cache"]],
+                         ids=["default", "fast-path"])  # fmt: skip
 def test_generate_streams_a_prompts_text(dirs, capsys, engine_args):
     path = dirs["causal"]
     out, err = _generate(capsys, "--model-dir", path, "--prompt", TEXTS[1], "--max-tokens", "10", "--ignore-eos",
@@ -397,6 +398,7 @@ def test_generate_streams_a_prompts_text(dirs, capsys, engine_args):
     assert "length, 10 tokens" in err
     stages = [line.split("] ", 1)[1] for line in err.splitlines() if line.startswith("[") and line.endswith(" ...")]
     assert stages == [f"loading {path} ...", "building the engine (graphs, kernels) ...", "generating (1 request) ..."]
+    assert ("prefix cache on" in err) == ("--no-prefix-cache" not in engine_args)  # (Qwen3.5's default: on)
 
 
 def test_generate_runs_a_file_of_prompts_and_a_chat(dirs, capsys, tmp_path):
