@@ -64,9 +64,7 @@ CONNECTION_PROCS = 4  # client processes holding the connections workload's stre
 
 
 def parser() -> OneLineParser:
-    import attrs
-
-    from models.server.engine_core import EngineSpec
+    from models.server.engine_core import BURST_WAIT_MS
 
     ap = OneLineParser(prog="python -m models.bench.serve_http", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -90,9 +88,8 @@ def parser() -> OneLineParser:
     ap.add_argument("--front-ends", type=positive_int, default=1,
                     help="the server's front-end processes (its --front-ends; default 1)")
     ap.add_argument("--burst-wait-ms", type=burst_wait_ms, default=None,
-                    help="the server's --burst-wait-ms: an idle engine's wait for a burst's next requests before its "
-                         f"first step (default: the server's, {attrs.fields(EngineSpec).burst_wait_ms.default:g} "
-                         "ms)")  # fmt: skip
+                    help="the server's --burst-wait-ms: an idle engine's wait for a pass's worth of requests "
+                         f"before its first step (default: the server's, {BURST_WAIT_MS:g} ms)")  # fmt: skip
     ap.add_argument("--client-procs", type=positive_int, default=None,
                     help="client processes the HTTP requests are spread over (default: 1 for poisson and burst, "
                          "which then reach the server in request order, as the in-process arm takes them; 4 for "

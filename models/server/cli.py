@@ -28,10 +28,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
-import attrs
-
 from models.cli import OneLineParser, burst_wait_ms, positive_int
-from models.server.engine_core import EngineSpec
+from models.server.engine_core import BURST_WAIT_MS, EngineSpec
 from models.server.heap import freeze_heap
 
 DRAIN_TIMEOUT_S = 60.0
@@ -86,12 +84,11 @@ def parser() -> OneLineParser:
                         "fp16 on CUDA; else 0, eager)")
     e.add_argument("--prefill", choices=["in-step", "in-pass", "beside", "beside-priority"], default=None,
                    help="where a prefill pass runs relative to the decode steps (default: beside on CUDA)")
-    wait = attrs.fields(EngineSpec).burst_wait_ms.default
-    e.add_argument("--burst-wait-ms", type=burst_wait_ms, default=wait,
+    e.add_argument("--burst-wait-ms", type=burst_wait_ms, default=BURST_WAIT_MS,
                    help="an idle engine that has just taken a request waits up to this long for more before its "
                         "first step, until they fill a prefill pass: a burst's first pass then holds its first "
                         "requests, not the first alone, which every later request would wait for; a lone request "
-                        f"pays the whole wait (default {wait:g}; 0: step at once)")
+                        f"pays the whole wait (default {BURST_WAIT_MS:g}; 0: step at once)")
     return ap
 
 

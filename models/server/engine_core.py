@@ -43,6 +43,7 @@ import zmq
 from models.server.heap import CollectorClock, freeze_heap
 
 ALIVE_CHECK_MS = 1000  # an idle engine looks this often whether its parent process is still there
+BURST_WAIT_MS = 5.0  # EngineSpec.burst_wait_ms's default (the server's --burst-wait-ms)
 
 
 class Kind(enum.IntEnum):
@@ -68,7 +69,7 @@ class EngineSpec:
     choices: dict = attrs.Factory(dict)  # serving_config keywords (enums by value)
     warmup: bool = True
     seed: int = 0
-    burst_wait_ms: float = 5.0  # an idle engine's wait for a prefill pass's worth of requests before its first step
+    burst_wait_ms: float = BURST_WAIT_MS  # an idle engine's wait for a pass's worth of requests before its first step
 
 
 @attrs.frozen
