@@ -25,8 +25,10 @@ class GemvPick(enum.Enum):
 
 @attrs.frozen
 class KernelChoices:
-    """PDL launches, the two one-row folds into the weight stream, where the weight stream runs at all, and which
-    path the model's decode and prefill take (its Triton / CUDA kernels or the torch references)."""
+    """PDL launches, the two one-row folds into the weight stream, where the weight stream runs at all, which path the
+    model's decode and prefill take (its Triton / CUDA kernels or the torch references), and whether a one-row step
+    runs its layers' tails as persistent launches (an experiment, off: models/bench/results/decode-floor-h200/
+    layer-tail/)."""
 
     pdl: bool | None = None  # launch with programmatic dependent launch; None: the process default (``resolved``)
     fold_silu_mul: bool = True  # SwiGLU's silu_mul folded into the down GEMM where measured (SILU_MUL_CONFIGS)

@@ -14,15 +14,20 @@ activations' dtype where the kernel chain it replaces stores a tensor: ``gemv``,
 leaves s1 in ``h_out`` and d2 as its output, for the final norm.
 
 Why one launch: at one row each projection is a weight stream of 4-17 MB, ~1-4 us at the memory's speed, and a kernel
-boundary costs its ramp: the next kernel's loads start only after the previous grid completes. Here P programs (one
-a multiprocessor) stay resident through the four projections and meet at a grid barrier between them; before each
-barrier a program has already asked for the first weight tile of its share of the next projection (weights never
-depend on the step), so the memory pipe stays full across the boundary. Projection ``j``'s output is read by every
-program after barrier ``j``, from L2 (``.cg``: an SM's L1 is not coherent with other SMs' stores).
+boundary costs its ramp: the next kernel's loads start only after the previous grid completes. Here P programs (a
+configured count a multiprocessor, all resident at once: the wrapper checks) stay through the four projections and
+meet at a grid barrier between them. At a barrier a program counts itself (``_arrive``), asks for the first weight
+chunk of its share of the next projection (weights never depend on the step), then spins on an acquire load
+(``_wait``), which leaves those loads in flight. Projection ``j``'s output is read by every program after barrier
+``j``, from L2 (``.cg``: an SM's L1 is not coherent with other SMs' stores).
 
-Work split: a projection's output rows are cut into blocks of BN rows, each block one program's whole K (K in
-chunks of BK); program ``pid`` takes blocks pid, pid + P, ... The gate|up projection's block is BN intermediates: their
-gate rows and their up rows, so a program forms its own slice of ``a``.
+Measured (an H100, models/bench/results/decode-floor-h200/layer-tail/): an earlier barrier (a fence in every thread,
+atomic polling) at one program a multiprocessor was 1.46x slower than the kernel chain over the 0.8B's 24 tails;
+this form did not run on a GPU yet. ``KernelChoices.layer_tail`` is off.
+
+Work split: a projection's output rows are cut into blocks of BN rows, each block one program's whole K (in chunks of
+BK, or the whole row at once); program ``pid`` takes blocks pid, pid + P, ... The gate|up projection's block is BN
+intermediates: their gate rows and their up rows, so a program forms its own slice of ``a``.
 
 In Triton's interpreter (how the kernels run on a CPU) the programs run one after another, so a grid barrier would
 never be met: there the wrapper launches the same kernel once per projection (``FIRST``/``LAST`` pick it), each
