@@ -182,6 +182,15 @@ def _wait(sync_ptr, target):
 
 
 @triton.jit
+def _wait_before(J: tl.constexpr, sync_ptr, FIRST: tl.constexpr, PDL: tl.constexpr):
+    """The wait in front of projection J: PDL's where J is the launch's first, else the launch's barrier J - FIRST."""
+    if FIRST == J:
+        pdl_wait(PDL)
+    else:
+        _wait(sync_ptr, (J - FIRST) * tl.num_programs(0))
+
+
+@triton.jit
 def _barrier_reset(sync_ptr):
     """After a launch's last barrier: the last program to get here sets the count (and this exit count) back to 0,
     once no program reads the count again."""
@@ -229,9 +238,8 @@ def _layer_tail_kernel(
     PDL: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    P = tl.num_programs(0)
-    # Each projection's first weight chunk is asked for before the wait in front of it (PDL's or a grid barrier):
-    # weights are constant through the step. Barrier j of the launch waits for a count of j P.
+    # Each projection's first weight chunk is asked for before the wait in front of it (PDL's or a grid barrier,
+    # after this program counted itself): weights are constant through the step.
     if FIRST == 0:
         w_first = _tile(wo_ptr, pid * BN_OUT, 0, H, D, BN_OUT, BK_OUT)
         pdl_wait(PDL)
@@ -242,30 +250,21 @@ def _layer_tail_kernel(
             _arrive(sync_ptr)
         g_first = _tile(wgu_ptr, pid * BN_GU, 0, NI, H, BN_GU, BK_GU)
         u_first = _tile(wgu_ptr + NI * H, pid * BN_GU, 0, NI, H, BN_GU, BK_GU)
-        if FIRST == 1:
-            pdl_wait(PDL)
-        else:
-            _wait(sync_ptr, (1 - FIRST) * P)
+        _wait_before(1, sync_ptr, FIRST, PDL)
         rstd = _rstd(h_ptr, d1_ptr, d2_ptr, ho_ptr, eps1, H, HP, False, NP == 0)  # s1 stored where it is the output
         _gate_up(wgu_ptr, g_first, u_first, a_ptr, NI, H, h_ptr, d1_ptr, nw1_ptr, rstd, BN_GU, BK_GU, ZERO_CENTERED)
     if FIRST <= 2 and LAST > 2:
         if FIRST < 2:
             _arrive(sync_ptr)
         w_first = _tile(wd_ptr, pid * BN_DOWN, 0, H, NI, BN_DOWN, BK_DOWN)
-        if FIRST == 2:
-            pdl_wait(PDL)
-        else:
-            _wait(sync_ptr, (2 - FIRST) * P)
+        _wait_before(2, sync_ptr, FIRST, PDL)
         _projection(wd_ptr, w_first, d2_ptr, H, NI, a_ptr, h_ptr, d1_ptr, d2_ptr, nw1_ptr, 0.0, BN_DOWN, BK_DOWN, 1,
                     ZERO_CENTERED)  # fmt: skip
     if NP > 0 and FIRST <= 3 and LAST > 3:
         if FIRST < 3:
             _arrive(sync_ptr)
         w_first = _tile(wp_ptr, pid * BN_NEXT, 0, NP, H, BN_NEXT, BK_NEXT)
-        if FIRST == 3:
-            pdl_wait(PDL)
-        else:
-            _wait(sync_ptr, (3 - FIRST) * P)
+        _wait_before(3, sync_ptr, FIRST, PDL)
         rstd = _rstd(h_ptr, d1_ptr, d2_ptr, ho_ptr, eps2, H, HP, True, True)  # s2, the stream after the layer
         _projection(wp_ptr, w_first, p_ptr, NP, H, y_ptr, h_ptr, d1_ptr, d2_ptr, nw2_ptr, rstd, BN_NEXT, BK_NEXT, 3,
                     ZERO_CENTERED)  # fmt: skip
