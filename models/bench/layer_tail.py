@@ -1,6 +1,7 @@
 """The layers' tails at one row: today's kernel chain against one persistent launch a layer (GPU).
 
-    python -m models.bench.layer_tail --model qwen3_5-0.8b --rounds 5 --iters 100
+    python -m models.bench.layer_tail --model qwen3_5-0.8b --rounds 5 --iters 100 \
+        --configs 8,4,8,16,0,16,1/2,2,2,8,0,4,4
 
 A layer's tail is its out projection, the MLP and the next layer's input projection with the residual adds and norms
 between them (``kernels.layer_tail``). Each arm runs the tails of every layer of the model's shape (random bf16
@@ -12,6 +13,10 @@ input), captured as one CUDA graph; the graphs replay alternated, ``--iters`` a 
   folded into gate|up, silu_mul folded into down, the norm folded into the next projection), 4 kernels a tail;
 - ``tail``: ``kernels.layer_tail.layer_tail``, one persistent launch a tail (grid barriers between projections);
 - ``tail-phases``: the same kernel launched once a projection (4 launches, no barriers): what persistence buys.
+
+The two tail arms run at each of ``--configs``, all captured before any is timed, so that every configuration is
+timed in the same rounds as the chain. A configuration whose persistent programs cannot all be resident at once is
+reported and left out.
 
 Reported: median GPU us a replay [min-max over rounds], the floor (the tails' weight bytes over what a 1 GiB device
 copy moves), each arm's ratio to ``chain`` paired by round, and the largest difference of each arm's outputs (the last
@@ -68,9 +73,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=positive_int, default=5, help="rounds, the arms alternated in each")
     p.add_argument("--iters", type=positive_int, default=100, help="replays a round and arm")
     p.add_argument("--arms", default="chain,tail,tail-phases", help="comma-separated: chain, tail, tail-phases")
-    p.add_argument("--config", default=",".join(map(str, DEFAULT_CONFIG)),
-                   help="layer_tail's (BN_OUT, BN_GU, BN_DOWN, BN_NEXT, BK (0: whole rows), warps, programs a "
-                        "multiprocessor)")
+    p.add_argument("--configs", default=",".join(map(str, DEFAULT_CONFIG)),
+                   help="layer_tail configurations, /-separated, each BN_OUT,BN_GU,BN_DOWN,BN_NEXT,BK (0: whole "
+                        "rows),warps,programs a multiprocessor (default: kernels.layer_tail.DEFAULT_CONFIG)")
     return p
 
 
@@ -80,19 +85,28 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("layer_tail measures GPU kernels: no CUDA device here")
     dev = torch.device("cuda")
     cfg = MODEL_CONFIGS[a.model]
-    config = tuple(int(v) for v in a.config.split(","))
+    try:
+        configs = [tuple(int(v) for v in c.split(",")) for c in a.configs.split("/")]
+    except ValueError:
+        msg = f"--configs: comma-separated integers, /-separated configurations; got {a.configs!r}"
+        raise SystemExit(msg) from None
+    if any(len(c) != len(DEFAULT_CONFIG) for c in configs):
+        raise SystemExit(f"--configs: each configuration has {len(DEFAULT_CONFIG)} entries; got {a.configs!r}")
     layers = _weights(cfg, dev, torch.Generator().manual_seed(0))
     kc = KernelChoices().resolved()
     H = cfg.hidden_size
     gen = torch.Generator().manual_seed(1)
     y0 = (torch.randn(1, layers[0]["wo"].shape[1], generator=gen)).to(device=dev, dtype=torch.bfloat16)
     h0 = (torch.randn(1, H, generator=gen) * 3).to(device=dev, dtype=torch.bfloat16)
-    arms = a.arms.split(",")
-    bad = set(arms) - {"chain", "tail", "tail-phases"}
+    kinds = a.arms.split(",")
+    bad = set(kinds) - {"chain", "tail", "tail-phases"}
     if bad:
         raise SystemExit(f"unknown arms: {sorted(bad)}")
+    # (label, kind, config): the chain once, each tail kind at each configuration
+    arms = [("chain", "chain", None)] if "chain" in kinds else []
+    arms += [(f"{k} {','.join(map(str, c))}", k, c) for c in configs for k in kinds if k != "chain"]
 
-    def run(arm: str, res: Residual) -> torch.Tensor:
+    def run(arm: str, config: tuple[int, ...] | None, res: Residual) -> torch.Tensor:
         """Every layer's tail and mixer stand-in from (y0, res.h): the last projection [1, NP]."""
         y, p = y0, None
         for i, w in enumerate(layers):
@@ -109,33 +123,43 @@ def main(argv: list[str] | None = None) -> None:
             y = silu_mul(p[:, : 2 * nxt["wo"].shape[1]], pdl=kc.pdl)  # the mixer's stand-in: [1, D]
         return p
 
-    graphs, outs = {}, {}
-    for arm in arms:
+    graphs, outs, refused = {}, {}, []
+    for label, kind, config in arms:
         res = Residual(h0.clone())
         res.take_spare()
-        graphs[arm] = Graph(lambda arm=arm, res=res: outs.__setitem__(arm, (run(arm, res), res)), dev)
+        try:
+            run(kind, config, Residual(h0.clone()))  # (eagerly first: layer_tail checks its programs fit)
+            graphs[label] = Graph(lambda label=label, kind=kind, config=config, res=res: outs.__setitem__(
+                label, (run(kind, config, res), res)), dev)  # fmt: skip
+        except ValueError as e:  # (layer_tail's refusal of programs that cannot all be resident)
+            refused.append(f"{label}: {e}")
+    arms = [arm for arm in arms if arm[0] in graphs]
     results = {}
-    for arm in arms:  # one replay from the same inputs: the outputs against chain's
-        graphs[arm].replay()
+    for label, *_ in arms:  # one replay from the same inputs: the outputs against chain's
+        graphs[label].replay()
         torch.cuda.synchronize()
-        p, res = outs[arm]
-        results[arm] = (p.float().clone(), res.h.float().clone())
+        p, res = outs[label]
+        results[label] = (p.float().clone(), res.h.float().clone())
     bw = copy_bandwidth(dev)
     weight_bytes = sum(t.numel() * t.element_size() for w in layers for k, t in w.items() if k in ("wo", "wgu", "wd"))
     weight_bytes += sum(w["w_in"].numel() * 2 for w in layers)
     floor = weight_bytes / bw * 1e6  # (as decode_profile's floor: the copy's read plus written bytes a second)
-    times: dict[str, list[float]] = {arm: [] for arm in arms}
+    times: dict[str, list[float]] = {label: [] for label, *_ in arms}
     for _ in range(a.rounds):
-        for arm in arms:
-            times[arm].append(replay_us(graphs[arm], a.iters))
+        for label, *_ in arms:
+            times[label].append(replay_us(graphs[label], a.iters))
     gpu = torch.cuda.get_device_name(dev)
-    print(f"# the layers' tails at one row on {gpu}: {a.model}, {len(layers)} layers, bf16, config {config}\n")
+    print(f"# the layers' tails at one row on {gpu}: {a.model}, {len(layers)} layers, bf16\n")
+    print("Tail arms are labelled by their configuration (BN_OUT,BN_GU,BN_DOWN,BN_NEXT,BK,warps,programs a "
+          "multiprocessor).\n")
+    for line in refused:
+        print(f"Left out: {line}\n")
     print(f"A device copy moves {bw / 1e12:.2f} TB/s (read + written); the tails read {weight_bytes / 1e6:.0f} MB of "
           f"weights: a floor of {floor:.0f} us.\n")  # fmt: skip
     print("| arm | GPU us / replay | of the floor | vs chain (paired by round) | max diff p vs chain | "
           "max diff residual vs chain |")
     print("|---|---|---|---|---|---|")
-    for arm in arms:
+    for arm, *_ in arms:
         t = times[arm]
         med = statistics.median(t)
         ratio = ""
@@ -147,7 +171,7 @@ def main(argv: list[str] | None = None) -> None:
             dp = f"{(results[arm][0] - results['chain'][0]).abs().max().item():.3g}"
             dr = f"{(results[arm][1] - results['chain'][1]).abs().max().item():.3g}"
         print(f"| {arm} | {med:.1f} [{min(t):.1f}-{max(t):.1f}] | {floor / med:.0%} | {ratio} | {dp} | {dr} |")
-    scale = results[arms[0]][0].abs().max().item()
+    scale = results[arms[0][0]][0].abs().max().item()
     print(f"\n(the last projection's largest magnitude: {scale:.3g})")
 
 
