@@ -21,13 +21,11 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import models.qwen3_5.model as qwen_model  # noqa: E402  (after TRITON_INTERPRET is settled)
+from one_row import decode_one_row, model_with_norms  # noqa: E402  (after TRITON_INTERPRET is settled)
+
+import models.qwen3_5.model as qwen_model  # noqa: E402
 from kernels.choices import KernelChoices  # noqa: E402
 from kernels.layer_tail import layer_tail, layer_tail_ref  # noqa: E402
-from models.engine import build_adapter  # noqa: E402
-from models.qwen3_5 import KV_POOL  # noqa: E402
-from resplan.buffers import StepBuffers  # noqa: E402
-from resplan.layout import KVPool, RowLayout  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 DEVICE = "cpu" if INTERPRET or not torch.cuda.is_available() else "cuda"
@@ -112,33 +110,10 @@ def test_persistent_equals_once_a_projection(NP):
         assert torch.equal(out, phases) and torch.equal(args[7], phases_h)
 
 
-def _decode_one_row(name: str, layer_tail_on: bool, steps: int, device: str, dtype: torch.dtype) -> list:
-    """The named model (seeded random weights, its norm weights redrawn around 0 so that (1 + w) shows them): a
-    7-token prompt prefilled into slot 1, then ``steps`` one-row fused decode steps over fixed tokens, the layer tails
-    on or off; the logits [1, V] of each step (the second step reads the states the first wrote)."""
-    model = build_adapter(name, seed=0, device=device, dtype=dtype).model
-    gen = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for pname, prm in model.named_parameters():
-            if pname.endswith("layernorm.weight") or pname == "model.norm.weight":
-                prm.copy_(0.3 * torch.randn(prm.shape, generator=gen))
+def _decode_one_row(model, layer_tail_on: bool, steps: int, device: str, dtype: torch.dtype) -> list:
+    """``one_row.decode_one_row`` on the fused decode with the layer tails on or off: the float logits of each step."""
     kc = KernelChoices(fused_decode=True, layer_tail=layer_tail_on)
-    ids = torch.randint(0, model.cfg.vocab_size, (7 + steps,), generator=torch.Generator().manual_seed(11))
-    pages, page = [3, 1, 4, 2, 5], 4
-    state = model.allocate_state(8, page, 3, device, dtype)
-    model.prefill(state, ids[:7], pages, start=0, rec_slot=1)
-    layout = RowLayout((KVPool(KV_POOL, page, 8, len(pages) * page),), positions_pool=KV_POOL, recurrent=True,
-                       sampler=False)  # fmt: skip
-    bufs = StepBuffers.allocate(layout, 1, device)
-    bufs.block_tables[KV_POOL][0, : len(pages)] = torch.tensor(pages, dtype=torch.int32)
-    bufs.recurrent_slots.fill_(1)
-    out = []
-    for t in range(7, 7 + steps):  # token t at position t
-        bufs.seq_lens[KV_POOL].fill_(t + 1)
-        bufs.write_loc[KV_POOL].fill_(pages[t // page] * page + t % page)
-        bufs.positions.fill_(t)
-        out.append(model.decode(state, ids[t : t + 1].to(device), bufs, kc=kc).float())
-    return out
+    return [logits.float() for logits in decode_one_row(model, kc, steps, device, dtype)]
 
 
 def test_model_decode_with_layer_tails_equals_without(monkeypatch):
@@ -148,9 +123,10 @@ def test_model_decode_with_layer_tails_equals_without(monkeypatch):
     calls = []
     real = layer_tail
     monkeypatch.setattr(qwen_model, "layer_tail", lambda *a, **k: calls.append(1) or real(*a, **k))
-    chain = _decode_one_row("qwen3_5-tiny", False, 2, DEVICE, torch.float32)
+    model = model_with_norms("qwen3_5-tiny", DEVICE, torch.float32)
+    chain = _decode_one_row(model, False, 2, DEVICE, torch.float32)
     assert not calls
-    tails = _decode_one_row("qwen3_5-tiny", True, 2, DEVICE, torch.float32)
+    tails = _decode_one_row(model, True, 2, DEVICE, torch.float32)
     assert len(calls) == 2 * 4
     for a, b in zip(tails, chain, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
@@ -163,8 +139,9 @@ def test_0_8b_decode_with_layer_tails_equals_without_gpu():
     """Qwen3.5-0.8B's shape in bf16, compiled: three one-row steps with the 24 persistent tails against the fused step.
     Logits within 0.5% of their scale (bf16 roundings of float32 sums in another order, carried through 24 layers);
     the same argmax wherever the chain's top two are further apart than twice that."""
-    chain = _decode_one_row("qwen3_5-0.8b", False, 3, "cuda", torch.bfloat16)
-    tails = _decode_one_row("qwen3_5-0.8b", True, 3, "cuda", torch.bfloat16)
+    model = model_with_norms("qwen3_5-0.8b", "cuda", torch.bfloat16)
+    chain = _decode_one_row(model, False, 3, "cuda", torch.bfloat16)
+    tails = _decode_one_row(model, True, 3, "cuda", torch.bfloat16)
     for a, b in zip(tails, chain, strict=True):
         print(f"\nmax |logit diff| {float((a - b).abs().max()):.4g}, max |logit| {float(b.abs().max()):.4g}")
         atol = 0.005 * float(b.abs().max())
