@@ -279,11 +279,12 @@ DEFAULT_CONFIG = (8, 4, 8, 16, 1024, 8, 1)
 _REGISTERS, _THREADS, _BLOCKS = 65536, 2048, 32  # an sm_90 multiprocessor's register file, threads, resident blocks
 
 
-def _resident(kernel, warps: int) -> int:
-    """Programs of a compiled kernel one multiprocessor holds at once (registers, shared memory, threads)."""
+def _resident(kernel, warps: int, device: torch.device) -> int:
+    """Programs of a compiled kernel one multiprocessor of ``device`` holds at once (registers, shared memory,
+    threads)."""
     kernel._init_handles()  # (loads it: n_regs is known from then on)
     per_warp = -(-kernel.n_regs * 32 // 256) * 256  # registers are granted a warp at a time, in units of 256
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    props = torch.cuda.get_device_properties(device)
     smem = getattr(props, "shared_memory_per_multiprocessor", 228 * 1024)
     by_smem = smem // kernel.metadata.shared if kernel.metadata.shared else _BLOCKS
     return min(_REGISTERS // (per_warp * warps), _THREADS // (32 * warps), by_smem, _BLOCKS)
@@ -356,7 +357,7 @@ def layer_tail(
         key = (programs, y.dtype, tuple(sorted(kwargs.items())))
         if persistent and y.is_cuda and key not in _checked:  # programs that cannot all be resident would never meet
             kernel = _layer_tail_kernel.warmup(*args, grid=(programs,), **kwargs)
-            fits = _resident(kernel, warps) * _multiprocessors(y.device)
+            fits = _resident(kernel, warps, y.device) * _multiprocessors(y.device)
             if programs > fits:
                 raise ValueError(f"layer_tail: {programs} persistent programs, but only {fits} fit on the GPU at once "
                                  f"(config {config}): grid barriers would wait forever")  # fmt: skip
