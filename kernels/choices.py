@@ -25,10 +25,8 @@ class GemvPick(enum.Enum):
 
 @attrs.frozen
 class KernelChoices:
-    """PDL launches, the two one-row folds into the weight stream, where the weight stream runs at all, which path the
-    model's decode and prefill take (its Triton / CUDA kernels or the torch references), and whether a one-row step
-    runs its layers' tails as persistent launches (an experiment, off: models/bench/results/decode-floor-h200/
-    layer-tail/)."""
+    """PDL launches, the two one-row folds into the weight stream, where the weight stream runs at all, and which
+    path the model's decode and prefill take (its Triton / CUDA kernels or the torch references)."""
 
     pdl: bool | None = None  # launch with programmatic dependent launch; None: the process default (``resolved``)
     fold_silu_mul: bool = True  # SwiGLU's silu_mul folded into the down GEMM where measured (SILU_MUL_CONFIGS)
@@ -43,8 +41,6 @@ class KernelChoices:
     # kernel measured 0.5-1.6% off the H100's step at 1-64 rows; off it, the interpreter is for the kernel's own tests)
     sampler: bool | None = None  # sampled steps (and prefills' first tokens) draw with kernels.sample, else torch's
     # topk and its ~20 ops; None: on CUDA
-    layer_tail: bool = False  # a one-row fused decode step runs each layer's out projection, MLP and the next
-    # layer's input projection as one persistent launch (kernels.layer_tail; in the interpreter once a projection)
 
     def streams(self, rows: int, n: int, k: int) -> bool:
         """Whether the GEMM [rows, k] x [n, k]^T runs as the weight stream."""
@@ -71,10 +67,6 @@ class KernelChoices:
     def draws_sample_kernel(self, cuda: bool) -> bool:
         """Whether sampled draws (on CUDA or not) run ``kernels.sample`` (``sampler``)."""
         return self.sampler if self.sampler is not None else cuda
-
-    def fuses_layer_tails(self, rows: int) -> bool:
-        """Whether a fused decode step of ``rows`` rows runs its layers' tails as ``kernels.layer_tail`` (one row)."""
-        return self.layer_tail and rows == 1
 
     def launches_pdl(self) -> bool:
         """Whether the step's kernels launch with PDL on this machine (never in the interpreter or off sm_90+)."""

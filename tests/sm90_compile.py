@@ -10,8 +10,7 @@ decode, the executor's row kernels, the prefill's fused row-wise work, PDL launc
 torch's: ``TritonDecode`` takes CUDA or the interpreter); (2) the weight stream at every configured shape
 (``GEMV_CONFIGS``, ``NORM_CONFIGS``, ``SILU_MUL_CONFIGS``), which the engine streams on CUDA only, and with the
 weight tile first in tl.dot; (3) the paged decode attention at the 0.8B shape, 1 to 64 rows; (4) greedy's argmax
-and the sampled draw over the 0.8B vocabulary at 1 to 64 rows; (5) the layer tail (``kernels.layer_tail``) at the
-0.8B shapes, persistent and once a projection."""
+and the sampled draw over the 0.8B vocabulary at 1 to 64 rows."""
 
 from __future__ import annotations
 
@@ -97,20 +96,6 @@ def _weight_streams() -> None:
         gemv_add_rms_norm(h, d, torch.zeros(k, **bf16), 1e-6, torch.empty(n, k, **bf16), out, config=config, pdl=True)
 
 
-def _layer_tail() -> None:
-    from kernels.layer_tail import layer_tail
-
-    bf16 = {"dtype": torch.bfloat16}
-    H, I = 1024, 3584  # noqa: E741 (the 0.8B shape: the MLP's width)
-    for d, n_in in ((2048, 8224), (2048, 5120), (2048, None)):  # next projection GDN's, attention's, none
-        wp, nw2 = (torch.empty(n_in, H, **bf16), torch.zeros(H, **bf16)) if n_in else (None, None)
-        for persistent in (True, False):
-            layer_tail(torch.zeros(1, d, **bf16), torch.zeros(1, H, **bf16), torch.empty(H, d, **bf16),
-                       torch.zeros(H, **bf16), 1e-6, torch.empty(2 * I, H, **bf16), torch.empty(H, I, **bf16),
-                       torch.zeros(1, H, **bf16), nw2, 1e-6, wp, persistent=persistent, programs=132,
-                       pdl=True)  # fmt: skip
-
-
 def _attention() -> None:
     from kernels.paged_decode import paged_decode
 
@@ -146,7 +131,7 @@ def _sample() -> None:
 def main() -> int:
     driver.set_active(CompileOnlyDriver())
     JITFunction.run, Autotuner.run = _compile_only, _tuned_compile_only
-    for part in (_engines, _weight_streams, _layer_tail, _attention, _argmax, _sample):
+    for part in (_engines, _weight_streams, _attention, _argmax, _sample):
         try:
             part()
         except Exception:  # noqa: BLE001 (a part that breaks on garbage outputs is a failure of the check)

@@ -22,15 +22,16 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from one_row import decode_one_row, model_with_norms  # noqa: E402  (after TRITON_INTERPRET is settled)
-
-import kernels.gemv  # noqa: E402
+import kernels.gemv  # noqa: E402  (after TRITON_INTERPRET is settled)
 import models.layers.fused as fused  # noqa: E402
 from kernels.choices import DEFAULT, KernelChoices  # noqa: E402
 from kernels.gemv import DEFAULT_CONFIG, gemv, gemv_add_rms_norm, gemv_add_rms_norm_ref, norm_fold_wins  # noqa: E402
 from kernels.norms import add_rms_norm_  # noqa: E402
 from models.engine import build_adapter  # noqa: E402
 from models.layers.fused import PendingNorm, Residual, decode_linear, decode_normed_linear, norm_folds  # noqa: E402
+from models.qwen3_5 import KV_POOL  # noqa: E402
+from resplan.buffers import StepBuffers  # noqa: E402
+from resplan.layout import KVPool, RowLayout  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 DEVICE = "cpu" if INTERPRET or not torch.cuda.is_available() else "cuda"
@@ -177,13 +178,46 @@ def test_decode_normed_linear_branches_leave_the_residual_in_res_h(with_delta, d
 
 # -- the model's decode, fold on and off ------------------------------------------------------------------------------
 
-def _decode_one_row(model, fold: bool, steps: int, device: str, dtype: torch.dtype, monkeypatch) -> tuple[list, int]:
-    """``one_row.decode_one_row`` on the fused decode with the norm fold chosen or not (``fold``): the logits [1, V]
-    of each step, and how many GEMMs folded their norm."""
+PAGE = 4
+
+
+def _model(name: str, device: str, dtype: torch.dtype):
+    """The named model (seeded random weights), its pre-norm weights redrawn around 0 (the models start them at
+    exactly 0, where (1 + w) = 1 would hide the norm weight)."""
+    model = build_adapter(name, seed=0, device=device, dtype=dtype).model
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if pname.endswith("layernorm.weight") or pname == "model.norm.weight":
+                p.copy_(0.3 * torch.randn(p.shape, generator=gen))
+    return model
+
+
+def _decode_one_row(model, fold: bool, steps: int, device: str, dtype: torch.dtype, monkeypatch) -> list:
+    """A 7-token prompt prefilled into slot 1, then ``steps`` decode steps of one row over fixed tokens on the fused
+    decode with the norm fold chosen or not (``fold``); the logits [1, V] of each step, and how many GEMMs folded
+    their norm."""
+    kc = KernelChoices(fold_norm=fold, fused_decode=True)
+    gen = torch.Generator().manual_seed(11)
+    V = model.cfg.vocab_size
+    ids = torch.randint(0, V, (7 + steps,), generator=gen)
+    pages = [3, 1, 4, 2, 5]
+    state = model.allocate_state(8, PAGE, 3, device, dtype)
+    model.prefill(state, ids[:7], pages, start=0, rec_slot=1)
+    layout = RowLayout((KVPool(KV_POOL, PAGE, 8, len(pages) * PAGE),), positions_pool=KV_POOL, recurrent=True,
+                       sampler=False)  # fmt: skip
+    bufs = StepBuffers.allocate(layout, 1, device)
+    bufs.block_tables[KV_POOL][0, : len(pages)] = torch.tensor(pages, dtype=torch.int32)
+    bufs.recurrent_slots.fill_(1)
     calls = []
     real = fused.gemv_add_rms_norm
     monkeypatch.setattr(fused, "gemv_add_rms_norm", lambda *a, **k: calls.append(1) or real(*a, **k))
-    out = decode_one_row(model, KernelChoices(fold_norm=fold, fused_decode=True), steps, device, dtype)
+    out = []
+    for t in range(7, 7 + steps):  # token t at position t
+        bufs.seq_lens[KV_POOL].fill_(t + 1)
+        bufs.write_loc[KV_POOL].fill_(pages[t // PAGE] * PAGE + t % PAGE)
+        bufs.positions.fill_(t)
+        out.append(model.decode(state, ids[t : t + 1].to(device), bufs, kc=kc))
     return out, len(calls)
 
 
@@ -191,7 +225,7 @@ def test_model_decode_with_the_fold_equals_without(monkeypatch):
     """The tiny model's fused decode at one row with every pre-norm folded (forced: off CUDA the fold is never taken)
     against the split step: the residual stream, alternating between its two buffers, gives the same logits (float32;
     the split GEMMs are F.linear on the CPU, hence a tolerance) and tokens."""
-    model = model_with_norms("qwen3_5-tiny", DEVICE, torch.float32)
+    model = _model("qwen3_5-tiny", DEVICE, torch.float32)
     if DEVICE == "cpu":
         monkeypatch.setattr(fused, "norm_folds", lambda p, w, kc: kc.fold_norm and p.res.h.shape[0] == 1)
     # two steps, each ~10 s in the interpreter
@@ -210,7 +244,7 @@ def test_0_8b_decode_with_the_fold_equals_without_gpu(monkeypatch):
     """Qwen3.5-0.8B's shape, bf16, compiled: one row decoded with the norm fold on (its 48 pre-norms folded into the GDN
     in_proj, qkv and gate|up GEMMs) and off. Logits within bf16 roundings (the fold may reduce the sum of squares in
     another order, see module doc); the same argmax wherever the split step's top two are not within that tolerance."""
-    model = model_with_norms("qwen3_5-0.8b", "cuda", torch.bfloat16)
+    model = _model("qwen3_5-0.8b", "cuda", torch.bfloat16)
     split, n_split = _decode_one_row(model, False, 3, "cuda", torch.bfloat16, monkeypatch)
     fold, n_fold = _decode_one_row(model, True, 3, "cuda", torch.bfloat16, monkeypatch)
     assert (n_split, n_fold) == (0, 3 * 2 * model.cfg.num_hidden_layers)

@@ -132,9 +132,6 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--norm", default="fold",
                     help="each sublayer's pre-norm folded into its first GEMM's weight stream (one row, NORM_CONFIGS "
                          "shapes) or a kernel of its own: fold, split, or fold,split (A/B)")
-    ap.add_argument("--layer-tail", default="off",
-                    help="one-row steps run each layer's out projection, MLP and next input projection as one "
-                         "persistent launch (kernels.layer_tail): on, off, or off,on (A/B)")
     return ap
 
 
@@ -144,8 +141,6 @@ def main(argv: list[str] | None = None) -> None:
     for flag, value in (("--silu-mul", a.silu_mul), ("--norm", a.norm)):
         if not set(value.split(",")) <= {"fold", "split"}:
             ap.error(f"{flag} takes fold, split or fold,split; got {value!r}")
-    if not set(a.layer_tail.split(",")) <= {"on", "off"}:
-        ap.error(f"--layer-tail takes on, off or off,on; got {a.layer_tail!r}")
     if not set(a.argmax.split(",")) <= {"triton", "torch"}:
         ap.error(f"--argmax takes torch, triton or torch,triton; got {a.argmax!r}")
     if not set(a.sampler.split(",")) <= {"full", "full-torch", "greedy"}:
@@ -188,23 +183,21 @@ def main(argv: list[str] | None = None) -> None:
         bufs = _bufs(layout, b, a.ctx, ps, W, num_pages, dev, rng)
         ids = torch.randint(0, model.cfg.vocab_size, (b,), device=dev)
         out = torch.empty(b, dtype=torch.int64, device=dev)
-        variants = [(p, m == "on", f, n, sd, g, s, t) for p in a.paths.split(",") for m in a.pdl.split(",")
+        variants = [(p, m == "on", f, n, sd, g, s) for p in a.paths.split(",") for m in a.pdl.split(",")
                     for f in a.silu_mul.split(",") for n in a.norm.split(",")
                     for sd in a.state_dtype.split(",") for g in a.argmax.split(",")
-                    for s in a.sampler.split(",") for t in a.layer_tail.split(",")]  # fmt: skip
-        for path, pdl_on, silu, norm, sd, arg, draw, tail in variants:
+                    for s in a.sampler.split(",")]  # fmt: skip
+        for path, pdl_on, silu, norm, sd, arg, draw in variants:
             state = states[sd]
             floor_us = step_bytes(model, state, b, a.ctx) / bandwidth * 1e6
             kc = KernelChoices(pdl=pdl_on, fold_silu_mul=silu == "fold", fold_norm=norm == "fold", gemv=gemv_pick,
-                               fused_decode={"fused": True, "torch": False}[path], argmax=arg == "triton",
-                               layer_tail=tail == "on")  # fmt: skip
+                               fused_decode={"fused": True, "torch": False}[path], argmax=arg == "triton")  # fmt: skip
             if a.attention != "xqa":
                 attn = TritonDecode(hq, hk, d, ps, max_batch=max(batches), max_pages_per_row=W, device=dev, dtype=dt,
                                     pdl=pdl_on)  # fmt: skip
             label = path + ("" if kc.launches_pdl() else " (no PDL)")
             label += " (silu_mul split)" if silu == "split" and path == "fused" else ""
             label += " (norm split)" if norm == "split" and path == "fused" else ""
-            label += " (layer tails)" if kc.fuses_layer_tails(b) and path == "fused" else ""
             label += f" ({sd} state)" if sd != "float32" else ""
             label += " (torch argmax)" if arg == "torch" and draw == "greedy" else ""
             label += {"greedy": "", "full": " (sampled)", "full-torch": " (sampled in torch ops)"}[draw]

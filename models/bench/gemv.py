@@ -55,7 +55,7 @@ def _shapes(model) -> list[tuple[int, int]]:
         if layer.is_linear:
             ws += [layer.linear_attn.in_weight(), layer.linear_attn.out_proj.weight]
         else:
-            ws += [layer.self_attn.in_weight(), layer.self_attn.o_proj.weight]
+            ws += [layer.self_attn.qkv_weight(), layer.self_attn.o_proj.weight]
         for w in ws:
             seen[tuple(w.shape)] = None
     seen[tuple(model.lm_head.weight.shape)] = None

@@ -65,7 +65,7 @@ class GatedAttention(nn.Module):
         """K/V of every token written at its slot, then each sequence attends causally over its own stream (its
         earlier chunks' pages and its own tokens): FlashInfer's paged prefill, or the torch reference. [N, hidden]."""
         if batch.fused:  # q|k|v GEMM, then norms, RoPE and the K/V write in one kernel
-            qkv = F.linear(x, self.in_weight())  # [N, hq 2d + 2 hk d]
+            qkv = F.linear(x, self.qkv_weight())  # [N, hq 2d + 2 hk d]
             q = attention_prep_(qkv, self.q_norm.weight, self.k_norm.weight, cos, sin, kv, batch.write_loc,
                                 self.n_heads, self.q_norm.eps, pdl=False)  # fmt: skip
         else:
@@ -82,7 +82,7 @@ class GatedAttention(nn.Module):
 
     def _qkv_fused(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """``_qkv`` through the fused q|k|v GEMM: x [n, hidden] -> q [n, hq, d], k, v [n, hk, d], gate [n, hq * d]."""
-        qg, k, v = F.linear(x, self.in_weight()).split(
+        qg, k, v = F.linear(x, self.qkv_weight()).split(
             [self.n_heads * 2 * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim], dim=-1)
         return self._heads(qg, k, v, cos, sin)
 
@@ -106,7 +106,7 @@ class GatedAttention(nn.Module):
             o = attn(q, kv, block_table, seq_lens, self.scale)
         return self._out(o, gate)
 
-    def in_weight(self) -> torch.Tensor:
+    def qkv_weight(self) -> torch.Tensor:
         """[hq 2d + 2 hk d, hidden]: q_proj (query | gate per head), k_proj, v_proj as one GEMM's rows."""
         return fused_weight(self, "qkv", self.q_proj, self.k_proj, self.v_proj)
 
@@ -125,33 +125,11 @@ class GatedAttention(nn.Module):
     ) -> torch.Tensor:
         """``decode`` in five kernels around the attention: qkv GEMM, prologue (norms, RoPE, K/V write), attention,
         sigmoid gate, o_proj. Triton (CUDA or the interpreter). [b, hidden]."""
-        qkv = decode_normed_linear(x, self.in_weight(), kc)  # [b, hq 2d + 2 hk d]
-        return decode_linear(self.decode_core(qkv, kv, block_table, seq_lens, write_loc, cos, sin, attn, kc=kc),
-                             self.out_weight(), kc)  # fmt: skip
-
-    def out_weight(self) -> torch.Tensor:
-        """[hidden, hq d]: the output projection."""
-        return self.o_proj.weight
-
-    def decode_core(
-        self,
-        qkv: torch.Tensor,  # [b, hq 2d + 2 hk d], the input projection (``in_weight``)
-        kv: torch.Tensor,  # [num_pages, 2, ps, hk, d]
-        block_table: torch.Tensor,  # [b, W] int32
-        seq_lens: torch.Tensor,  # [b] int32
-        write_loc: torch.Tensor,  # [b] int32
-        cos: torch.Tensor,  # [b, rot]
-        sin: torch.Tensor,
-        attn=None,
-        *,
-        kc: KernelChoices,  # the step's kernel choices
-    ) -> torch.Tensor:
-        """The mixer between its two projections, in three kernels around the attention: prologue (norms, RoPE, K/V
-        write), attention, sigmoid gate. [b, hq d], the output projection's input."""
+        qkv = decode_normed_linear(x, self.qkv_weight(), kc)  # [b, hq 2d + 2 hk d]
         q = attention_prep_(qkv, self.q_norm.weight, self.k_norm.weight, cos, sin, kv, write_loc, self.n_heads,
                             self.q_norm.eps, pdl=kc.pdl)  # fmt: skip
         if attn is None:
             o = paged_decode_attention(q, kv, block_table, seq_lens, self.scale)  # [b, hq, d]
         else:
             o = attn(q, kv, block_table, seq_lens, self.scale)
-        return sigmoid_gate_mul(o, qkv, pdl=kc.pdl)
+        return decode_linear(sigmoid_gate_mul(o, qkv, pdl=kc.pdl), self.o_proj.weight, kc)

@@ -159,22 +159,6 @@ class GatedDeltaNet(nn.Module):
         """``decode`` in five kernels: one input GEMM, conv step, delta-rule step (norms and gates inside), gated norm,
         out_proj. Triton (CUDA or the interpreter). [b, hidden]."""
         p = decode_normed_linear(x, self.in_weight(), kc)  # [b, C | vd | hv | hv]
-        return decode_linear(self.decode_core(p, conv_pool, ssm_pool, slots, kc), self.out_weight(), kc)
-
-    def out_weight(self) -> torch.Tensor:
-        """[hidden, value_dim]: the output projection."""
-        return self.out_proj.weight
-
-    def decode_core(
-        self,
-        p: torch.Tensor,  # [b, C + value_dim + 2 hv], the input projection (``in_weight``)
-        conv_pool: torch.Tensor,  # [slots, C, K]
-        ssm_pool: torch.Tensor,  # [slots, hv, dk, dv]
-        slots: torch.Tensor,  # [b] int32, 0 (sink) for padding rows
-        kc: KernelChoices,  # the step's kernel choices
-    ) -> torch.Tensor:
-        """The mixer between its two projections, in three kernels: conv step, delta-rule step, gated norm. Triton
-        (CUDA or the interpreter). [b, value_dim], the output projection's input."""
         b, C, kd, vd, hv = p.shape[0], self.conv_dim, self.key_dim, self.value_dim, self.hv
         mixed = conv1d_decode_step_(conv_pool, slots, p[:, :C], self.conv_weight, pdl=kc.pdl)  # [b, C]: q | k | v
         q = mixed[:, :kd].view(b, self.hk, self.dk)
@@ -183,4 +167,5 @@ class GatedDeltaNet(nn.Module):
         beta_raw, a_raw = p[:, C + vd : C + vd + hv], p[:, C + vd + hv :]
         o = torch.empty(b, hv, self.dv, dtype=torch.float32, device=p.device)  # [b, hv, dv]
         gdn_decode_raw_step_(ssm_pool, slots, q, k, v, a_raw, beta_raw, self.A_log, self.dt_bias, o, pdl=kc.pdl)
-        return gated_rms_norm(o, p[:, C : C + vd], self.norm.weight, self.norm.eps, pdl=kc.pdl)  # [b, vd]
+        y = gated_rms_norm(o, p[:, C : C + vd], self.norm.weight, self.norm.eps, pdl=kc.pdl)  # [b, vd]
+        return decode_linear(y, self.out_proj.weight, kc)

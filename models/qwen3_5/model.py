@@ -16,11 +16,10 @@ from torch import nn
 from kernels.choices import DEFAULT, KernelChoices
 from kernels.gates import silu_mul
 from kernels.gdn_prefill import STATE_PASS_KEY_DIMS
-from kernels.layer_tail import layer_tail
 from kernels.norms import add_rms_norm_
 from models.layers.flashinfer_attention import Workspaces
 from models.layers.flat import HostStaging, PassShape, device_array, exact_shape, flat_layout, host_array
-from models.layers.fused import PendingNorm, Residual, decode_linear, decode_normed_linear
+from models.layers.fused import PendingNorm, Residual, decode_linear
 from models.layers.mlp import SwiGLU
 from models.layers.norms import ZeroCenteredRMSNorm
 from models.layers.prefill_attention import DTYPES as PREFILL_KERNEL_DTYPES
@@ -352,7 +351,7 @@ class Qwen35Model(nn.Module):
             if layer.is_linear:
                 layer.linear_attn.in_weight()
             else:
-                layer.self_attn.in_weight()
+                layer.self_attn.qkv_weight()
             layer.mlp.gate_up_weight()
         return self
 
@@ -370,8 +369,6 @@ class Qwen35Model(nn.Module):
 
         CUDA-graph safe: no host sync, no data-dependent shapes; padding rows hit the sink page and sink slot.
         """
-        if self.uses_fused_decode(kc) and kc.fuses_layer_tails(input_ids.shape[0]) and self.tp is None:
-            return self._decode_tails(state, input_ids, bufs, attn, kc)
         if self.uses_fused_decode(kc):
             return self._decode_fused(state, input_ids, bufs, attn, kc)
         block_table, seq_lens = bufs.block_tables[KV_POOL], bufs.seq_lens[KV_POOL]  # [b, W], [b]
@@ -415,32 +412,3 @@ class Qwen35Model(nn.Module):
         # the last norm is not folded into the lm_head GEMM (see kernels.gemv.NORM_CONFIGS)
         x = add_rms_norm_(res.h, delta, self.model.norm.weight, self.model.norm.eps, pdl=kc.pdl)
         return decode_linear(x, self.lm_head.weight, kc)  # [b, V]
-
-    def _decode_tails(self, state: Qwen35State, input_ids: torch.Tensor, bufs, attn, kc: KernelChoices) -> torch.Tensor:
-        """``_decode_fused`` at one row with each layer's tail, its mixer's output projection, the MLP and the next
-        layer's input projection with the norms between them, as one launch (``kernels.layer_tail``): the mixers'
-        cores (``decode_core``) and the tails alternate. Same roundings as ``_decode_fused``; the projections' float32
-        sums run in another order. One rank only (no sublayer output to all-reduce)."""
-        block_table, seq_lens = bufs.block_tables[KV_POOL], bufs.seq_lens[KV_POOL]  # [1, W], [1]
-        write_loc, slots = bufs.write_loc[KV_POOL], bufs.recurrent_slots  # [1], [1]
-        res = Residual(self.model.embed_tokens(input_ids))  # res.h [1, hidden], the residual stream
-        cos, sin = self.rotary(bufs.positions, res.h.dtype)  # [1, rot]
-        layers = self.model.layers
-        mixers = [layer.linear_attn if layer.is_linear else layer.self_attn for layer in layers]
-        first = PendingNorm(res, None, layers[0].input_layernorm.weight, layers[0].input_layernorm.eps)
-        p = decode_normed_linear(first, mixers[0].in_weight(), kc)  # [1, the first mixer's input projection]
-        for i, (layer, mixer) in enumerate(zip(layers, mixers, strict=True)):
-            j = self._pool_index[i]
-            if layer.is_linear:
-                y = mixer.decode_core(p, state.conv[j], state.ssm[j], slots, kc)
-            else:
-                y = mixer.decode_core(p, state.kv[j], block_table, seq_lens, write_loc, cos, sin, attn, kc=kc)
-            post = layer.post_attention_layernorm
-            nxt = (layers[i + 1].input_layernorm, mixers[i + 1].in_weight()) if i + 1 < len(layers) else None
-            # the next mixer's input projection [1, NP] (h = s2), or after the last layer its MLP's output (h = s1)
-            p = layer_tail(y, res.h, mixer.out_weight(), post.weight, post.eps, layer.mlp.gate_up_weight(),
-                           layer.mlp.down_proj.weight, res.take_spare(), *(() if nxt is None else
-                           (nxt[0].weight, nxt[0].eps, nxt[1])), pdl=kc.pdl)  # fmt: skip
-            res.swap()
-        x = add_rms_norm_(res.h, p, self.model.norm.weight, self.model.norm.eps, pdl=kc.pdl)
-        return decode_linear(x, self.lm_head.weight, kc)  # [1, V]
