@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 import numpy as np
 import pytest
 from sim import SimEngine, bucket_plans, qwen_like, whisper_like
@@ -292,6 +293,17 @@ def test_a_step_larger_than_its_bucket_is_refused():
 def test_negative_handles_are_refused():
     with pytest.raises(ValueError, match=">= 0"):
         Step(np.array([1, -1]), 2, 0)
+
+
+def test_a_trusted_step_is_the_checked_step_without_its_checks():
+    h = np.array([4, 1, 7])
+    checked, trusted = Step(h, 4, 9, 2), Step.trusted(h, 4, 9, 2)
+    assert [getattr(trusted, f.name) for f in attrs.fields(Step)] == [getattr(checked, f.name) for f in
+                                                                       attrs.fields(Step)]  # fmt: skip
+    assert Step.trusted(h, 4, 9).tokens == 1
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        trusted.seq = 10
+    Step.trusted(np.array([1, -1]), 2, 0)  # (the caller vouches for its handles: no check)
 
 
 @pytest.mark.parametrize("rows", [[0, 0], [1, 2, 1]], ids=["new-dup", "mixed-dup"])

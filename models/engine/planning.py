@@ -225,7 +225,7 @@ class ResidentArm:
             t0 -= early.plan_ns  # planned early; it counts all the same
         else:
             seq = next(self.seqs)
-            state, program = plan(self.state, Step(rows, b, seq, tokens), self.streams)
+            state, program = plan(self.state, Step.trusted(rows, b, seq, tokens), self.streams)
         self.state = state
         self.executor.flush(program)
         plan_ns = time.perf_counter_ns() - t0
@@ -238,7 +238,7 @@ class ResidentArm:
     def prepare_early(self, rows: np.ndarray, b: int, tokens: int = 1) -> EarlyPlan:
         seq = next(self.seqs)
         t0 = time.perf_counter_ns()
-        state, program = plan(self.state, Step(rows, b, seq, tokens), self.streams)
+        state, program = plan(self.state, Step.trusted(rows, b, seq, tokens), self.streams)
         return EarlyPlan(rows.tobytes(), b, self.state, state, program, seq, time.perf_counter_ns() - t0, tokens)
 
     def ran(self, rows: np.ndarray, b: int, seq: int) -> tuple[Checked, list[Mismatch]] | None:
