@@ -133,10 +133,14 @@ def test_gemv_add_rms_norm_refuses_aliasing_and_rows():
 
 
 def test_fold_is_configured_at_one_row_of_the_measured_shapes_only():
-    """0.8B's GDN in_proj, gate|up and qkv at one row; never at more rows, never the lm_head; only on CUDA, only with
-    the fold chosen (the meta tensors stand in for CPU ones: no data needed)."""
-    assert all(norm_fold_wins(1, n, 1024) for n in (8224, 7168, 5120))
-    assert not norm_fold_wins(2, 8224, 1024) and not norm_fold_wins(1, 248320, 1024)
+    """0.8B's and 2B's GDN in_proj, gate|up and qkv at one row (the searched shapes); never at more rows, never the
+    lm_head; only on CUDA, only with the fold chosen (the meta tensors stand in for CPU ones: no data needed)."""
+    for name in ("qwen3_5-0.8b", "qwen3_5-2b"):
+        with torch.device("meta"):  # (shapes only: no weights drawn)
+            model = build_adapter(name, seed=0, device="meta").model
+        assert all(norm_fold_wins(1, n, k) for n, k in _normed_shapes(model)), name
+        assert not any(norm_fold_wins(2, n, k) for n, k in _normed_shapes(model)), name
+        assert not norm_fold_wins(1, *model.lm_head.weight.shape), name
     p = PendingNorm(Residual(torch.empty(1, 1024, device="meta")), None, torch.empty(1024, device="meta"), EPS)
     assert not norm_folds(p, torch.empty(8224, 1024, device="meta"), DEFAULT)  # not CUDA
     assert DEFAULT.folds_norm(1, 8224, 1024) and not KernelChoices(fold_norm=False).folds_norm(1, 8224, 1024)

@@ -269,12 +269,17 @@ SILU_MUL_CONFIGS: dict[tuple[int, int, int], tuple[int, ...]] = {
     (1, 1024, 3584): (2, 4096, 8, 1),  # 4.3 (silu_mul + gemv 4.6; fused at gemv's config 5.8)
 }
 # gemv_add_rms_norm (a GEMM with the pre-norm before it in its loads), one row only: the GDN in_proj, the MLP gate|up
-# and the attention qkv GEMMs of Qwen3.5-0.8B. Not yet measured: gemv's one-row configs of gemv_h200.md as a start.
-# Not the lm_head (248320 columns: its ~31k programs would each re-read the row)
+# and the attention qkv GEMMs, from `python -m models.bench.gemv --parts norm` on an H100
+# (models/bench/results/decode-floor-h200/fold-search-h100/): us a call, the fold vs add_rms_norm_ + the faster of
+# gemv and cuBLAS. Not the lm_head (248320 columns: its ~31k programs would each re-read the row)
 NORM_CONFIGS: dict[tuple[int, int, int], tuple[int, int, int, int]] = {
-    (1, 8224, 1024): (8, 512, 4, 3),
-    (1, 7168, 1024): (16, 512, 4, 3),
-    (1, 5120, 1024): (8, 512, 8, 3),  # 8 warps: rstd reduced in another order than add_rms_norm_'s (module doc)
+    (1, 8224, 1024): (8, 512, 4, 3),  # 7.0 vs 7.2
+    (1, 7168, 1024): (16, 512, 8, 3),  # 6.3 vs 6.6 (8 warps: rstd may be reduced in another order, module doc)
+    (1, 5120, 1024): (8, 1024, 4, 1),  # 4.9 vs 5.2
+    # Qwen3.5-2B
+    (1, 8224, 2048): (2, 1024, 4, 1),  # 13.3 vs 13.5
+    (1, 12288, 2048): (2, 1024, 4, 3),  # 18.6 vs 19.5
+    (1, 5120, 2048): (8, 512, 8, 1),  # 8.9 vs 9.2
 }
 
 
