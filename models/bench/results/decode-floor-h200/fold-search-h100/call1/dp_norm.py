@@ -1,0 +1,8 @@
+"""decode_profile with NORM_CONFIGS patched from $NORM_JSON."""
+# ruff: noqa: I001  (an archived copy of a scratch/next65 script: `scratch` is first-party only in the tree it ran from)
+import sys
+
+import scratch.next65.patch  # noqa: F401
+from models.bench import decode_profile
+
+decode_profile.main(sys.argv[1:])
