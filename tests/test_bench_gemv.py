@@ -11,8 +11,8 @@ from models.engine import build_adapter
 
 
 def test_the_fold_is_searched_at_each_pre_normed_gemm_and_never_the_lm_head():
-    """The tiny model's GDN in_proj, attention qkv and MLP gate|up, read from its layers' weights (not a copy of the
-    shape rule): each distinct shape once; not the lm_head, the out projections or the down projection."""
+    """The tiny model's GDN in_proj, attention qkv and MLP gate|up, as its layers hold them: each distinct shape once;
+    not the lm_head, the out projections or the down projection."""
     model = build_adapter("qwen3_5-tiny", seed=0, device="cpu").model
     want = set()
     for layer in model.model.layers:

@@ -27,6 +27,7 @@ import models.layers.fused as fused  # noqa: E402
 from kernels.choices import DEFAULT, KernelChoices  # noqa: E402
 from kernels.gemv import DEFAULT_CONFIG, gemv, gemv_add_rms_norm, gemv_add_rms_norm_ref, norm_fold_wins  # noqa: E402
 from kernels.norms import add_rms_norm_  # noqa: E402
+from models.bench.gemv import _normed_shapes  # noqa: E402  (the GEMMs a pre-norm feeds, as the search finds them)
 from models.engine import build_adapter  # noqa: E402
 from models.layers.fused import PendingNorm, Residual, decode_linear, decode_normed_linear, norm_folds  # noqa: E402
 from models.qwen3_5 import KV_POOL  # noqa: E402
@@ -240,15 +241,6 @@ def test_model_decode_with_the_fold_equals_without(monkeypatch):
     for a, b in zip(fold, split, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
         assert torch.equal(a.argmax(-1), b.argmax(-1))
-
-
-def _normed_shapes(model) -> set[tuple[int, int]]:
-    """(N, K) of every GEMM a pre-norm feeds: the GDN in_proj or attention qkv, and the MLP gate|up, of each layer."""
-    shapes = set()
-    for layer in model.model.layers:
-        mixer = layer.linear_attn.in_weight() if layer.is_linear else layer.self_attn.qkv_weight()
-        shapes |= {tuple(mixer.shape), tuple(layer.mlp.gate_up_weight().shape)}
-    return shapes
 
 
 @pytest.mark.gpu
