@@ -168,6 +168,7 @@ def _compile_all(shapes, down: tuple[int, int], normed, rows: list[int], parts: 
     if "norm" in parts:
         todo += [("gemv", 1, N, K, c) for N, K in normed for c in _configs(1, quick, N, K)]
         todo += [("norm", 1, N, K, c) for N, K in normed for c in _norm_configs(quick, K)]
+    todo = list(dict.fromkeys(todo))  # (gemv and norm both sweep one-row gemv at the pre-normed shapes: compile once)
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
         list(pool.map(_compile_one, todo, chunksize=4))
