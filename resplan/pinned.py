@@ -14,7 +14,7 @@ from typing import Generic, TypeVar
 
 import torch
 
-from resplan.held import HeldCuda
+from resplan.held import HeldCuda, current_raw_stream
 
 T = TypeVar("T")
 
@@ -63,11 +63,15 @@ class PinnedRing(Generic[T]):
         ev = self._events[self.last]
         if ev is None:
             return
-        stream = stream if stream is not None else torch.cuda.current_stream(self._device)
         if self._held is not None:
-            self._held.record(self._handles[self.last], stream.cuda_stream)
+            self._held.record(self._handles[self.last],
+                              stream.cuda_stream if stream is not None else current_raw_stream(self._device))
         else:
-            ev.record(stream)
+            ev.record(stream if stream is not None else torch.cuda.current_stream(self._device))
+
+    def done_on(self, stream: int) -> None:
+        """``done`` for a ring made with ``held``, the stream given by its raw ``cudaStream_t`` handle."""
+        self._held.record(self._handles[self.last], stream)
 
     def wait(self, i: int) -> None:
         """Block until the copies marked on entry ``i`` have completed (at once if none were, or off CUDA). An event

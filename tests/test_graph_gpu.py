@@ -123,3 +123,30 @@ def test_a_held_launch_and_record_do_what_torchs_do_and_keep_the_interpreter():
     stream.synchronize()
     assert held_runs == 0, held_runs
     assert torch_runs > 0, "the probe should see torch's replay hand the interpreter over"
+
+
+
+def test_the_raw_current_stream_is_torchs_and_a_ring_marks_its_copies_on_it():
+    """current_raw_stream is the handle of torch's current stream, inside a stream context and out of it; a held
+    ring's ``done_on`` marks the work queued on that handle (its entry is not handed out again before it is done)."""
+    from resplan.held import HeldCuda, current_raw_stream
+    from resplan.pinned import PinnedRing
+
+    held = HeldCuda.load()
+    assert held is not None, "torch's CUDA runtime should be a shared library here"
+    dev = torch.cuda.current_device()
+    stream = _fresh_stream()
+    assert current_raw_stream(dev) == torch.cuda.current_stream(dev).cuda_stream
+    ring = PinnedRing(1, lambda pinned: torch.zeros(1, pin_memory=pinned), cuda=True, held=held)
+    x = torch.zeros(1, device="cuda")
+    torch.cuda.synchronize()
+    with torch.cuda.stream(stream):
+        raw = current_raw_stream(dev)
+        assert raw == stream.cuda_stream != torch.cuda.default_stream(dev).cuda_stream
+        _, host = ring.take()
+        torch.cuda._sleep(100_000_000)  # ~50 ms of spinning before the readback
+        x.fill_(7.0)
+        host.copy_(x, non_blocking=True)
+        ring.done_on(raw)
+        _, again = ring.take()  # waits for the copy marked on the stream
+    assert again.item() == 7.0

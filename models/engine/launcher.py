@@ -23,7 +23,7 @@ import torch
 from models.engine.requests import MAX_LOGPROBS, TokenLogprobs
 from models.engine.stats import Counts
 from resplan import Graph
-from resplan.held import HeldCuda
+from resplan.held import HeldCuda, current_raw_stream
 from resplan.pinned import PinnedRing, host_zeros, made_events
 
 
@@ -179,22 +179,23 @@ class Launcher:
             if decode:
                 copies, nbytes = 1, 8 * b
         timed = self.timing and decode
-        stream = torch.cuda.current_stream(self._device) if self._device is not None else None
         if self._held is None:  # (a CPU's eager replay; or torch's calls, which let the interpreter go)
+            stream = torch.cuda.current_stream(self._device) if self._device is not None else None
             timer = self._timers[k] if timed else None
             if timer is not None:
                 timer[0].record(stream)
             graphs[k].replay()
             if timer is not None:
                 timer[1].record(stream)
+            self._ring.done(stream)
         else:
-            s = stream.cuda_stream
+            s = current_raw_stream(self._device)
             if timed:
                 self._held.record(self._timer_handles[k][0], s)
             graphs[k].launch(self._held, s)
             if timed:
                 self._held.record(self._timer_handles[k][1], s)
-        self._ring.done(stream)
+            self._ring.done_on(s)
         key = rows.tobytes()
         if key != self._last_key:  # (the same rows keep their positions)
             self._tok_pos[self._last_rows] = -1  # tokens_all now holds this step's tokens
