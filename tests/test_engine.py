@@ -250,6 +250,35 @@ def test_a_decode_steps_wall_time_includes_the_pre_plan_it_makes(monkeypatch):
     assert st.decode_ns >= made_in_decode_steps * 0.1e9
 
 
+@pytest.mark.parametrize("budget", [None, 4], ids=["whole-prompts", "chunks-of-4"])
+def test_a_steady_step_is_a_decode_step_in_which_nothing_but_decoding_happened(budget):
+    """``steady_steps`` counts the decode steps in which the scheduler's version did not move (no arrival, admission,
+    landed pass, finish) and no pass was launched beside them (passes of whole prompts, and of 4 prompt tokens),
+    each observed from outside here step by step; their host time (``steady_host_ns``) is their wall time less their
+    wait for the GPU, and no other step adds to it."""
+    from models.engine import Engine, PrefillPlacement
+
+    eng = Engine(QWEN, attrs.evolve(BASE, max_running=4, row_check=False, token_budget=budget,
+                                    prefill=PrefillPlacement.BESIDE))  # fmt: skip
+    passes, launch_beside = [], eng.prefill.launch_beside
+    eng.prefill.launch_beside = lambda *a, **k: (passes.append(1), launch_beside(*a, **k))[1]
+    for r in PROMPTS[:6]:
+        eng.submit(r)
+    st, decode, steady = eng.stats, 0, 0
+    while eng.has_work():
+        version, launches = eng.scheduler.version, len(passes)
+        before = (st.decode_steps, st.steady_steps, st.steady_host_ns, st.decode_ns, st.wait_ns)
+        eng.step()
+        launched = len(passes) > launches
+        is_decode = st.decode_steps == before[0] + 1
+        expect = is_decode and eng.scheduler.version == version and not launched
+        assert st.steady_steps - before[1] == int(expect)
+        host = (st.decode_ns - before[3]) - (st.wait_ns - before[4])
+        assert st.steady_host_ns - before[2] == (host if expect else 0)
+        decode, steady = decode + is_decode, steady + expect
+    assert 0 < steady < decode
+
+
 def test_a_bfloat16_recurrent_state_serves_both_arms_alike():
     """``EngineConfig(state_dtype=bfloat16)``: every SSM pool is bf16 (half the bytes a step moves for it), the resident
     and host arms give the same tokens (one state, rounded alike), overlap and offloads included, and the first token

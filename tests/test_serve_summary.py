@@ -223,3 +223,18 @@ def test_serve_http_sends_poisson_and_burst_from_one_client_process_unless_told(
 
     assert [procs(w) for w in ("poisson", "burst", "connections")] == ["1", "1", "4"]
     assert [procs(w, "--client-procs", "3") for w in ("burst", "connections")] == ["3", "3"]
+
+
+def test_the_steady_step_column_is_the_loops_host_time_over_the_share_of_steps_that_only_decoded():
+    """The steady-step host us (median over rounds) with the share of decode steps it covers; an arm without the
+    counters (transformers) shows nan."""
+    runs = [dict(run(HOST, 0, 100.0, 2.0, 1000.0), steady_host_us=80.0, steady_frac=0.9),
+            dict(run(HOST, 1, 100.0, 2.0, 1000.0), steady_host_us=90.0, steady_frac=0.8),
+            run(XQA, 0, 100.0, 2.0, 1000.0)]  # fmt: skip
+    md, rows = summarize(runs, [HOST, XQA])
+    header = [c.strip() for c in md.splitlines()[0].strip("|").split("|")]
+    col = header.index("steady-step host us (share of steps)")
+    cells = {cols[2]: cols[col] for cols in ([c.strip() for c in line.strip("|").split("|")]
+                                             for line in md.splitlines()[2:])}  # fmt: skip
+    assert cells == {"host": "85 (85%)", "resident-xqa": "nan (nan%)"}
+    assert len(header) == len(md.splitlines()[1].strip("|").split("|"))

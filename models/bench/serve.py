@@ -15,7 +15,9 @@ and arm: output tok/s (all tokens / wall time of the run) and its ratio to host,
 (paired by round; what each isolates: ``models/bench/arms.py``), ITL p50/mean (gaps between a request's consecutive
 tokens), TTFT p50, and per decode step: host phases (plan: resident plan+flush or host fill; attention schedule: fa2's
 table build and plan(); launch; wait for the GPU; rest), H2D copies and bytes, and the GPU graph time against the
-step's wall time.
+step's wall time. A step's host time is its wall time less its wait; the steady-step column gives it over the decode
+steps that only decoded (no arrival, admission, landed or launched pass, finish; ``EngineStats.steady_steps``), with
+their share of the steps: the loop's own host time, where the step column also holds the passes' launches.
 A busy host (``--host-load F[,F...]``, ``models/bench/host_load.py``): during every timed run a background thread
 holds the interpreter a fraction F of each millisecond, as an in-process server does while it detokenizes and writes
 streams; every arm runs at every load, alternated with the arms, and a cell is (model, concurrency, load), its rows
@@ -86,7 +88,7 @@ def engine_run(adapter, arm: Arm, cfg: EngineConfig, c: int, args, seed: int, en
     before = {k: getattr(eng.stats, k) for k in ("decode_steps", "plan_ns", "attn_schedule_ns", "launch_ns", "wait_ns",
                                                    "decode_ns", "gpu_ms", "h2d_copies", "h2d_bytes", "tokens",
                                                    "empty_flushes", "mixed_steps", "decode_rows", "prefill_ns",
-                                                   "prefill_passes")}
+                                                   "prefill_passes", "steady_steps", "steady_host_ns")}
     eng.stats.itl.clear()
     reqs = requests(adapter.vocab_size, c, args.prompt_len, args.gen, seed)
     torch.cuda.synchronize()
@@ -106,6 +108,8 @@ def engine_run(adapter, arm: Arm, cfg: EngineConfig, c: int, args, seed: int, en
         decode_tokps=d["decode_rows"] / max(d["decode_ns"] / 1e9, 1e-9),
         plan_us=us(d["plan_ns"]), attn_schedule_us=us(d["attn_schedule_ns"]), launch_us=us(d["launch_ns"]),
         wait_us=us(d["wait_ns"]), gpu_us=d["gpu_ms"] * 1e3 / steps, h2d_copies=d["h2d_copies"] / steps,
+        steady_host_us=d["steady_host_ns"] / d["steady_steps"] / 1e3 if d["steady_steps"] else float("nan"),
+        steady_frac=d["steady_steps"] / steps,
         h2d_bytes=d["h2d_bytes"] / steps, empty_flush_frac=d["empty_flushes"] / steps,
         prefill_ms=d["prefill_ns"] / max(d["prefill_passes"], 1) / 1e6, prefill_passes=d["prefill_passes"],
         tokens=[r.tokens for r in results], host_load=load, host_load_achieved=busy.achieved,
@@ -158,8 +162,9 @@ def summarize(runs: list[dict], arms: list[Arm | str]) -> tuple[str, list[dict]]
     lines.append("| cell | host load (achieved) | arm | prefill | token budget | tok/s median [min-max] | vs host | "
                  "vs host-overlap | vs host-triton-overlap | decode tok/s | vs host | ITL p50/mean ms | per token vs "
                  "host (ITL mean) | TTFT p50 ms | step us | plan us | attn schedule us | launch us | GPU wait us | "
-                 "GPU graph us | idle us | H2D/step | H2D B/step | same tokens as host |")  # fmt: skip
-    lines.append("|" + "---|" * 24)
+                 "GPU graph us | idle us | steady-step host us (share of steps) | H2D/step | H2D B/step | "
+                 "same tokens as host |")  # fmt: skip
+    lines.append("|" + "---|" * 25)
     for model, c, load in cells:
         cell = [r for r in runs if (r["model"], r["c"], r["host_load"]) == (model, c, load)]
         for arm in arms:
@@ -188,7 +193,8 @@ def summarize(runs: list[dict], arms: list[Arm | str]) -> tuple[str, list[dict]]
                        ratio_median=med / host_med, ratio_min=min(ratios, default=np.nan),
                        ratio_max=max(ratios, default=np.nan), **{k: g(k) for k in (
                            "itl_p50_ms", "itl_mean_ms", "ttft_p50_ms", "step_us", "plan_us", "attn_schedule_us",
-                           "launch_us", "wait_us", "gpu_us", "h2d_copies", "h2d_bytes", "decode_tokps")})
+                           "launch_us", "wait_us", "gpu_us", "h2d_copies", "h2d_bytes", "decode_tokps",
+                           "steady_host_us", "steady_frac")})
             rows.append(row)
             ratio = f"{row['ratio_median']:.2f}x [{row['ratio_min']:.2f}-{row['ratio_max']:.2f}]" if host else "-"
             dec = [r.get("decode_tokps", np.nan) for r in rs]
@@ -204,7 +210,8 @@ def summarize(runs: list[dict], arms: list[Arm | str]) -> tuple[str, list[dict]]
                 f"{row['itl_p50_ms']:.2f}/{row['itl_mean_ms']:.2f} | {iratio} | {row['ttft_p50_ms']:.0f} | "
                 f"{row['step_us']:.0f} | {row['plan_us']:.1f} | {row['attn_schedule_us']:.1f} | "
                 f"{row['launch_us']:.0f} | "
-                f"{row['wait_us']:.0f} | {row['gpu_us']:.0f} | {idle:.0f} | {row['h2d_copies']:.2f} | "
+                f"{row['wait_us']:.0f} | {row['gpu_us']:.0f} | {idle:.0f} | "
+                f"{row['steady_host_us']:.0f} ({row['steady_frac']:.0%}) | {row['h2d_copies']:.2f} | "
                 f"{row['h2d_bytes']:.0f} | {same} |")
     return "\n".join(lines), rows
 

@@ -177,7 +177,7 @@ class Engine:
     def _step(self) -> bool:
         if not self._runs():
             return False
-        t0 = time.perf_counter_ns()
+        t0, version, waited = time.perf_counter_ns(), self.scheduler.version, self.stats.wait_ns
         self._land_pass(wait=False)
         self._reload()
         batch, chunks, landed_ns, tokens = self._admit_step()
@@ -207,8 +207,10 @@ class Engine:
             self.stats.add(counts)
         took = time.perf_counter_ns() - t0
         if decode:  # the whole iteration: what it prepared early saves a later one
+            steady = int(self.scheduler.version == version and not beside_chunks)
             self.stats.add(StepCounts(1, 1, batch.rows.size * tokens, beside, overlapped, decode_ns=took,
-                                      multi_token_steps=int(tokens > 1)))  # fmt: skip
+                                      multi_token_steps=int(tokens > 1), steady_steps=steady,
+                                      steady_host_ns=(took - (self.stats.wait_ns - waited)) * steady))  # fmt: skip
         else:  # a mixed or prefill step; the wait for the decode step it landed belongs to that decode step
             mixed = int(batch.rows.size > 0)
             self.stats.add(StepCounts(1, mixed_steps=mixed, prefill_steps=1 - mixed, decode_ns=landed_ns,

@@ -20,8 +20,8 @@ class Counts:
 @attrs.frozen(slots=False)
 class StepCounts(Counts):
     """A step ran: a decode step (its rows' tokens, whether a pass was in flight beside it, whether it overlapped the
-    step before, whether it ran more than a token a row), a mixed step or a prefill step; its wall time, counted as a
-    decode step's or a mixed step's."""
+    step before, whether it ran more than a token a row, whether it was steady and then its host time), a mixed step
+    or a prefill step; its wall time, counted as a decode step's or a mixed step's."""
 
     steps: int = 0
     decode_steps: int = 0
@@ -33,6 +33,8 @@ class StepCounts(Counts):
     decode_ns: int = 0
     mixed_ns: int = 0
     multi_token_steps: int = 0
+    steady_steps: int = 0
+    steady_host_ns: int = 0
 
 
 @attrs.frozen(slots=False)
@@ -105,6 +107,9 @@ class EngineStats:
     decode_ns: int = 0  # decode steps: wall time of the whole step() (compose, admit, plan, replay, emit, pre-plan)
     decode_rows: int = 0  # decode steps: real rows' tokens they produced (rows x tokens a row)
     multi_token_steps: int = 0  # decode steps of more than one token a row (EngineConfig.tokens_per_launch)
+    steady_steps: int = 0  # decode steps that only decoded: no transition (arrival, admission, landed pass, finish,
+    #   abort, reload; the scheduler's version unmoved) and no pass launched
+    steady_host_ns: int = 0  # their wall time less their wait for the GPU: the decode loop's own host time
     gpu_ms: float = 0.0  # decode steps: graph time on the GPU (CUDA events; with timing on)
     itl: list = attrs.Factory(list)  # with timing on: per step, [n] gaps since each row's last token (s)
     early_steps: int = 0  # next decode steps prepared early (a resident plan, or the host arm's fill)
