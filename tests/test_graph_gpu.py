@@ -125,7 +125,6 @@ def test_a_held_launch_and_record_do_what_torchs_do_and_keep_the_interpreter():
     assert torch_runs > 0, "the probe should see torch's replay hand the interpreter over"
 
 
-
 def test_the_raw_current_stream_is_torchs_and_a_ring_marks_its_copies_on_it():
     """current_raw_stream is the handle of torch's current stream, inside a stream context and out of it; a held
     ring's ``done_on`` marks the work queued on that handle (its entry is not handed out again before it is done)."""
