@@ -64,8 +64,7 @@ class PinnedRing(Generic[T]):
         if ev is None:
             return
         if self._held is not None:
-            self._held.record(self._handles[self.last],
-                              stream.cuda_stream if stream is not None else current_raw_stream(self._device))
+            self.done_on(stream.cuda_stream if stream is not None else current_raw_stream(self._device))
         else:
             ev.record(stream if stream is not None else torch.cuda.current_stream(self._device))
 
