@@ -20,6 +20,7 @@ import torch
 import kernels.rows as rows
 from kernels.runtime import interpreted
 from resplan.buffers import StepBuffers
+from resplan.held import HeldCuda, current_raw_stream, device_index
 from resplan.layout import SAMPLER_CELLS, RowLayout, StreamMode
 from resplan.pinned import PinnedRing, host_zeros
 from resplan.records import FlushProgram
@@ -107,7 +108,10 @@ class Executor:
         device: torch.device | str = "cpu",
         impl: KernelImpl | None = None,
         ring: int = 4,
+        held: HeldCuda | None = None,
     ) -> None:
+        """``held``: issue the flush's copies and mark them through it (resplan.held: the interpreter kept, none of
+        torch's per-copy bookkeeping; the current device's only); None: through torch."""
         self.device = torch.device(device)
         self.layout = layout
         self.impl = impl or KernelImpl.default(self.device)
@@ -126,8 +130,14 @@ class Executor:
         self.len_cols = tuple(layout.len_col(p.key) for p in layout.append_pools)
         # the stager ring: per entry a slot-row, a whole-rows and a staged-cells host buffer, with the views a flush
         # copies from made once here (a torch slice costs microseconds of host time)
-        self._ring = PinnedRing(ring, lambda pinned: _Stager.make(B, layout.width, self.staging_cap, bucket_sizes,
-                                                                  pinned), self.device.type == "cuda")  # fmt: skip
+        make = lambda pinned: _Stager.make(B, layout.width, self.staging_cap, bucket_sizes, pinned)  # noqa: E731
+        self._ring = PinnedRing(ring, make, self.device.type == "cuda", held)
+        self.held = held
+        self._index = device_index(self.device)  # (the raw stream's device)
+        # held copies name raw addresses: the device tensors', and each ring entry's host buffers', found once here
+        self._store_ptr, self._staging_ptr = self.store.data_ptr(), self.staging.data_ptr()
+        self._slot_ptrs = {b: t.data_ptr() for b, t in self.slot_rows.items()}
+        self._host_ptrs = [(e.slot.data_ptr(), e.rows.data_ptr(), e.stage.data_ptr()) for e in self._ring.entries]
         self.copies = 0  # H2D copies issued, all time
         self.bytes = 0  # H2D bytes issued, all time
 
@@ -140,6 +150,8 @@ class Executor:
         """Issue the program's H2D copies on the current stream, in step order. An empty program issues none."""
         if program.empty:
             return
+        if self.held is not None:
+            return self._flush_held(program)
         _, st = self._ring.take()  # the copies that last read this entry, ring-1 flushes ago, are long done
         if program.slot_row is not None:
             b = program.slot_row.size
@@ -167,6 +179,38 @@ class Executor:
             self.copies += 1
         self.bytes += program.h2d_bytes
         self._ring.done()
+
+    def _flush_held(self, program: FlushProgram) -> None:
+        """``flush`` through resplan.held: the same copies, from the same host buffers, by raw address (int32 cells)."""
+        i, st = self._ring.take()
+        slot_src, rows_src, stage_src = self._host_ptrs[i]
+        copy, s = self.held.copy_h2d, current_raw_stream(self._index)
+        if program.slot_row is not None:
+            b = program.slot_row.size
+            st.slot_np[:b] = program.slot_row
+            copy(self._slot_ptrs[b], slot_src, 4 * b, s)
+            self.copies += 1
+        if program.run_len.size:
+            st.rows_np[: program.run_cells.size] = program.run_cells
+            dst = (program.run_slot * self.width + program.run_col).tolist()  # [runs] the first cell of each run
+            ns = program.run_len.tolist()
+            o = 0
+            for d, n in zip(dst, ns, strict=True):
+                copy(self._store_ptr + 4 * d, rows_src + 4 * o, 4 * n, s)
+                o += n
+            self.copies += len(ns)
+        k = program.staged_idx.size
+        if k:
+            if k > self.staging_cap:
+                raise ValueError(f"{k} staged cells exceed the staging buffer's {self.staging_cap}")
+            host = st.stage_np
+            host[0] = k
+            host[2 : 2 + 2 * k : 2] = program.staged_idx
+            host[3 : 3 + 2 * k : 2] = program.staged_val
+            copy(self._staging_ptr, stage_src, host.nbytes, s)
+            self.copies += 1
+        self.bytes += program.h2d_bytes
+        self._ring.done_on(s)
 
     # -- in the graph ------------------------------------------------------------------------------------------
     def before_forward(self, bucket: int) -> None:

@@ -69,8 +69,10 @@ class PinnedRing(Generic[T]):
             ev.record(stream if stream is not None else torch.cuda.current_stream(self._device))
 
     def done_on(self, stream: int) -> None:
-        """``done`` for a ring made with ``held``, the stream given by its raw ``cudaStream_t`` handle."""
-        self._held.record(self._handles[self.last], stream)
+        """``done`` for a ring made with ``held``, the stream given by its raw ``cudaStream_t`` handle (off CUDA:
+        nothing to mark)."""
+        if self._held is not None:
+            self._held.record(self._handles[self.last], stream)
 
     def wait(self, i: int) -> None:
         """Block until the copies marked on entry ``i`` have completed (at once if none were, or off CUDA). An event

@@ -27,6 +27,22 @@ from resplan import (
 )
 
 
+def memmove_runtime(calls: list):
+    """A stand-in for libcudart on the CPU (``resplan.held.HeldCuda(memmove_runtime(calls))``): cudaMemcpyAsync is a
+    memmove between the host addresses it is given (CPU tensors' here), its (kind, bytes) appended to ``calls``; a
+    launch or an event record does nothing."""
+    import ctypes
+    import types
+
+    def copy(dst, src, nbytes, kind, stream):
+        calls.append((kind, nbytes))
+        ctypes.memmove(dst, src, nbytes)
+        return 0
+
+    return types.SimpleNamespace(cudaGraphLaunch=lambda *a: 0, cudaEventRecord=lambda *a: 0, cudaMemcpyAsync=copy,
+                                 cudaGetErrorString=lambda rc: b"")  # fmt: skip
+
+
 def qwen_like(page_size: int = 4, pages: int = 64, max_seq_len: int = 64) -> RowLayout:
     """One APPEND pool, positions on it, a recurrent slot, sampler cells."""
     return RowLayout((KVPool("kv", page_size, pages, max_seq_len),), "kv", recurrent=True, sampler=True)
@@ -89,12 +105,12 @@ class SimEngine:
     advance the host by the same rule; the planner's commit lags one step behind, as in a pipelined engine."""
 
     def __init__(self, layout: RowLayout, buckets, capacity: int = 32, impl=KernelImpl.REFERENCE, seed: int = 0,
-                 device: str = "cpu", graphs: bool = False):
+                 device: str = "cpu", graphs: bool = False, held=None):
         self.layout = layout
         self.buckets = tuple(sorted(buckets))
         self.state = build_planner(layout, bucket_plans(layout, self.buckets), capacity)
         self.streams = HostStreams.zeros(layout, capacity)
-        self.ex = Executor(layout, self.buckets, device, impl=impl)
+        self.ex = Executor(layout, self.buckets, device, impl=impl, held=held)
         self.graphs = None
         if graphs:  # one captured step per bucket, largest first, one memory pool
             self.graphs, pool = {}, None

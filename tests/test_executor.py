@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from sim import SimEngine, qwen_like, whisper_like
+from sim import SimEngine, memmove_runtime, qwen_like, whisper_like
 
 from resplan import KernelImpl
 
@@ -66,6 +66,31 @@ def test_whole_rows_of_a_one_pool_node_are_one_h2d_each():
     assert program.h2d_copies == 4
 
 
+@pytest.mark.parametrize("factory", [qwen_like, whisper_like], ids=["qwen-like", "whisper-like"])
+def test_a_flush_by_raw_addresses_writes_what_torchs_copies_write(factory, monkeypatch):
+    """``Executor(held=...)`` issues the flush's copies by raw address (cudaMemcpyAsync; here a memmove on the CPU
+    tensors' addresses): a decode loop of new rows, whole-row runs, crossings and displacement, multi-token steps
+    among them, gathers every step's buffers equal to the host's and leaves every row it read equal to the host,
+    with every copy the executor counts made through the runtime, host to device."""
+    import resplan.executor as executor_module
+    from resplan.held import HeldCuda
+
+    calls: list = []
+    monkeypatch.setattr(executor_module, "current_raw_stream", lambda device: 0)  # (torch's asks CUDA)
+    e = SimEngine(factory(page_size=4, pages=256, max_seq_len=48), (1, 2, 4), capacity=16,
+                  held=HeldCuda(memmove_runtime(calls)))  # fmt: skip
+    rng = np.random.default_rng(7)
+    hs = [e.admit(int(rng.integers(1, 12))) for _ in range(12)]  # more than the store's 9 slots: displacement
+    for i in range(60):
+        k = 1 + i % 3
+        rows = rng.permutation([h for h in hs if e.room(h, extra=k)])[: 1 + i % 4].tolist()
+        if not rows:
+            break
+        e.resident_step(rows, tokens=k)
+    assert e.mismatches == 0 and e.displaced > 0 and e.crossings > 0 and e.whole_rows > 0
+    assert len(calls) == e.ex.copies > 0 and {kind for kind, _ in calls} == {1}  # cudaMemcpyHostToDevice
+
+
 @pytest.mark.skipif(not TRITON_RUNS, reason="Triton needs CUDA or TRITON_INTERPRET=1")
 @pytest.mark.parametrize("factory", [qwen_like, whisper_like], ids=["qwen-like", "whisper-like"])
 def test_the_triton_kernels_drive_a_decode_loop_with_displacement(factory):
@@ -107,13 +132,18 @@ def test_steps_of_several_tokens_stage_each_page_once_and_mirror_the_host(factor
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("held", [False, True], ids=["torch-copies", "held-copies"])
 @pytest.mark.parametrize("factory", [qwen_like, whisper_like], ids=["qwen-like", "whisper-like"])
-def test_captured_buckets_replay_hundreds_of_steps_of_changing_host_state(factory):
+def test_captured_buckets_replay_hundreds_of_steps_of_changing_host_state(factory, held):
     """Capture each bucket once; then new rows, crossings, displacement, stale rows, offloads and padding, with
-    every gathered buffer and every row the step read compared with the host each step."""
+    every gathered buffer and every row the step read compared with the host each step. ``held``: the flushes'
+    copies through resplan.held."""
+    from resplan.held import HeldCuda
+
     assert torch.cuda.is_available()
     lay = factory(page_size=4, pages=512, max_seq_len=64)
-    e = SimEngine(lay, (1, 2, 4, 8), capacity=40, impl=KernelImpl.TRITON, device="cuda", graphs=True)
+    e = SimEngine(lay, (1, 2, 4, 8), capacity=40, impl=KernelImpl.TRITON, device="cuda", graphs=True,
+                  held=HeldCuda.load() if held else None)  # fmt: skip
     rng = np.random.default_rng(0)
     for _ in range(24):
         e.admit(int(rng.integers(1, 20)))

@@ -149,3 +149,40 @@ def test_the_raw_current_stream_is_torchs_and_a_ring_marks_its_copies_on_it():
         ring.done_on(raw)
         _, again = ring.take()  # waits for the copy marked on the stream
     assert again.item() == 7.0
+
+
+def test_a_held_flush_writes_what_torchs_copies_write_and_keeps_the_interpreter():
+    """The executor's flush through resplan.held on CUDA: after each flush (programs of new rows, whole-row runs,
+    crossings and displacement) the store, slot rows and staging equal those of an executor flushing through torch;
+    its flushes do not let the interpreter go, where torch's copies do."""
+    import numpy as np
+    from sim import SimEngine, qwen_like
+
+    from resplan import Executor
+    from resplan.held import HeldCuda
+
+    held = HeldCuda.load()
+    assert held is not None, "torch's CUDA runtime should be a shared library here"
+    e = SimEngine(qwen_like(page_size=4, pages=256, max_seq_len=48), (1, 2, 4), capacity=16)  # (the CPU plans)
+    rng = np.random.default_rng(1)
+    hs = [e.admit(int(rng.integers(1, 12))) for _ in range(12)]  # more than the store's slots: displacement
+    programs = []
+    for i in range(48):
+        rows = rng.permutation([h for h in hs if e.room(h)])[: 1 + i % 4].tolist()
+        programs.append(e.resident_step(rows)[1])
+    programs = [p for p in programs if not p.empty]
+    assert sum(p.run_len.size for p in programs) and sum(p.staged_idx.size for p in programs) and e.displaced
+    dev, reps = torch.device("cuda"), 4
+    ring = reps * len(programs) + 1  # (no entry comes round in the probes: no wait that could let go)
+    ours, torchs = (Executor(e.layout, e.buckets, dev, held=h, ring=ring) for h in (held, None))
+    for p in programs:
+        ours.flush(p)
+        torchs.flush(p)
+        torch.cuda.synchronize()
+        assert torch.equal(ours.store, torchs.store) and torch.equal(ours.staging, torchs.staging)
+        assert all(torch.equal(ours.slot_rows[b], torchs.slot_rows[b]) for b in e.buckets)
+    assert ours.copies == torchs.copies > 0
+    flushes = iter(programs * reps)
+    assert _interpreter_runs_during(lambda: ours.flush(next(flushes)), len(programs) * reps) == 0
+    flushes = iter(programs * reps)
+    assert _interpreter_runs_during(lambda: torchs.flush(next(flushes)), len(programs) * reps) > 0

@@ -29,7 +29,7 @@ def test_a_path_with_spaces_is_read_whole():
 
 
 def _fake_runtime(rc: int, calls: list):
-    """A stand-in for libcudart: its two calls record their arguments and return ``rc``."""
+    """A stand-in for libcudart: its three calls record their arguments and return ``rc``."""
     import types
 
     def launch(graph_exec, stream):
@@ -40,10 +40,15 @@ def _fake_runtime(rc: int, calls: list):
         calls.append(("record", event, stream))
         return rc
 
+    def copy(dst, src, nbytes, kind, stream):
+        calls.append(("copy", dst, src, nbytes, kind, stream))
+        return rc
+
     def words(code):
         return b"an illegal memory access was encountered" if code == 700 else b"no error"
 
-    return types.SimpleNamespace(cudaGraphLaunch=launch, cudaEventRecord=record, cudaGetErrorString=words)
+    return types.SimpleNamespace(cudaGraphLaunch=launch, cudaEventRecord=record, cudaMemcpyAsync=copy,
+                                 cudaGetErrorString=words)  # fmt: skip
 
 
 def test_held_calls_pass_the_raw_handles_and_raise_the_runtimes_words_on_an_error():
@@ -55,9 +60,12 @@ def test_held_calls_pass_the_raw_handles_and_raise_the_runtimes_words_on_an_erro
     ok = HeldCuda(_fake_runtime(0, calls))
     ok.launch(0x1234, 0x77)
     ok.record(0x99, 0x77)
-    assert calls == [("launch", 0x1234, 0x77), ("record", 0x99, 0x77)]
+    ok.copy_h2d(0x5000, 0x6000, 48, 0x77)
+    assert calls == [("launch", 0x1234, 0x77), ("record", 0x99, 0x77), ("copy", 0x5000, 0x6000, 48, 1, 0x77)]
     bad = HeldCuda(_fake_runtime(700, calls))
     with pytest.raises(RuntimeError, match=r"cudaGraphLaunch failed: an illegal memory access .*\(error 700\)"):
         bad.launch(1, 2)
     with pytest.raises(RuntimeError, match=r"cudaEventRecord failed: an illegal memory access"):
         bad.record(1, 2)
+    with pytest.raises(RuntimeError, match=r"cudaMemcpyAsync failed: an illegal memory access"):
+        bad.copy_h2d(1, 2, 4, 3)
