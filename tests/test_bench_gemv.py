@@ -42,3 +42,11 @@ def test_a_bad_part_is_refused_in_one_line(capsys):
         bench.main(["--parts", "gemv,norms"])
     err = capsys.readouterr().err
     assert info.value.code == 2 and err.count("\n") == 1 and "--parts takes gemv, silu-mul, norm" in err, err
+
+
+def test_shapes_are_taken_in_the_order_asked_and_only_among_the_models():
+    shapes = [(7168, 1024), (1024, 3584), (248320, 1024)]
+    assert bench._asked_shapes("1024x3584,7168x1024", shapes) == [(1024, 3584), (7168, 1024)]
+    for bad in ("1024x2048", "1024", "ax3584", "1024x3584x1"):
+        with pytest.raises(ValueError, match="decode GEMMs are 7168x1024, 1024x3584, 248320x1024"):
+            bench._asked_shapes(bad, shapes)

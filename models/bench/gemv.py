@@ -50,7 +50,7 @@ DOT_SPACE = dict(block_n=(16, 32, 64), block_k=(64, 128, 256), warps=(4,), stage
 WIDE_SPACE = dict(block_n=(32, 64, 128), block_k=(64, 128, 256), warps=(4, 8), stages=(3, 4))  # 32- and 64-row tiles
 ROW_SPACE = dict(block_n=(1, 2, 4, 8, 16), block_k=(256, 512, 1024, 2048, 4096), warps=(4, 8), stages=(1, 3))
 ROW_TILE = 8192  # one row: block_n * block_k at most (a program's weight tile, elements)
-SPLITS = (2, 4, 8)  # K split over this many programs a column block, searched where N < K (a long walk, few columns)
+SPLITS = (2, 4, 8, 16)  # K split this many programs a column block, searched where N < K (a long walk, few columns)
 ROW_SPLIT_TILES = ((2, 512), (4, 512))  # one row: the (block_n, block_k) tried with a split (whole-K tiles win there)
 SILU_ROWS = 16  # the silu_mul fold is timed up to this many rows (at 4-16 it already lost to two launches)
 NORM_SPACE = dict(block_n=(2, 4, 8, 16, 32, 64), block_k=(128, 256, 512, 1024, 2048), warps=(4, 8), stages=(1, 3))
@@ -82,6 +82,14 @@ def _shapes(model) -> list[tuple[int, int]]:
             seen[tuple(w.shape)] = None
     seen[tuple(model.lm_head.weight.shape)] = None
     return list(seen)
+
+
+def _asked_shapes(text: str, shapes: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The (N, K) of ``--shapes`` ("NxK,NxK"), in its order, each one of ``shapes``; else ValueError naming them."""
+    asked = [tuple(int(v) if v.isdigit() else -1 for v in s.split("x")) for s in text.split(",")]
+    if not set(asked) <= set(shapes):
+        raise ValueError(f"the model's decode GEMMs are {', '.join(f'{n}x{k}' for n, k in shapes)}")
+    return asked
 
 
 def _time_us(fn, layers: int, iters: int) -> float:
@@ -295,6 +303,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1),
                     help="processes compiling the searched kernels before the sweeps (default: the CPUs, at most 16; "
                          "1: each compiled where first timed)")
+    ap.add_argument("--shapes", default=None,
+                    help="GEMM shapes the gemv search times, as NxK, comma-separated (e.g. 1024x3584,1024x2048); "
+                         "each must be one of the model's decode GEMMs (default: all of them, lm_head last)")
     ap.add_argument("--parts", default=",".join(PARTS),
                     help="searches to run, comma-separated: gemv (every GEMM against cuBLAS, at --rows), silu-mul "
                          "(the down GEMM with silu_mul folded, at --rows up to 16), norm (the pre-norm folded, one "
@@ -314,6 +325,11 @@ def main(argv: list[str] | None = None) -> None:
     model = build_adapter(a.model, seed=0, device=dev, dtype=dt).model
     rows = [int(r) for r in a.rows.split(",")]
     shapes = _shapes(model)
+    if a.shapes is not None:
+        try:
+            shapes = _asked_shapes(a.shapes, shapes)
+        except ValueError as e:
+            ap.error(f"--shapes {a.shapes!r}: {e}")
     if a.jobs > 1:
         t0 = time.perf_counter()
         _compile_all(shapes, tuple(model.model.layers[0].mlp.down_proj.weight.shape), _normed_shapes(model), rows,
