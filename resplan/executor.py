@@ -167,14 +167,7 @@ class Executor:
                 self.store[slot, col : col + n].copy_(buf[o : o + n], non_blocking=True)
                 o += n
             self.copies += program.run_len.size
-        k = program.staged_idx.size
-        if k:
-            if k > self.staging_cap:
-                raise ValueError(f"{k} staged cells exceed the staging buffer's {self.staging_cap}")
-            host = st.stage_np
-            host[0] = k
-            host[2 : 2 + 2 * k : 2] = program.staged_idx
-            host[3 : 3 + 2 * k : 2] = program.staged_val
+        if self._stage(st, program):
             self.staging.copy_(st.stage, non_blocking=True)  # fixed size: no slice on the step path
             self.copies += 1
         self.bytes += program.h2d_bytes
@@ -199,6 +192,15 @@ class Executor:
                 copy(self._store_ptr + 4 * d, rows_src + 4 * o, 4 * n, s)
                 o += n
             self.copies += len(ns)
+        if self._stage(st, program):
+            copy(self._staging_ptr, stage_src, st.stage_np.nbytes, s)
+            self.copies += 1
+        self.bytes += program.h2d_bytes
+        self._ring.done_on(s)
+
+    def _stage(self, st: _Stager, program: FlushProgram) -> int:
+        """Write the program's k staged cells into ``st``'s staging host buffer ([count, _, (flat index, value) * k]);
+        returns k (0: no staging copy)."""
         k = program.staged_idx.size
         if k:
             if k > self.staging_cap:
@@ -207,10 +209,7 @@ class Executor:
             host[0] = k
             host[2 : 2 + 2 * k : 2] = program.staged_idx
             host[3 : 3 + 2 * k : 2] = program.staged_val
-            copy(self._staging_ptr, stage_src, host.nbytes, s)
-            self.copies += 1
-        self.bytes += program.h2d_bytes
-        self._ring.done_on(s)
+        return k
 
     # -- in the graph ------------------------------------------------------------------------------------------
     def before_forward(self, bucket: int) -> None:
