@@ -153,21 +153,20 @@ class Executor:
         if self.held is not None:
             return self._flush_held(program)
         _, st = self._ring.take()  # the copies that last read this entry, ring-1 flushes ago, are long done
+        staged = self._write_host(st, program)
         if program.slot_row is not None:
             b = program.slot_row.size
-            st.slot_np[:b] = program.slot_row
             self.slot_rows[b].copy_(st.slot_views[b], non_blocking=True)
             self.copies += 1
         if program.run_len.size:
             buf = st.rows
-            st.rows_np[: program.run_cells.size] = program.run_cells
             o = 0
             for slot, col, n in zip(program.run_slot.tolist(), program.run_col.tolist(), program.run_len.tolist(),
                                     strict=True):
                 self.store[slot, col : col + n].copy_(buf[o : o + n], non_blocking=True)
                 o += n
             self.copies += program.run_len.size
-        if self._stage(st, program):
+        if staged:
             self.staging.copy_(st.stage, non_blocking=True)  # fixed size: no slice on the step path
             self.copies += 1
         self.bytes += program.h2d_bytes
@@ -178,13 +177,11 @@ class Executor:
         i, st = self._ring.take()
         slot_src, rows_src, stage_src = self._host_ptrs[i]
         copy, s = self.held.copy_h2d, current_raw_stream(self._index)
+        staged = self._write_host(st, program)
         if program.slot_row is not None:
-            b = program.slot_row.size
-            st.slot_np[:b] = program.slot_row
-            copy(self._slot_ptrs[b], slot_src, 4 * b, s)
+            copy(self._slot_ptrs[program.slot_row.size], slot_src, 4 * program.slot_row.size, s)
             self.copies += 1
         if program.run_len.size:
-            st.rows_np[: program.run_cells.size] = program.run_cells
             dst = (program.run_slot * self.width + program.run_col).tolist()  # [runs] the first cell of each run
             ns = program.run_len.tolist()
             o = 0
@@ -192,15 +189,19 @@ class Executor:
                 copy(self._store_ptr + 4 * d, rows_src + 4 * o, 4 * n, s)
                 o += n
             self.copies += len(ns)
-        if self._stage(st, program):
+        if staged:
             copy(self._staging_ptr, stage_src, st.stage_np.nbytes, s)
             self.copies += 1
         self.bytes += program.h2d_bytes
         self._ring.done_on(s)
 
-    def _stage(self, st: _Stager, program: FlushProgram) -> int:
-        """Write the program's k staged cells into ``st``'s staging host buffer ([count, _, (flat index, value) * k]);
-        returns k (0: no staging copy)."""
+    def _write_host(self, st: _Stager, program: FlushProgram) -> int:
+        """Write what the program copies into stager ``st``'s host buffers: its slot row, its runs' cells, and its k
+        staged cells ([count, _, (flat index, value) * k]); returns k (0: no staging copy)."""
+        if program.slot_row is not None:
+            st.slot_np[: program.slot_row.size] = program.slot_row
+        if program.run_len.size:
+            st.rows_np[: program.run_cells.size] = program.run_cells
         k = program.staged_idx.size
         if k:
             if k > self.staging_cap:
