@@ -6,6 +6,8 @@ step after a larger bucket's replay, all its tokens wrong)."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -53,9 +55,11 @@ def test_split_k_graphs_survive_replays_of_a_graph_captured_before_them_in_their
     torch.testing.assert_close(sink_small, small * 2.0 + 1.0)
 
 
-def _interpreter_runs_during(calls, n: int = 200) -> int:
+def _interpreter_runs_during(calls, n: int = 200, rounds: int = 1) -> int:
     """How many times a thread that asks for the interpreter every 0.1 ms ran Python while ``calls()`` ran ``n``
-    times in this one, with the switch interval at 1 s (so only a call that lets the interpreter go hands it over)."""
+    times in this one, with the switch interval at 1 s (so only a call that lets the interpreter go hands it over);
+    with ``rounds`` > 1, up to that many runs of ``n`` calls, stopping after the first in which the thread ran (a
+    control: on a machine busy with other test workers the waiting thread can miss a short hand-over)."""
     import sys
     import threading
     import time
@@ -75,8 +79,11 @@ def _interpreter_runs_during(calls, n: int = 200) -> int:
     sys.setswitchinterval(1.0)
     try:
         before = runs[0]
-        for _ in range(n):
-            calls()
+        for _ in range(rounds):
+            for _ in range(n):
+                calls()
+            if runs[0] > before:
+                break
         during = runs[0] - before
     finally:
         sys.setswitchinterval(interval)
@@ -119,7 +126,7 @@ def test_a_held_launch_and_record_do_what_torchs_do_and_keep_the_interpreter():
     with torch.cuda.stream(stream):
         s = stream.cuda_stream
         held_runs = _interpreter_runs_during(lambda: (graph.launch(held, s), ring.done(stream)))
-        torch_runs = _interpreter_runs_during(graph.replay)
+        torch_runs = _interpreter_runs_during(graph.replay, rounds=20)
     stream.synchronize()
     assert held_runs == 0, held_runs
     assert torch_runs > 0, "the probe should see torch's replay hand the interpreter over"
@@ -184,5 +191,5 @@ def test_a_held_flush_writes_what_torchs_copies_write_and_keeps_the_interpreter(
     assert ours.copies == torchs.copies > 0
     flushes = iter(programs * reps)
     assert _interpreter_runs_during(lambda: ours.flush(next(flushes)), len(programs) * reps) == 0
-    flushes = iter(programs * reps)
-    assert _interpreter_runs_during(lambda: torchs.flush(next(flushes)), len(programs) * reps) > 0
+    flushes = itertools.cycle(programs * reps)
+    assert _interpreter_runs_during(lambda: torchs.flush(next(flushes)), len(programs) * reps, rounds=20) > 0
