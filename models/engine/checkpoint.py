@@ -23,6 +23,7 @@ import torch
 from models.engine import config_json
 from models.qwen3_5.config import Qwen35Config
 from models.whisper.config import WhisperConfig
+from resplan.held import device_index
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +196,7 @@ def load_adapter(path: str | Path, device: torch.device | str = "cpu", dtype: to
 
     ckpt = read_checkpoint(path)
     device = torch.device(device)
-    gpu = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    gpu = [device_index(device)] if device.type == "cuda" else []
     # the model is made on its device (a random init of a billion weights takes seconds on a CPU, milliseconds on a
     # GPU), and its init is overwritten: the caller's RNGs are kept as they were
     with torch.random.fork_rng(devices=gpu), device:

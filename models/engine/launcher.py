@@ -23,7 +23,7 @@ import torch
 from models.engine.requests import MAX_LOGPROBS, TokenLogprobs
 from models.engine.stats import Counts
 from resplan import Graph
-from resplan.held import HeldCuda, current_raw_stream
+from resplan.held import HeldCuda, current_raw_stream, device_index
 from resplan.pinned import PinnedRing, host_zeros, made_events
 
 
@@ -112,7 +112,7 @@ class Launcher:
         self._last_key: bytes | None = None  # the last launch's rows (tobytes) while each still has its position
         # two entries, used by alternate launches: an entry's completion is its sampled tokens' readback
         # its index (torch.cuda.current_stream(None) looks the device up through is_available: ~5 us a call)
-        self._device = (device.index if device.index is not None else torch.cuda.current_device()) if cuda else None
+        self._device = device_index(device) if cuda else None
         # a launch's replay and records keep the interpreter (resplan.held); torch's replay makes the graph's device
         # current first and the held calls do not, so an engine built off the current device launches through torch's
         held = cuda and self._device == torch.cuda.current_device()
